@@ -1,0 +1,321 @@
+/**
+ * A local server speaking the Upstash Redis REST protocol in front of a real redis-server, so the
+ * unmodified `@upstash/redis` client works in tests and local development. It is a development
+ * tool, not a production proxy. Wire details: `shared/UPSTASH_REST.md`.
+ *
+ * @module
+ */
+import { Buffer } from "node:buffer";
+import { timingSafeEqual } from "node:crypto";
+import { Redis as IORedis } from "ioredis";
+
+/** Options for {@linkcode startBridge}. */
+export interface BridgeOptions {
+  /** The redis-server to front, e.g. `redis://127.0.0.1:6379`. */
+  redisUrl: string;
+  /** The Bearer token clients must present. */
+  token: string;
+  /** Port to listen on; 0 picks a free one. @default 8079 */
+  port?: number;
+  /** @default "127.0.0.1" */
+  hostname?: string;
+  /** Connections shared by single commands and pipelines. @default 4 */
+  poolSize?: number;
+  /** Connections each held by one `/multi-exec` at a time. @default 2 */
+  transactionPoolSize?: number;
+}
+
+/** What the bridge has served since it started. */
+export interface BridgeStats {
+  /** HTTP requests to `/`, `/pipeline` and `/multi-exec`, failed ones included. */
+  requests: number;
+  /** Redis commands those requests carried. */
+  commands: number;
+}
+
+/** A running bridge. */
+export interface Bridge {
+  url: string;
+  port: number;
+  stats(): BridgeStats;
+  close(): Promise<void>;
+}
+
+type Arg = string | number | boolean | null;
+type Command = [string, ...Arg[]];
+type Slot = { result: unknown } | { error: string };
+
+const MAX_BODY_BYTES = 10 * 1024 * 1024;
+
+// Upstash rejects these over REST: they change connection state or block a shared connection.
+const REJECTED = new Set([
+  "multi",
+  "exec",
+  "discard",
+  "watch",
+  "unwatch",
+  "select",
+  "hello",
+  "reset",
+  "quit",
+  "auth",
+  "subscribe",
+  "psubscribe",
+  "ssubscribe",
+  "unsubscribe",
+  "punsubscribe",
+  "sunsubscribe",
+  "monitor",
+  "sync",
+  "psync",
+  "blpop",
+  "brpop",
+  "brpoplpush",
+  "blmove",
+  "blmpop",
+  "bzpopmin",
+  "bzpopmax",
+  "bzmpop",
+  "wait",
+  "waitaof",
+]);
+
+class BadRequest extends Error {
+  constructor(message: string, readonly status = 400) {
+    super(message);
+  }
+}
+
+/** Starts a bridge; resolves once it is connected to Redis and listening. */
+export async function startBridge(options: BridgeOptions): Promise<Bridge> {
+  const { redisUrl, token, port = 8079, hostname = "127.0.0.1" } = options;
+  if (!token) throw new TypeError("The bridge needs a token (UPSTASH_REDIS_REST_TOKEN)");
+  const connect = () => {
+    const conn = new IORedis(redisUrl, {
+      lazyConnect: true,
+      enableOfflineQueue: false,
+      maxRetriesPerRequest: 0,
+      retryStrategy: () => 100,
+    });
+    conn.on("error", () => {}); // reported per request; ioredis reconnects by itself
+    return conn;
+  };
+  const shared = Array.from({ length: options.poolSize ?? 4 }, connect);
+  const exclusive = new ExclusivePool(
+    Array.from({ length: options.transactionPoolSize ?? 2 }, connect),
+  );
+  const all = [...shared, ...exclusive.connections];
+  try {
+    await Promise.all(all.map((conn) => conn.connect()));
+  } catch (error) {
+    all.forEach((conn) => conn.disconnect());
+    throw new Error(`The bridge cannot reach Redis at ${redisUrl}`, { cause: error });
+  }
+
+  const stats: BridgeStats = { requests: 0, commands: 0 };
+  const expected = Buffer.from(`Bearer ${token}`);
+  let next = 0;
+  let syncToken = 0;
+  const pick = () => shared[next++ % shared.length]!;
+
+  async function handle(request: Request): Promise<Response> {
+    const path = new URL(request.url).pathname.replace(/\/+$/, "") || "/";
+    const given = Buffer.from(request.headers.get("authorization") ?? "");
+    if (given.length !== expected.length || !timingSafeEqual(given, expected)) {
+      return json(401, { error: "Unauthorized" });
+    }
+    if (path === "/__stats" && request.method === "GET") return json(200, { ...stats });
+    if (!["/", "/pipeline", "/multi-exec"].includes(path)) {
+      return json(404, { error: `Unknown path ${path}` });
+    }
+    if (request.method !== "POST") return json(405, { error: "Use POST" });
+    stats.requests++;
+    const base64 = request.headers.get("upstash-encoding") === "base64";
+    const encode = (slot: Slot): Slot =>
+      "result" in slot ? { result: toJson(slot.result, base64) } : slot;
+    try {
+      const body = await readJson(request);
+      if (path === "/") {
+        const command = parseCommand(body);
+        stats.commands++;
+        const slot = encode(await runOne(pick(), command));
+        return json("error" in slot ? 400 : 200, slot);
+      }
+      const commands = parseBatch(body);
+      stats.commands += commands.length;
+      if (path === "/pipeline") return json(200, (await runPipeline(pick(), commands)).map(encode));
+      const slots = await exclusive.use((conn) => runTransaction(conn, commands));
+      return Array.isArray(slots) ? json(200, slots.map(encode)) : json(400, slots);
+    } catch (error) {
+      if (error instanceof BadRequest) return json(error.status, { error: error.message });
+      return json(500, { error: `ERR bridge: ${(error as Error).message}` });
+    }
+  }
+
+  function json(status: number, body: unknown): Response {
+    return new Response(JSON.stringify(body), {
+      status,
+      headers: { "content-type": "application/json", "upstash-sync-token": String(++syncToken) },
+    });
+  }
+
+  const server = Deno.serve({ port, hostname, onListen() {} }, handle);
+  const actualPort = server.addr.port;
+  return {
+    url: `http://${hostname}:${actualPort}`,
+    port: actualPort,
+    stats: () => ({ ...stats }),
+    async close() {
+      await server.shutdown();
+      all.forEach((conn) => conn.disconnect());
+    },
+  };
+}
+
+async function readJson(request: Request): Promise<unknown> {
+  const text = await request.text();
+  if (text.length > MAX_BODY_BYTES) throw new BadRequest("ERR request body too large", 413);
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new BadRequest("ERR request body is not valid JSON");
+  }
+}
+
+function parseCommand(value: unknown): Command {
+  if (
+    !Array.isArray(value) || value.length === 0 || typeof value[0] !== "string" ||
+    !value.every((arg) => arg === null || ["string", "number", "boolean"].includes(typeof arg))
+  ) {
+    throw new BadRequest(
+      "ERR a command is a non-empty JSON array of strings, numbers and booleans",
+    );
+  }
+  return value as Command;
+}
+
+function parseBatch(value: unknown): Command[] {
+  if (!Array.isArray(value) || value.length === 0) {
+    throw new BadRequest("ERR a batch is a non-empty JSON array of commands");
+  }
+  return value.map(parseCommand);
+}
+
+// ioredis reshapes some replies by lower-case command name (HGETALL into an object); an upper-case
+// name passes every reply through raw, as RESP2 gave it.
+function toArgs([name, ...args]: Command): [string, string[]] {
+  // Numbers keep their JSON text; booleans and null become the text the client expects back.
+  return [name.toUpperCase(), args.map((arg) => String(arg))];
+}
+
+function rejection(name: string): string | undefined {
+  return REJECTED.has(name.toLowerCase())
+    ? `ERR command '${name}' is not supported over REST`
+    : undefined;
+}
+
+async function runOne(conn: IORedis, command: Command): Promise<Slot> {
+  const [name, args] = toArgs(command);
+  const rejected = rejection(name);
+  if (rejected) return { error: rejected };
+  try {
+    return { result: await conn.callBuffer(name, ...args) };
+  } catch (error) {
+    return { error: redisError(error) };
+  }
+}
+
+async function runPipeline(conn: IORedis, commands: Command[]): Promise<Slot[]> {
+  const pipeline = conn.pipeline();
+  const slots: (Slot | undefined)[] = commands.map((command) => {
+    const [name, args] = toArgs(command);
+    const rejected = rejection(name);
+    if (!rejected) pipeline.callBuffer(name, ...args);
+    return rejected ? { error: rejected } : undefined;
+  });
+  const replies = pipeline.length > 0 ? (await pipeline.exec()) ?? [] : [];
+  let i = 0;
+  return slots.map((slot) => slot ?? fromReply(replies[i++]));
+}
+
+async function runTransaction(conn: IORedis, commands: Command[]): Promise<Slot[] | Slot> {
+  for (const command of commands) {
+    const rejected = rejection(toArgs(command)[0]);
+    if (rejected) return { error: rejected };
+  }
+  const multi = conn.multi();
+  for (const command of commands) {
+    const [name, args] = toArgs(command);
+    multi.callBuffer(name, ...args);
+  }
+  try {
+    const replies = await multi.exec();
+    if (replies === null) return { error: "EXECABORT Transaction discarded" };
+    return replies.map(fromReply);
+  } catch (error) {
+    return { error: redisError(error) };
+  }
+}
+
+function fromReply(reply: [Error | null, unknown] | undefined): Slot {
+  if (!reply) return { error: "ERR no reply" };
+  return reply[0] ? { error: redisError(reply[0]) } : { result: reply[1] };
+}
+
+function redisError(error: unknown): string {
+  if (error instanceof Error && error.name === "ReplyError") return error.message;
+  throw error; // not Redis answering: a transport failure, reported as the whole request failing
+}
+
+/** RESP2 reply (as ioredis gives it with buffers) → the JSON the Upstash client expects. */
+function toJson(value: unknown, base64: boolean): unknown {
+  if (value === null || value === undefined) return null;
+  if (typeof value === "number") return value;
+  if (Buffer.isBuffer(value)) return base64 ? value.toString("base64") : value.toString("utf8");
+  if (typeof value === "string") return base64 ? Buffer.from(value).toString("base64") : value;
+  if (Array.isArray(value)) return value.map((item) => toJson(item, base64));
+  if (value instanceof Error) return toJson(value.message, base64);
+  return String(value);
+}
+
+/** Connections lent to one transaction at a time, so MULTI … EXEC never interleaves. */
+class ExclusivePool {
+  #idle: IORedis[];
+  #waiting: ((conn: IORedis) => void)[] = [];
+
+  constructor(readonly connections: IORedis[]) {
+    this.#idle = [...connections];
+  }
+
+  async use<T>(fn: (conn: IORedis) => Promise<T>): Promise<T> {
+    const conn = this.#idle.pop() ??
+      await new Promise<IORedis>((resolve) => this.#waiting.push(resolve));
+    try {
+      return await fn(conn);
+    } finally {
+      const waiter = this.#waiting.shift();
+      if (waiter) waiter(conn);
+      else this.#idle.push(conn);
+    }
+  }
+}
+
+if (import.meta.main) {
+  const token = Deno.env.get("UPSTASH_REDIS_REST_TOKEN");
+  if (!token) {
+    console.error("Set UPSTASH_REDIS_REST_TOKEN to the token clients must present.");
+    Deno.exit(1);
+  }
+  const bridge = await startBridge({
+    redisUrl: Deno.env.get("REDIS_URL") ?? "redis://127.0.0.1:6379",
+    token,
+    port: Number(Deno.env.get("PORT") ?? 8079),
+  });
+  console.log(`Upstash REST bridge on ${bridge.url}`);
+  const stop = async () => {
+    await bridge.close();
+    Deno.exit(0);
+  };
+  Deno.addSignalListener("SIGINT", stop);
+  Deno.addSignalListener("SIGTERM", stop);
+}

@@ -1,0 +1,72 @@
+// Argument checks shared by the library and the HTTP schemas: one definition of each limit.
+
+/** Lock names and other path segments: 1–200 characters of `A-Z a-z 0-9 . _ : -`. */
+export const NAME_PATTERN = /^[A-Za-z0-9._:-]{1,200}$/;
+/** Owner tokens: 16–128 characters of `A-Z a-z 0-9 _ -`. */
+export const TOKEN_PATTERN = /^[A-Za-z0-9_-]{16,128}$/;
+/** Largest `meta` object, as JSON text in UTF-8 bytes. */
+export const MAX_META_BYTES = 1024;
+
+/** Inclusive limits of each duration, in milliseconds. */
+export const LIMITS = {
+  ttlMs: { min: 100, max: 300_000 },
+  waitMs: { min: 0, max: 30_000 },
+} as const;
+
+export function checkName(name: unknown, what = "lock name"): string {
+  if (typeof name !== "string") throw new TypeError(`The ${what} must be a string`);
+  if (!NAME_PATTERN.test(name)) {
+    throw new RangeError(
+      `The ${what} "${name.slice(0, 50)}" must be 1–200 characters of A-Z a-z 0-9 . _ : -`,
+    );
+  }
+  return name;
+}
+
+export function checkToken(token: unknown): string {
+  if (typeof token !== "string") throw new TypeError("The token must be a string");
+  if (!TOKEN_PATTERN.test(token)) {
+    throw new RangeError("The token must be 16–128 characters of A-Z a-z 0-9 _ -");
+  }
+  return token;
+}
+
+export function checkDuration(
+  value: unknown,
+  field: keyof typeof LIMITS,
+  fallback: number,
+): number {
+  if (value === undefined) return fallback;
+  const { min, max } = LIMITS[field];
+  if (typeof value !== "number") throw new TypeError(`${field} must be a number`);
+  if (!Number.isInteger(value) || value < min || value > max) {
+    throw new RangeError(`${field} must be an integer from ${min} to ${max} milliseconds`);
+  }
+  return value;
+}
+
+export function checkMeta(meta: unknown): string {
+  if (meta === undefined) return "";
+  if (typeof meta !== "object" || meta === null || Array.isArray(meta)) {
+    throw new TypeError("meta must be a plain JSON object");
+  }
+  const text = JSON.stringify(meta);
+  if (new TextEncoder().encode(text).length > MAX_META_BYTES) {
+    throw new RangeError(`meta must be at most ${MAX_META_BYTES} bytes as JSON`);
+  }
+  return text;
+}
+
+export function checkSignal(signal: unknown): AbortSignal | undefined {
+  if (signal === undefined || signal instanceof AbortSignal) return signal;
+  throw new TypeError("signal must be an AbortSignal");
+}
+
+/** A new owner token: 128 random bits, base64url (22 characters). */
+export function newToken(): string {
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  return btoa(String.fromCharCode(...bytes)).replace(/\+/g, "-").replace(/\//g, "_").replace(
+    /=+$/,
+    "",
+  );
+}

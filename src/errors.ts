@@ -1,0 +1,28 @@
+/** Stable codes for the failures edgelock reports; the HTTP layer maps each to a status. */
+export type ErrorCode =
+  | "invalid_request"
+  | "unauthorized"
+  | "not_found"
+  | "payload_too_large"
+  | "lock_busy"
+  | "lock_lost"
+  | "backend_unavailable";
+
+/** Options for {@linkcode EdgelockError}. */
+export interface EdgelockErrorOptions extends ErrorOptions {
+  /** When the caller may try again, in milliseconds. */
+  retryAfterMs?: number;
+}
+
+/** An error with a stable {@linkcode ErrorCode}, the same one the HTTP API returns. */
+export class EdgelockError extends Error {
+  override name = "EdgelockError";
+  readonly code: ErrorCode;
+  readonly retryAfterMs?: number;
+
+  constructor(code: ErrorCode, message: string, options: EdgelockErrorOptions = {}) {
+    super(message, options);
+    this.code = code;
+    if (options.retryAfterMs !== undefined) this.retryAfterMs = options.retryAfterMs;
+  }
+}

@@ -1,0 +1,167 @@
+import { backoffDelay, sleep } from "./_backoff.ts";
+import { integers, type RedisLike, runScript } from "./_runner.ts";
+import {
+  checkDuration,
+  checkMeta,
+  checkName,
+  checkSignal,
+  checkToken,
+  newToken,
+} from "./_validate.ts";
+import { ACQUIRE, INSPECT, RELEASE, RENEW, type Script } from "./scripts.ts";
+import type {
+  AcquireOptions,
+  AcquireResult,
+  Lease,
+  LockClient,
+  LockInfo,
+  RenewOptions,
+  RenewResult,
+  WithLockOptions,
+} from "./types.ts";
+import { withLock } from "./with_lock.ts";
+
+/** Options for {@linkcode Locks}. */
+export interface LocksOptions {
+  /** Prefix of every Redis key, e.g. per tenant or per app. @default "edgelock" */
+  prefix?: string;
+}
+
+/** The default lease length, in milliseconds. */
+export const DEFAULT_TTL_MS = 10_000;
+// How long the fence floor outlives a lease: fences keep increasing across this window even if
+// the server clock steps back within it.
+const FENCE_GRACE_MS = 3_600_000;
+const KEY_PREFIX_PATTERN = /^[A-Za-z0-9._:-]{1,100}$/;
+
+/**
+ * Distributed locks on Redis over REST: each acquire, renew, release and inspect is one script
+ * in one request.
+ *
+ * @example
+ * ```ts
+ * import { Redis } from "@upstash/redis";
+ * import { Locks } from "@edgelock/edgelock";
+ *
+ * const locks = new Locks(Redis.fromEnv());
+ * const result = await locks.acquire("invoice:42", { ttlMs: 5000 });
+ * if (result.acquired) {
+ *   try {
+ *     // … write to the resource, passing result.lease.fence along
+ *   } finally {
+ *     await locks.release(result.lease);
+ *   }
+ * }
+ * ```
+ */
+export class Locks implements LockClient {
+  readonly #redis: RedisLike;
+  readonly #prefix: string;
+
+  constructor(redis: RedisLike, { prefix = "edgelock" }: LocksOptions = {}) {
+    if (typeof redis?.evalsha !== "function" || typeof redis?.eval !== "function") {
+      throw new TypeError("Locks needs a Redis client with evalsha and eval (@upstash/redis)");
+    }
+    if (typeof prefix !== "string" || !KEY_PREFIX_PATTERN.test(prefix)) {
+      throw new RangeError("prefix must be 1–100 characters of A-Z a-z 0-9 . _ : -");
+    }
+    this.#redis = redis;
+    this.#prefix = prefix;
+  }
+
+  /** Acquires `name`; when it is busy, waits up to `waitMs` with jittered backoff. */
+  async acquire(name: string, options: AcquireOptions = {}): Promise<AcquireResult> {
+    checkName(name);
+    const ttlMs = checkDuration(options.ttlMs, "ttlMs", DEFAULT_TTL_MS);
+    const waitMs = checkDuration(options.waitMs, "waitMs", 0);
+    const token = options.token === undefined ? newToken() : checkToken(options.token);
+    const meta = checkMeta(options.meta);
+    const signal = checkSignal(options.signal);
+    const deadline = performance.now() + waitMs;
+    const args = [token, ttlMs, meta, FENCE_GRACE_MS];
+
+    for (let attempt = 0;; attempt++) {
+      signal?.throwIfAborted();
+      const reply = await runScript(this.#redis, ACQUIRE, this.#keys(name), args);
+      if (integers(ACQUIRE, reply, 1)[0] === 1) {
+        return { acquired: true, lease: toLease(name, token, ACQUIRE, reply) };
+      }
+      const retryAfterMs = Math.max(1, integers(ACQUIRE, reply, 2)[1]!);
+      const left = deadline - performance.now();
+      if (left <= 0) return { acquired: false, retryAfterMs };
+      await sleep(backoffDelay(attempt, Math.min(retryAfterMs, left)), signal);
+    }
+  }
+
+  /** Extends a lease still held by its token; the fence stays the same. */
+  async renew(lease: Lease, options: RenewOptions = {}): Promise<RenewResult> {
+    const { name, token } = checkLease(lease);
+    const ttlMs = checkDuration(options.ttlMs, "ttlMs", lease.ttlMs);
+    const args = [token, ttlMs, FENCE_GRACE_MS];
+    const reply = await runScript(this.#redis, RENEW, this.#keys(name), args);
+    if (integers(RENEW, reply, 1)[0] !== 1) return { renewed: false };
+    return { renewed: true, lease: toLease(name, token, RENEW, reply) };
+  }
+
+  /** Frees a lease. `false` when its token no longer held the lock (expired or taken over). */
+  async release(lease: Lease): Promise<boolean> {
+    const { name, token } = checkLease(lease);
+    const reply = await runScript(this.#redis, RELEASE, this.#keys(name), [token]);
+    return integers(RELEASE, [reply], 1)[0] === 1;
+  }
+
+  /** Tells whether `name` is held, with its fence, remaining TTL and meta; never the token. */
+  async inspect(name: string): Promise<LockInfo> {
+    checkName(name);
+    const reply = await runScript(this.#redis, INSPECT, this.#keys(name), []);
+    if (integers(INSPECT, reply, 1)[0] !== 1) return { name, held: false };
+    const [, fence, ttlMs, now] = integers(INSPECT, reply, 4) as [number, number, number, number];
+    const meta = parseMeta((reply as unknown[])[4]);
+    return { name, held: true, fence, ttlMs, expiresAt: now + ttlMs, ...(meta && { meta }) };
+  }
+
+  /** Runs `fn` while holding `name`; see {@linkcode withLock}. */
+  withLock<T>(
+    name: string,
+    options: WithLockOptions,
+    fn: (lease: Lease, signal: AbortSignal) => Promise<T> | T,
+  ): Promise<T> {
+    return withLock(this, name, options, fn);
+  }
+
+  // The name sits in a hash tag so both keys of a lock share a cluster slot.
+  #keys(name: string): [string, string] {
+    const base = `${this.#prefix}:lock:{${name}}`;
+    return [base, `${base}:fence`];
+  }
+}
+
+function toLease(name: string, token: string, script: Script, reply: unknown): Lease {
+  const [, fence, ttlMs, serverTime] = integers(script, reply, 4) as [
+    number,
+    number,
+    number,
+    number,
+  ];
+  return { name, token, fence, ttlMs, expiresAt: serverTime + ttlMs, serverTime };
+}
+
+function checkLease(lease: Lease): Lease {
+  if (typeof lease !== "object" || lease === null) {
+    throw new TypeError("Expected a lease returned by acquire or renew");
+  }
+  checkName(lease.name);
+  checkToken(lease.token);
+  return lease;
+}
+
+// The Upstash client may already have JSON-parsed the meta text (automaticDeserialization).
+function parseMeta(raw: unknown): Record<string, unknown> | undefined {
+  if (typeof raw === "object" && raw !== null) return raw as Record<string, unknown>;
+  if (typeof raw !== "string" || raw === "") return undefined;
+  try {
+    return JSON.parse(raw);
+  } catch {
+    return undefined;
+  }
+}

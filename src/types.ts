@@ -1,0 +1,80 @@
+/** A held lock. A plain value: renewing returns a new lease rather than changing this one. */
+export interface Lease {
+  /** The lock name. */
+  readonly name: string;
+  /** The owner token; only its holder can renew or release. */
+  readonly token: string;
+  /** Strictly increasing per name; resources should reject writes carrying an older fence. */
+  readonly fence: number;
+  /** The lease length this lease was granted with, in milliseconds. */
+  readonly ttlMs: number;
+  /** When the lease ends, epoch milliseconds of the Redis server clock. */
+  readonly expiresAt: number;
+  /** The Redis server clock when it was granted, epoch milliseconds. */
+  readonly serverTime: number;
+}
+
+/** Options for `acquire`. */
+export interface AcquireOptions {
+  /** Lease length, 100–300000 ms. @default 10000 */
+  ttlMs?: number;
+  /** How long to wait for a busy lock, 0–30000 ms. @default 0 */
+  waitMs?: number;
+  /**
+   * The owner token, 16–128 characters of `A-Z a-z 0-9 _ -`. Choose it before the first attempt
+   * to make retries safe: acquiring again with the holder's token returns the same fence.
+   * @default a new random token
+   */
+  token?: string;
+  /** A JSON object (at most 1 KiB) that `inspect` shows, e.g. who holds the lock. */
+  meta?: Record<string, unknown>;
+  /** Stops waiting; the call then rejects with the signal's reason. */
+  signal?: AbortSignal;
+}
+
+/** The outcome of `acquire`: a lease, or when to look again. */
+export type AcquireResult =
+  | { acquired: true; lease: Lease }
+  | { acquired: false; retryAfterMs: number };
+
+/** Options for `renew`. */
+export interface RenewOptions {
+  /** The new lease length from now, 100–300000 ms. @default the lease's own ttlMs */
+  ttlMs?: number;
+}
+
+/** The outcome of `renew`: a fresh lease with the same fence, or the lock was lost. */
+export type RenewResult = { renewed: true; lease: Lease } | { renewed: false };
+
+/** What anyone may know of a lock; never the holder's token. */
+export type LockInfo =
+  | { name: string; held: false }
+  | {
+    name: string;
+    held: true;
+    fence: number;
+    ttlMs: number;
+    expiresAt: number;
+    meta?: Record<string, unknown>;
+  };
+
+/** Options for `withLock`. */
+export interface WithLockOptions extends AcquireOptions {}
+
+/** What both the embedded library and the HTTP client offer. */
+export interface LockClient {
+  /** Acquires `name`, waiting up to `waitMs` when it is busy. */
+  acquire(name: string, options?: AcquireOptions): Promise<AcquireResult>;
+  /** Extends a lease that is still held by its token. */
+  renew(lease: Lease, options?: RenewOptions): Promise<RenewResult>;
+  /** Frees a lease; `false` when its token no longer held it. */
+  release(lease: Lease): Promise<boolean>;
+  /** Tells whether `name` is held, decided on the Redis primary. */
+  inspect(name: string): Promise<LockInfo>;
+  /** Runs `fn` while holding `name`, renewing the lease; see {@linkcode withLock}. */
+  withLock<T>(
+    name: string,
+    options: WithLockOptions,
+    fn: (lease: Lease, signal: AbortSignal) => Promise<T> | T,
+  ): Promise<T>;
+}

@@ -1,0 +1,48 @@
+// Test backend: a private redis-server and the Upstash REST bridge in front of it.
+import { Redis, type RedisConfigNodejs } from "@upstash/redis";
+import { type Bridge, startBridge } from "../dev/bridge.ts";
+import { type RedisServer, startRedisServer } from "../dev/redis_server.ts";
+
+export interface Backend {
+  server: RedisServer;
+  bridge: Bridge;
+  token: string;
+  /** A real @upstash/redis client talking to the bridge. */
+  redis: Redis;
+  /** A new client; `options` as for `new Redis`. */
+  client(options?: Partial<RedisConfigNodejs>): Redis;
+  /** REST requests the bridge served so far. */
+  requests(): number;
+  stop(): Promise<void>;
+}
+
+export async function startBackend(redisArgs: string[] = []): Promise<Backend> {
+  const server = await startRedisServer({ args: redisArgs });
+  const token = `test-${crypto.randomUUID()}`;
+  let bridge: Bridge;
+  try {
+    bridge = await startBridge({ redisUrl: server.url, token, port: 0 });
+  } catch (error) {
+    await server.stop();
+    throw error;
+  }
+  const client = (options: Partial<RedisConfigNodejs> = {}) =>
+    new Redis({ url: bridge.url, token, enableTelemetry: false, retry: false, ...options });
+  return {
+    server,
+    bridge,
+    token,
+    redis: client(),
+    client,
+    requests: () => bridge.stats().requests,
+    async stop() {
+      await bridge.close();
+      await server.stop();
+    },
+  };
+}
+
+/** A fresh random name for one test, so tests never share keys. */
+export function keygen(prefix = "t"): string {
+  return `${prefix}:${crypto.randomUUID()}`;
+}
