@@ -1,0 +1,275 @@
+import assert from "node:assert/strict";
+import { EdgelockError, type Lease, Locks } from "../src/mod.ts";
+import { ACQUIRE, INSPECT, RELEASE, RENEW } from "../src/scripts.ts";
+import { keygen, startBackend } from "./_backend.ts";
+
+const lockKey = (name: string) => `edgelock:lock:{${name}}`;
+const fenceKey = (name: string) => `${lockKey(name)}:fence`;
+
+async function until(what: string, check: () => Promise<boolean>, timeoutMs = 5000) {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`Timed out waiting until ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+function acquired(result: Awaited<ReturnType<Locks["acquire"]>>): Lease {
+  assert.ok(result.acquired, "expected the lock to be acquired");
+  return result.lease;
+}
+
+Deno.test("Locks", async (t) => {
+  const backend = await startBackend();
+  const { redis } = backend;
+  const locks = new Locks(redis);
+
+  try {
+    await t.step("acquire() returns a lease with a fence and server-clock times", async () => {
+      const name = keygen();
+      const before = Date.now();
+      const lease = acquired(await locks.acquire(name, { ttlMs: 2000 }));
+      assert.equal(lease.name, name);
+      assert.match(lease.token, /^[A-Za-z0-9_-]{22}$/);
+      assert.ok(Number.isSafeInteger(lease.fence) && lease.fence > 1e15);
+      assert.equal(lease.ttlMs, 2000);
+      assert.equal(lease.expiresAt, lease.serverTime + 2000);
+      assert.ok(Math.abs(lease.serverTime - before) < 5000);
+      const pttl = await redis.pttl(lockKey(name));
+      assert.ok(pttl > 1800 && pttl <= 2000, `pttl ${pttl}`);
+    });
+
+    await t.step("exactly one of 20 concurrent acquirers of one name acquires", async () => {
+      const name = keygen();
+      const results = await Promise.all(
+        Array.from({ length: 20 }, () => locks.acquire(name, { ttlMs: 5000 })),
+      );
+      const winners = results.filter((r) => r.acquired);
+      assert.equal(winners.length, 1);
+      for (const r of results) {
+        if (!r.acquired) assert.ok(r.retryAfterMs > 0 && r.retryAfterMs <= 5000);
+      }
+    });
+
+    await t.step(
+      "acquire() returns busy with retryAfterMs while another token holds it",
+      async () => {
+        const name = keygen();
+        acquired(await locks.acquire(name, { ttlMs: 3000 }));
+        const busy = await locks.acquire(name, { ttlMs: 3000 });
+        assert.equal(busy.acquired, false);
+        assert.ok(!busy.acquired && busy.retryAfterMs > 2000 && busy.retryAfterMs <= 3000);
+      },
+    );
+
+    await t.step("expiry frees the name for the next acquirer", async () => {
+      const name = keygen();
+      const first = acquired(await locks.acquire(name, { ttlMs: 100 }));
+      await until("the lease expired", async () => (await locks.acquire(name)).acquired);
+      const info = await locks.inspect(name);
+      assert.ok(info.held && info.fence > first.fence);
+    });
+
+    await t.step("renew and release with a foreign token do nothing", async () => {
+      const name = keygen();
+      const lease = acquired(await locks.acquire(name, { ttlMs: 3000 }));
+      const foreign: Lease = { ...lease, token: "someone-else-token-0001" };
+      assert.deepEqual(await locks.renew(foreign, { ttlMs: 60000 }), { renewed: false });
+      assert.equal(await locks.release(foreign), false);
+      const pttl = await redis.pttl(lockKey(name));
+      assert.ok(pttl <= 3000, `the foreign renew must not extend the lease (pttl ${pttl})`);
+      assert.equal(await redis.hget(lockKey(name), "token"), lease.token);
+      assert.equal(await locks.release(lease), true);
+      assert.equal(await locks.release(lease), false, "a second release reports false");
+    });
+
+    await t.step(
+      "acquire() retried with the holder's token keeps the fence and refreshes the TTL",
+      async () => {
+        const name = keygen();
+        const token = "my-own-token-000000001";
+        const first = acquired(await locks.acquire(name, { token, ttlMs: 1000 }));
+        const again = acquired(await locks.acquire(name, { token, ttlMs: 4000 }));
+        assert.equal(again.fence, first.fence);
+        assert.equal(again.token, token);
+        const pttl = await redis.pttl(lockKey(name));
+        assert.ok(pttl > 3500, `pttl ${pttl}`);
+      },
+    );
+
+    await t.step(
+      "fences strictly increase across 100 acquisitions with expiries between",
+      async () => {
+        const name = keygen();
+        let last = 0;
+        for (let i = 0; i < 100; i++) {
+          const lease = acquired(await locks.acquire(name, { ttlMs: 100 }));
+          assert.ok(lease.fence > last, `fence ${lease.fence} after ${last}`);
+          last = lease.fence;
+          // Expire both keys for real, the lock and its fence floor: the worst case.
+          await redis.pexpire(lockKey(name), 1);
+          await redis.pexpire(fenceKey(name), 1);
+          await until("the keys expired", async () => (await redis.exists(lockKey(name))) === 0);
+        }
+      },
+    );
+
+    await t.step("fences keep increasing after Redis lost all data (FLUSHALL)", async () => {
+      const name = keygen();
+      const before = acquired(await locks.acquire(name, { ttlMs: 5000 }));
+      await redis.flushall();
+      const after = acquired(await locks.acquire(name, { ttlMs: 5000 }));
+      assert.ok(after.fence > before.fence);
+    });
+
+    await t.step("renew() keeps millisecond precision, also with under 500 ms left", async () => {
+      const name = keygen();
+      const lease = acquired(await locks.acquire(name, { ttlMs: 700 }));
+      await until("under 500 ms are left", async () => (await redis.pttl(lockKey(name))) < 500);
+      const renewed = await locks.renew(lease, { ttlMs: 1500 });
+      assert.ok(renewed.renewed);
+      assert.equal(renewed.lease.fence, lease.fence);
+      assert.equal(renewed.lease.ttlMs, 1500);
+      assert.equal(renewed.lease.expiresAt, renewed.lease.serverTime + 1500);
+      const pttl = await redis.pttl(lockKey(name));
+      assert.ok(pttl > 1300 && pttl <= 1500, `pttl ${pttl}`);
+      const short = await locks.renew(renewed.lease, { ttlMs: 250 });
+      assert.ok(short.renewed);
+      const shortPttl = await redis.pttl(lockKey(name));
+      assert.ok(shortPttl > 100 && shortPttl <= 250, `pttl ${shortPttl}`);
+    });
+
+    await t.step("inspect() shows fence, TTL and meta but never the token", async () => {
+      const name = keygen();
+      assert.deepEqual(await locks.inspect(name), { name, held: false });
+      const lease = acquired(await locks.acquire(name, { ttlMs: 3000, meta: { owner: "cron-7" } }));
+      const info = await locks.inspect(name);
+      assert.ok(info.held);
+      assert.equal(info.fence, lease.fence);
+      assert.ok(info.ttlMs > 2500 && info.ttlMs <= 3000);
+      assert.deepEqual(info.meta, { owner: "cron-7" });
+      assert.ok(!JSON.stringify(info).includes(lease.token));
+      const raw = await new Locks(backend.client({ automaticDeserialization: false })).inspect(
+        name,
+      );
+      assert.ok(raw.held);
+      assert.deepEqual(raw.meta, { owner: "cron-7" }, "meta is the same without deserialization");
+      assert.equal(raw.fence, lease.fence);
+    });
+
+    await t.step("acquire() with waitMs gets the lock once the holder releases it", async () => {
+      const name = keygen();
+      const holder = acquired(await locks.acquire(name, { ttlMs: 5000 }));
+      const waiting = locks.acquire(name, { ttlMs: 5000, waitMs: 3000 });
+      setTimeout(() => locks.release(holder), 200);
+      const lease = acquired(await waiting);
+      assert.ok(lease.fence > holder.fence);
+    });
+
+    await t.step(
+      "acquire() with waitMs gives up busy after waiting, and stops on abort",
+      async () => {
+        const name = keygen();
+        acquired(await locks.acquire(name, { ttlMs: 5000 }));
+        const before = backend.requests();
+        const started = performance.now();
+        const busy = await locks.acquire(name, { waitMs: 300 });
+        assert.equal(busy.acquired, false);
+        assert.ok(performance.now() - started >= 300);
+        const polls = backend.requests() - before;
+        assert.ok(polls >= 2 && polls <= 40, `${polls} polls in 300 ms`);
+        const controller = new AbortController();
+        const aborted = locks.acquire(name, { waitMs: 10000, signal: controller.signal });
+        setTimeout(() => controller.abort(new Error("caller gave up")), 50);
+        await assert.rejects(aborted, /caller gave up/);
+      },
+    );
+
+    await t.step("every steady-state operation costs exactly one REST request", async () => {
+      const name = keygen();
+      const warm = acquired(await locks.acquire(name));
+      await locks.release(warm);
+      const count = async (op: () => Promise<unknown>) => {
+        const before = backend.requests();
+        await op();
+        return backend.requests() - before;
+      };
+      let lease = warm;
+      assert.equal(await count(async () => lease = acquired(await locks.acquire(name))), 1);
+      assert.equal(await count(() => locks.renew(lease)), 1);
+      assert.equal(await count(() => locks.inspect(name)), 1);
+      assert.equal(await count(() => locks.release(lease)), 1);
+      assert.equal(await count(() => locks.acquire(name)), 1);
+      assert.equal(await count(() => locks.acquire(name)), 1, "busy is one request too");
+    });
+
+    await t.step(
+      "operations still work after SCRIPT FLUSH (EVALSHA falls back to EVAL)",
+      async () => {
+        await redis.scriptFlush();
+        const name = keygen();
+        const before = backend.requests();
+        const lease = acquired(await locks.acquire(name));
+        assert.equal(backend.requests() - before, 2, "EVALSHA answered NOSCRIPT, then one EVAL");
+        await redis.scriptFlush();
+        assert.ok((await locks.renew(lease)).renewed);
+        await redis.scriptFlush();
+        assert.ok((await locks.inspect(name)).held);
+        await redis.scriptFlush();
+        assert.equal(await locks.release(lease), true);
+      },
+    );
+
+    await t.step("each script's SHA-1 matches what SCRIPT LOAD returns", async () => {
+      for (const script of [ACQUIRE, RENEW, RELEASE, INSPECT]) {
+        assert.equal(await script.sha1(), await redis.scriptLoad(script.source), script.name);
+      }
+    });
+
+    await t.step("invalid arguments are rejected with precise messages", async () => {
+      const name = keygen();
+      await assert.rejects(locks.acquire(""), { name: "RangeError", message: /lock name ""/ });
+      await assert.rejects(locks.acquire("a b"), /must be 1–200 characters/);
+      await assert.rejects(locks.acquire("x".repeat(201)), RangeError);
+      await assert.rejects(locks.acquire(42 as unknown as string), TypeError);
+      await assert.rejects(
+        locks.acquire(name, { ttlMs: 99 }),
+        /ttlMs must be an integer from 100 to 300000/,
+      );
+      await assert.rejects(locks.acquire(name, { ttlMs: 300001 }), RangeError);
+      await assert.rejects(locks.acquire(name, { ttlMs: 1.5 }), RangeError);
+      await assert.rejects(locks.acquire(name, { ttlMs: "5" as unknown as number }), TypeError);
+      await assert.rejects(locks.acquire(name, { waitMs: -1 }), /waitMs must be/);
+      await assert.rejects(locks.acquire(name, { waitMs: 30001 }), RangeError);
+      await assert.rejects(locks.acquire(name, { token: "short" }), /token must be 16–128/);
+      await assert.rejects(locks.acquire(name, { token: "x".repeat(15) + "!" }), RangeError);
+      await assert.rejects(
+        locks.acquire(name, { meta: [] as unknown as Record<string, unknown> }),
+        TypeError,
+      );
+      await assert.rejects(
+        locks.acquire(name, { meta: { big: "x".repeat(1100) } }),
+        /at most 1024 bytes/,
+      );
+      await assert.rejects(locks.acquire(name, { signal: {} as AbortSignal }), TypeError);
+      await assert.rejects(locks.renew(null as unknown as Lease), TypeError);
+      assert.throws(() => new Locks({} as never), TypeError);
+      assert.throws(() => new Locks(redis, { prefix: "a b" }), RangeError);
+      assert.equal(await redis.exists(lockKey(name)), 0, "nothing was written");
+    });
+
+    await t.step(
+      "a failing backend becomes backend_unavailable, not a raw client error",
+      async () => {
+        const broken = new Locks(backend.client({ token: "wrong-token" }));
+        await assert.rejects(broken.acquire(keygen()), (error: unknown) => {
+          assert.ok(error instanceof EdgelockError);
+          assert.equal(error.code, "backend_unavailable");
+          return true;
+        });
+      },
+    );
+  } finally {
+    await backend.stop();
+  }
+});

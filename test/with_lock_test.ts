@@ -1,0 +1,133 @@
+import assert from "node:assert/strict";
+import { EdgelockError, Locks, withLock } from "../src/mod.ts";
+import { keygen, startBackend } from "./_backend.ts";
+
+const lockKey = (name: string) => `edgelock:lock:{${name}}`;
+
+Deno.test("withLock", async (t) => {
+  const backend = await startBackend();
+  const { redis } = backend;
+  const locks = new Locks(redis);
+
+  try {
+    await t.step(
+      "withLock() runs the routine holding the lock and releases it on success",
+      async () => {
+        const name = keygen();
+        const value = await locks.withLock(name, { ttlMs: 1000 }, async (lease, signal) => {
+          assert.equal(signal.aborted, false);
+          assert.equal(await redis.hget(lockKey(name), "token"), lease.token);
+          return "done";
+        });
+        assert.equal(value, "done");
+        assert.equal(await redis.exists(lockKey(name)), 0);
+      },
+    );
+
+    await t.step("withLock() releases the lock and rethrows when the routine throws", async () => {
+      const name = keygen();
+      const failure = new Error("the routine failed");
+      await assert.rejects(
+        locks.withLock(name, { ttlMs: 1000 }, () => {
+          throw failure;
+        }),
+        (error) => error === failure,
+      );
+      assert.equal(await redis.exists(lockKey(name)), 0);
+    });
+
+    await t.step(
+      "withLock() renews the lease across several TTLs while the routine runs",
+      async () => {
+        const name = keygen();
+        const fence = await locks.withLock(name, { ttlMs: 300 }, async (lease, signal) => {
+          await new Promise((resolve) => setTimeout(resolve, 1000)); // over three TTLs
+          assert.equal(signal.aborted, false);
+          const info = await locks.inspect(name);
+          assert.ok(info.held && info.fence === lease.fence);
+          return lease.fence;
+        });
+        assert.ok(fence > 0);
+        assert.equal(await redis.exists(lockKey(name)), 0);
+      },
+    );
+
+    await t.step(
+      "withLock() aborts the signal and rejects with lock_lost when the lock is stolen",
+      async () => {
+        const name = keygen();
+        let sawAbort: unknown;
+        const run = locks.withLock(name, { ttlMs: 300 }, async (_lease, signal) => {
+          await redis.del(lockKey(name)); // another party takes the name
+          const thief = await locks.acquire(name, { ttlMs: 5000 });
+          assert.ok(thief.acquired);
+          await new Promise<void>((resolve) => {
+            const timer = setTimeout(resolve, 2000);
+            signal.addEventListener("abort", () => {
+              clearTimeout(timer);
+              sawAbort = signal.reason;
+              resolve();
+            });
+          });
+          return thief.lease;
+        });
+        await assert.rejects(run, (error: unknown) => {
+          assert.ok(error instanceof EdgelockError);
+          assert.equal(error.code, "lock_lost");
+          return true;
+        });
+        assert.ok(sawAbort instanceof EdgelockError && sawAbort.code === "lock_lost");
+        const info = await locks.inspect(name);
+        assert.ok(info.held, "the thief's lock was not released by the loser");
+      },
+    );
+
+    await t.step(
+      "withLock() aborts before expiry when renewals cannot reach the backend",
+      async () => {
+        const name = keygen();
+        const real = new Locks(redis);
+        // The renewals go to a backend that refuses them: the lease can no longer be kept.
+        const flaky = {
+          acquire: real.acquire.bind(real),
+          release: real.release.bind(real),
+          renew: () => Promise.reject(new EdgelockError("backend_unavailable", "down")),
+        };
+        let abortedWithMsLeft = -1;
+        await assert.rejects(
+          withLock(flaky, name, { ttlMs: 500 }, async (_lease, signal) => {
+            await new Promise<void>((resolve) => signal.addEventListener("abort", () => resolve()));
+            abortedWithMsLeft = await redis.pttl(lockKey(name));
+          }),
+          { code: "lock_lost" },
+        );
+        assert.ok(abortedWithMsLeft > 0, `aborted with ${abortedWithMsLeft} ms of lease left`);
+      },
+    );
+
+    await t.step(
+      "withLock() throws lock_busy with retryAfterMs when the lock stays busy",
+      async () => {
+        const name = keygen();
+        const held = await locks.acquire(name, { ttlMs: 3000 });
+        assert.ok(held.acquired);
+        let ran = false;
+        await assert.rejects(
+          locks.withLock(name, { waitMs: 100 }, () => {
+            ran = true;
+          }),
+          (error: unknown) =>
+            error instanceof EdgelockError && error.code === "lock_busy" &&
+            (error.retryAfterMs ?? 0) > 0,
+        );
+        assert.equal(ran, false);
+      },
+    );
+
+    await t.step("withLock() rejects a missing routine with a TypeError", async () => {
+      await assert.rejects(locks.withLock(keygen(), {}, undefined as never), TypeError);
+    });
+  } finally {
+    await backend.stop();
+  }
+});
