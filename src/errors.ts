@@ -6,7 +6,8 @@ export type ErrorCode =
   | "payload_too_large"
   | "lock_busy"
   | "lock_lost"
-  | "backend_unavailable";
+  | "backend_unavailable"
+  | "internal_error";
 
 /** Options for {@linkcode EdgelockError}. */
 export interface EdgelockErrorOptions extends ErrorOptions {

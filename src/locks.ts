@@ -13,6 +13,7 @@ import type {
   AcquireOptions,
   AcquireResult,
   Lease,
+  LeaseRef,
   LockClient,
   LockInfo,
   RenewOptions,
@@ -94,9 +95,9 @@ export class Locks implements LockClient {
   }
 
   /** Extends a lease still held by its token; the fence stays the same. */
-  async renew(lease: Lease, options: RenewOptions = {}): Promise<RenewResult> {
+  async renew(lease: LeaseRef, options: RenewOptions = {}): Promise<RenewResult> {
     const { name, token } = checkLease(lease);
-    const ttlMs = checkDuration(options.ttlMs, "ttlMs", lease.ttlMs);
+    const ttlMs = checkDuration(options.ttlMs, "ttlMs", lease.ttlMs ?? DEFAULT_TTL_MS);
     const args = [token, ttlMs, FENCE_GRACE_MS];
     const reply = await runScript(this.#redis, RENEW, this.#keys(name), args);
     if (integers(RENEW, reply, 1)[0] !== 1) return { renewed: false };
@@ -104,7 +105,7 @@ export class Locks implements LockClient {
   }
 
   /** Frees a lease. `false` when its token no longer held the lock (expired or taken over). */
-  async release(lease: Lease): Promise<boolean> {
+  async release(lease: LeaseRef): Promise<boolean> {
     const { name, token } = checkLease(lease);
     const reply = await runScript(this.#redis, RELEASE, this.#keys(name), [token]);
     return integers(RELEASE, [reply], 1)[0] === 1;
@@ -146,7 +147,7 @@ function toLease(name: string, token: string, script: Script, reply: unknown): L
   return { name, token, fence, ttlMs, expiresAt: serverTime + ttlMs, serverTime };
 }
 
-function checkLease(lease: Lease): Lease {
+function checkLease(lease: LeaseRef): LeaseRef {
   if (typeof lease !== "object" || lease === null) {
     throw new TypeError("Expected a lease returned by acquire or renew");
   }

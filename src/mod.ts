@@ -27,9 +27,14 @@ export type {
   AcquireOptions,
   AcquireResult,
   Lease,
+  LeaseRef,
   LockClient,
   LockInfo,
   RenewOptions,
   RenewResult,
   WithLockOptions,
 } from "./types.ts";
+export { type AppDeps, createApp, MAX_BODY_BYTES } from "./app.ts";
+export { type ApiKey, parseApiKeys } from "./auth.ts";
+export { type ClientOptions, createClient } from "./client.ts";
+export { readConfig, type ServiceConfig } from "./config.ts";

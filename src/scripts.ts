@@ -122,3 +122,6 @@ end
 return {1, tonumber(fields[1]), redis.call('PTTL', lockKey), nowMs, fields[2] or ''}
 `,
 );
+
+/** Health check: proves Redis runs scripts. Returns 1. */
+export const PING = defineScript("ping", "return 1");

@@ -14,6 +14,9 @@ export interface Lease {
   readonly serverTime: number;
 }
 
+/** What renew and release need of a lease: its name and owner token. */
+export type LeaseRef = Pick<Lease, "name" | "token"> & { readonly ttlMs?: number };
+
 /** Options for `acquire`. */
 export interface AcquireOptions {
   /** Lease length, 100–300000 ms. @default 10000 */
@@ -39,7 +42,7 @@ export type AcquireResult =
 
 /** Options for `renew`. */
 export interface RenewOptions {
-  /** The new lease length from now, 100–300000 ms. @default the lease's own ttlMs */
+  /** The new lease length from now, 100–300000 ms. @default the lease's own ttlMs, else 10000 */
   ttlMs?: number;
 }
 
@@ -66,9 +69,9 @@ export interface LockClient {
   /** Acquires `name`, waiting up to `waitMs` when it is busy. */
   acquire(name: string, options?: AcquireOptions): Promise<AcquireResult>;
   /** Extends a lease that is still held by its token. */
-  renew(lease: Lease, options?: RenewOptions): Promise<RenewResult>;
+  renew(lease: LeaseRef, options?: RenewOptions): Promise<RenewResult>;
   /** Frees a lease; `false` when its token no longer held it. */
-  release(lease: Lease): Promise<boolean>;
+  release(lease: LeaseRef): Promise<boolean>;
   /** Tells whether `name` is held, decided on the Redis primary. */
   inspect(name: string): Promise<LockInfo>;
   /** Runs `fn` while holding `name`, renewing the lease; see {@linkcode withLock}. */

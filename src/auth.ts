@@ -1,0 +1,59 @@
+/** One tenant's API key. */
+export interface ApiKey {
+  /** The tenant: 1–64 characters of `A-Z a-z 0-9 _ -`; it names the tenant's Redis key prefix. */
+  tenant: string;
+  /** The Bearer secret, at least 16 characters. */
+  secret: string;
+}
+
+const TENANT_PATTERN = /^[A-Za-z0-9_-]{1,64}$/;
+const SECRET_PATTERN = /^[\x21-\x7e]{16,256}$/;
+
+/** Parses `LOCK_API_KEYS`: comma-separated `tenant:secret` pairs. Throws on any malformed pair. */
+export function parseApiKeys(text: string | undefined): ApiKey[] {
+  const keys = (text ?? "").split(",").map((pair) => pair.trim()).filter(Boolean).map((pair) => {
+    const at = pair.indexOf(":");
+    const tenant = pair.slice(0, at);
+    const secret = pair.slice(at + 1);
+    if (at < 1 || !TENANT_PATTERN.test(tenant)) {
+      throw new RangeError(
+        "LOCK_API_KEYS: each entry is tenant:secret, the tenant 1–64 characters of A-Z a-z 0-9 _ -",
+      );
+    }
+    if (!SECRET_PATTERN.test(secret) || secret.includes(",")) {
+      throw new RangeError(
+        `LOCK_API_KEYS: the secret of tenant "${tenant}" must be 16–256 printable characters`,
+      );
+    }
+    return { tenant, secret };
+  });
+  if (keys.length === 0) throw new RangeError("LOCK_API_KEYS must name at least one tenant:secret");
+  if (new Set(keys.map((key) => key.secret)).size !== keys.length) {
+    throw new RangeError("LOCK_API_KEYS: two tenants share a secret");
+  }
+  return keys;
+}
+
+/**
+ * Finds the tenant whose secret is `presented`. Both sides are compared as SHA-256 digests with
+ * a constant-time loop over every key, so neither the position nor the length of a mismatch
+ * shows in the timing.
+ */
+export async function findTenant(
+  keys: readonly { tenant: string; digest: Uint8Array }[],
+  presented: string,
+): Promise<string | undefined> {
+  const digest = await sha256(presented);
+  let found: string | undefined;
+  for (const key of keys) {
+    let diff = 0;
+    for (let i = 0; i < digest.length; i++) diff |= digest[i]! ^ key.digest[i]!;
+    if (diff === 0) found = key.tenant;
+  }
+  return found;
+}
+
+/** SHA-256 of a string's UTF-8 bytes. */
+export async function sha256(text: string): Promise<Uint8Array> {
+  return new Uint8Array(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(text)));
+}

@@ -1,0 +1,88 @@
+import assert from "node:assert/strict";
+import { Miniflare } from "miniflare";
+import { keygen, startBackend } from "./_backend.ts";
+
+const SECRET_A = "worker-secret-a-0123456789";
+const SECRET_B = "worker-secret-b-0123456789";
+
+async function bundleWorker(): Promise<string> {
+  const dir = await Deno.makeTempDir({ prefix: "edgelock-worker-" });
+  const out = `${dir}/worker.js`;
+  const { success, stderr } = await new Deno.Command(Deno.execPath(), {
+    args: ["bundle", "--quiet", "--platform", "browser", "-o", out, "worker/cloudflare.ts"],
+    stdout: "null",
+    stderr: "piped",
+  }).output();
+  if (!success) throw new Error(`deno bundle failed: ${new TextDecoder().decode(stderr)}`);
+  return out;
+}
+
+Deno.test("the bundled Worker runs in workerd (Miniflare) against the bridge", async (t) => {
+  const backend = await startBackend();
+  const script = await bundleWorker();
+  const mf = new Miniflare({
+    modules: true,
+    script: await Deno.readTextFile(script),
+    compatibilityDate: "2026-08-01",
+    bindings: {
+      UPSTASH_REDIS_REST_URL: backend.bridge.url,
+      UPSTASH_REDIS_REST_TOKEN: backend.token,
+      LOCK_API_KEYS: `a:${SECRET_A},b:${SECRET_B}`,
+    },
+  });
+  const call = async (path: string, secret: string, body?: unknown) => {
+    const res = await mf.dispatchFetch(`http://edgelock.test${path}`, {
+      method: body === undefined ? "GET" : "POST",
+      headers: { authorization: `Bearer ${secret}`, "content-type": "application/json" },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    return { status: res.status, body: await res.json() as Record<string, unknown> };
+  };
+  try {
+    const name = keygen("w");
+    await t.step("acquire, renew and release through the Worker", async () => {
+      const acquired = await call(`/v1/locks/${name}/acquire`, SECRET_A, { ttlMs: 2000 });
+      assert.equal(acquired.status, 200);
+      const { token, fence } = acquired.body;
+      const renewed = await call(`/v1/locks/${name}/renew`, SECRET_A, { token, ttlMs: 4000 });
+      assert.equal(renewed.status, 200);
+      assert.equal(renewed.body.fence, fence);
+      assert.equal(renewed.body.ttlMs, 4000);
+      const released = await call(`/v1/locks/${name}/release`, SECRET_A, { token });
+      assert.deepEqual(released, { status: 200, body: { released: true } });
+    });
+
+    await t.step("two clients contend: one acquires, the other gets 409 lock_busy", async () => {
+      const [first, second] = await Promise.all([
+        call(`/v1/locks/${name}/acquire`, SECRET_A, {
+          ttlMs: 3000,
+          token: "client-one-token-0001",
+        }),
+        call(`/v1/locks/${name}/acquire`, SECRET_A, {
+          ttlMs: 3000,
+          token: "client-two-token-0002",
+        }),
+      ]);
+      assert.deepEqual([first.status, second.status].sort(), [200, 409]);
+      const busy = first.status === 409 ? first : second;
+      assert.equal(busy.body.code, "lock_busy");
+      assert.ok(Number(busy.body.retryAfterMs) > 0);
+    });
+
+    await t.step("another tenant's key neither sees nor takes the lock", async () => {
+      const info = await call(`/v1/locks/${name}`, SECRET_B);
+      assert.deepEqual(info.body, { name, held: false });
+      assert.equal((await call(`/v1/locks/${name}/acquire`, SECRET_B, {})).status, 200);
+    });
+
+    await t.step("a wrong key gets 401 problem+json", async () => {
+      const res = await call(`/v1/locks/${name}`, "not-a-key");
+      assert.equal(res.status, 401);
+      assert.equal(res.body.code, "unauthorized");
+    });
+  } finally {
+    await mf.dispose();
+    await backend.stop();
+    await Deno.remove(script.replace(/\/worker\.js$/, ""), { recursive: true });
+  }
+});
