@@ -126,6 +126,7 @@ const acquireRoute = createRoute({
   ...secured,
   method: "post",
   path: "/v1/locks/{name}/acquire",
+  operationId: "acquireLock",
   summary: "Acquire a lock (a retry with the holder's token returns the same fence)",
   request: { params: NameParams, body: body(AcquireBody) },
   responses: {
@@ -138,6 +139,7 @@ const renewRoute = createRoute({
   ...secured,
   method: "post",
   path: "/v1/locks/{name}/renew",
+  operationId: "renewLock",
   summary: "Extend a lease held by this token; the fence stays the same",
   request: { params: NameParams, body: body(RenewBody) },
   responses: { 200: json(LeaseSchema, "Renewed"), 409: problem("lock_lost"), ...common },
@@ -146,6 +148,7 @@ const releaseRoute = createRoute({
   ...secured,
   method: "post",
   path: "/v1/locks/{name}/release",
+  operationId: "releaseLock",
   summary: "Release a lease; released is false when this token no longer held it",
   request: { params: NameParams, body: body(ReleaseBody) },
   responses: {
@@ -157,6 +160,7 @@ const inspectRoute = createRoute({
   ...secured,
   method: "get",
   path: "/v1/locks/{name}",
+  operationId: "inspectLock",
   summary: "Whether the lock is held, with fence, TTL and meta; never the token",
   request: { params: NameParams },
   responses: { 200: json(LockInfoSchema, "State"), ...common },
@@ -164,8 +168,10 @@ const inspectRoute = createRoute({
 const healthRoute = createRoute({
   method: "get",
   path: "/healthz",
+  operationId: "health",
   summary: "200 when Redis answers",
   tags: ["service"],
+  security: [],
   responses: {
     200: json(z.object({ ok: z.literal(true) }), "Healthy"),
     503: problem("backend_unavailable"),
@@ -277,6 +283,7 @@ export function createApp({ redis, apiKeys, keyPrefix = "edgelock" }: AppDeps): 
   });
   app.doc31("/openapi.json", {
     openapi: "3.1.0",
+    servers: [{ url: "/", description: "This service" }],
     info: {
       title: "edgelock",
       version: "1",

@@ -1,6 +1,10 @@
 import assert from "node:assert/strict";
 import { startBackend } from "./_backend.ts";
 
+async function errorOf(res: Response): Promise<string> {
+  return ((await res.json()) as { error: string }).error;
+}
+
 Deno.test("the bridge speaks the Upstash REST protocol to the real @upstash/redis client", async (t) => {
   const backend = await startBackend();
   const { redis, bridge, token } = backend;
@@ -87,7 +91,7 @@ Deno.test("the bridge speaks the Upstash REST protocol to the real @upstash/redi
         assert.deepEqual(await tx.exec(), ["OK", 2]);
         const raw = await post("/multi-exec", [["SET", "m:2", "a"], ["GET"]]);
         assert.equal(raw.status, 400);
-        assert.match((await raw.json()).error, /^EXECABORT/);
+        assert.match(await errorOf(raw), /^EXECABORT/);
         assert.equal(await redis.get("m:2"), null);
       },
     );
@@ -119,7 +123,7 @@ Deno.test("the bridge speaks the Upstash REST protocol to the real @upstash/redi
       await redis.set("w:1", "v");
       const res = await post("/", ["HGET", "w:1", "f"]);
       assert.equal(res.status, 400);
-      assert.match((await res.json()).error, /^WRONGTYPE/);
+      assert.match(await errorOf(res), /^WRONGTYPE/);
     });
 
     await t.step(
@@ -139,7 +143,7 @@ Deno.test("the bridge speaks the Upstash REST protocol to the real @upstash/redi
       for (const command of [["MULTI"], ["SELECT", "1"], ["BLPOP", "l", "0"], ["SUBSCRIBE", "c"]]) {
         const res = await post("/", command);
         assert.equal(res.status, 400, command[0]);
-        assert.match((await res.json()).error, /not supported/);
+        assert.match(await errorOf(res), /not supported/);
       }
     });
 
@@ -150,7 +154,7 @@ Deno.test("the bridge speaks the Upstash REST protocol to the real @upstash/redi
         body: "{not json",
       });
       assert.equal(bad.status, 400);
-      assert.ok((await bad.json()).error);
+      assert.ok(await errorOf(bad));
       assert.equal((await post("/", [])).status, 400);
       assert.equal((await post("/pipeline", [])).status, 400);
       const unknown = await post("/nowhere", ["PING"]);

@@ -1,0 +1,382 @@
+import assert from "node:assert/strict";
+import fc from "fast-check";
+import { createApp } from "../src/app.ts";
+import { parseApiKeys } from "../src/auth.ts";
+import { keygen, startBackend } from "./_backend.ts";
+
+const A = "tenant-a-secret-0123456789";
+const B = "tenant-b-secret-0123456789";
+const apiKeys = parseApiKeys(`a:${A},b:${B}`);
+
+type Json = Record<string, unknown>;
+
+Deno.test("the HTTP service", async (t) => {
+  const backend = await startBackend();
+  const app = createApp({ redis: backend.redis, apiKeys });
+  const call = async (
+    path: string,
+    { secret = A, body, method, headers = {} }: {
+      secret?: string | null;
+      body?: unknown;
+      method?: string;
+      headers?: Record<string, string>;
+    } = {},
+  ) => {
+    const res = await app.request(path, {
+      method: method ?? (body === undefined ? "GET" : "POST"),
+      headers: {
+        ...(secret !== null && { authorization: `Bearer ${secret}` }),
+        ...(body !== undefined && { "content-type": "application/json" }),
+        ...headers,
+      },
+      body: body === undefined ? undefined : typeof body === "string" ? body : JSON.stringify(body),
+    });
+    const text = await res.text();
+    return { res, status: res.status, body: (text ? JSON.parse(text) : {}) as Json };
+  };
+  const acquire = (name: string, body: Json = {}, secret = A) =>
+    call(`/v1/locks/${name}/acquire`, { body, secret });
+  const assertProblem = (
+    r: { res: Response; status: number; body: Json },
+    status: number,
+    code: string,
+  ) => {
+    assert.equal(r.status, status, JSON.stringify(r.body));
+    assert.equal(r.res.headers.get("content-type"), "application/problem+json");
+    assert.equal(r.body.status, status);
+    assert.equal(r.body.code, code);
+    assert.equal(r.body.type, `urn:edgelock:problem:${code}`);
+    assert.equal(typeof r.body.title, "string");
+    assert.equal(typeof r.body.detail, "string");
+  };
+
+  try {
+    await t.step("POST acquire returns 200 with the lease and no-store caching", async () => {
+      const name = keygen();
+      const r = await acquire(name, { ttlMs: 2000, meta: { by: "test" } });
+      assert.equal(r.status, 200);
+      assert.equal(r.res.headers.get("cache-control"), "no-store");
+      assert.deepEqual(Object.keys(r.body).sort(), [
+        "expiresAt",
+        "fence",
+        "name",
+        "serverTime",
+        "token",
+        "ttlMs",
+      ]);
+      assert.equal(r.body.name, name);
+      assert.equal(r.body.ttlMs, 2000);
+      assert.equal(r.body.expiresAt, Number(r.body.serverTime) + 2000);
+    });
+
+    await t.step("acquire defaults ttlMs to 10000 ms", async () => {
+      const r = await acquire(keygen());
+      assert.equal(r.body.ttlMs, 10000);
+    });
+
+    await t.step("a busy lock gets 409 lock_busy with retryAfterMs and Retry-After", async () => {
+      const name = keygen();
+      const held = await acquire(name, { ttlMs: 3000 });
+      const r = await acquire(name, { ttlMs: 3000 });
+      assertProblem(r, 409, "lock_busy");
+      assert.ok(Number(r.body.retryAfterMs) > 2000 && Number(r.body.retryAfterMs) <= 3000);
+      assert.equal(r.res.headers.get("retry-after"), "3");
+      assert.equal(r.res.headers.get("cache-control"), "no-store");
+      assert.ok(
+        !JSON.stringify(r.body).includes(String(held.body.token)),
+        "a busy reply never names the holder's token",
+      );
+    });
+
+    await t.step("acquire with waitMs waits server-side until the holder releases", async () => {
+      const name = keygen();
+      const held = await acquire(name, { ttlMs: 5000 });
+      const waiting = acquire(name, { ttlMs: 5000, waitMs: 3000 });
+      setTimeout(
+        () => call(`/v1/locks/${name}/release`, { body: { token: held.body.token } }),
+        150,
+      );
+      const r = await waiting;
+      assert.equal(r.status, 200);
+      assert.ok(Number(r.body.fence) > Number(held.body.fence));
+    });
+
+    await t.step("a retried acquire with the holder's token returns the same fence", async () => {
+      const name = keygen();
+      const token = "retry-token-000000000001";
+      const first = await acquire(name, { token, ttlMs: 1000 });
+      const again = await acquire(name, { token, ttlMs: 3000 });
+      assert.equal(again.status, 200);
+      assert.equal(again.body.fence, first.body.fence);
+      assert.equal(again.body.ttlMs, 3000);
+    });
+
+    await t.step("renew keeps the fence; a foreign token gets 409 lock_lost", async () => {
+      const name = keygen();
+      const { body: lease } = await acquire(name, { ttlMs: 1000 });
+      const r = await call(`/v1/locks/${name}/renew`, {
+        body: { token: lease.token, ttlMs: 5000 },
+      });
+      assert.equal(r.status, 200);
+      assert.equal(r.body.fence, lease.fence);
+      assert.equal(r.body.ttlMs, 5000);
+      const lost = await call(`/v1/locks/${name}/renew`, {
+        body: { token: "not-the-holder-000001", ttlMs: 5000 },
+      });
+      assertProblem(lost, 409, "lock_lost");
+    });
+
+    await t.step("release answers released true once, then false", async () => {
+      const name = keygen();
+      const { body: lease } = await acquire(name);
+      const path = `/v1/locks/${name}/release`;
+      assert.deepEqual((await call(path, { body: { token: lease.token } })).body, {
+        released: true,
+      });
+      assert.deepEqual((await call(path, { body: { token: lease.token } })).body, {
+        released: false,
+      });
+    });
+
+    await t.step("GET shows the lock's state and meta but never its token", async () => {
+      const name = keygen();
+      assert.deepEqual((await call(`/v1/locks/${name}`)).body, { name, held: false });
+      const { body: lease } = await acquire(name, { meta: { job: "sync" } });
+      const r = await call(`/v1/locks/${name}`);
+      assert.equal(r.status, 200);
+      assert.equal(r.body.held, true);
+      assert.equal(r.body.fence, lease.fence);
+      assert.deepEqual(r.body.meta, { job: "sync" });
+      assert.ok(!JSON.stringify(r.body).includes(String(lease.token)));
+    });
+
+    await t.step("each invalid field is a 400 invalid_request naming the field", async () => {
+      const name = keygen();
+      const cases: [Json, string][] = [
+        [{ ttlMs: 99 }, "ttlMs"],
+        [{ ttlMs: 300001 }, "ttlMs"],
+        [{ ttlMs: 1.5 }, "ttlMs"],
+        [{ ttlMs: "1000" }, "ttlMs"],
+        [{ waitMs: -1 }, "waitMs"],
+        [{ waitMs: 30001 }, "waitMs"],
+        [{ token: "short" }, "token"],
+        [{ token: "x".repeat(129) }, "token"],
+        [{ token: "has spaces in it 0123" }, "token"],
+        [{ meta: "text" }, "meta"],
+        [{ meta: { big: "x".repeat(1100) } }, "meta"],
+        [{ unknown: 1 }, "(body)"],
+      ];
+      for (const [body, field] of cases) {
+        const r = await acquire(name, body);
+        assertProblem(r, 400, "invalid_request");
+        const errors = r.body.errors as { path: string }[];
+        assert.ok(errors.some((e) => e.path === field), `${JSON.stringify(body)} → ${field}`);
+      }
+      const renew = await call(`/v1/locks/${name}/renew`, { body: { token: "x".repeat(20) } });
+      assertProblem(renew, 400, "invalid_request");
+      const release = await call(`/v1/locks/${name}/release`, { body: {} });
+      assertProblem(release, 400, "invalid_request");
+      assert.deepEqual((await call(`/v1/locks/${name}`)).body, { name, held: false });
+    });
+
+    await t.step("names outside the character set or over 200 characters are 400", async () => {
+      for (const name of ["a%20b", "a*b", "%7Bx%7D", "caf%C3%A9", "..%2F..", "x".repeat(201)]) {
+        assertProblem(await acquire(name), 400, "invalid_request");
+      }
+      assert.equal((await acquire("x".repeat(200))).status, 200);
+    });
+
+    await t.step(
+      "malformed JSON, a wrong content type and a body over 64 KiB are refused",
+      async () => {
+        const path = `/v1/locks/${keygen()}/acquire`;
+        assertProblem(await call(path, { body: "{nope" }), 400, "invalid_request");
+        assertProblem(await call(path, { body: "[]" }), 400, "invalid_request");
+        assertProblem(
+          await call(path, { body: "{}", headers: { "content-type": "text/plain" } }),
+          400,
+          "invalid_request",
+        );
+        const big = JSON.stringify({ meta: { x: "y".repeat(70 * 1024) } });
+        assertProblem(await call(path, { body: big }), 413, "payload_too_large");
+      },
+    );
+
+    await t.step("a missing or unknown API key gets 401 unauthorized", async () => {
+      const path = `/v1/locks/${keygen()}`;
+      assertProblem(await call(path, { secret: null }), 401, "unauthorized");
+      assertProblem(await call(path, { secret: "wrong-secret-0123456789" }), 401, "unauthorized");
+      assertProblem(await call(path, { headers: { authorization: A } }), 401, "unauthorized");
+      assertProblem(await call(path, { secret: A.slice(0, -1) }), 401, "unauthorized");
+    });
+
+    await t.step(
+      "one tenant cannot see, renew, release or take another tenant's lock",
+      async () => {
+        const name = keygen();
+        const { body: lease } = await acquire(name, { ttlMs: 5000 }, A);
+        assert.deepEqual((await call(`/v1/locks/${name}`, { secret: B })).body, {
+          name,
+          held: false,
+        });
+        const renew = await call(`/v1/locks/${name}/renew`, {
+          secret: B,
+          body: { token: lease.token, ttlMs: 60000 },
+        });
+        assertProblem(renew, 409, "lock_lost");
+        const release = await call(`/v1/locks/${name}/release`, {
+          secret: B,
+          body: { token: lease.token },
+        });
+        assert.deepEqual(release.body, { released: false });
+        assert.equal((await acquire(name, {}, B)).status, 200, "B has its own namespace");
+        const info = await call(`/v1/locks/${name}`, { secret: A });
+        assert.equal(info.body.held, true);
+        assert.equal(info.body.fence, lease.fence);
+      },
+    );
+
+    await t.step("unknown routes are 404 problem+json", async () => {
+      assertProblem(await call("/v1/nothing"), 404, "not_found");
+      assertProblem(await call("/v1/locks/x/steal", { body: {} }), 404, "not_found");
+      assertProblem(await call("/elsewhere", { secret: null }), 404, "not_found");
+    });
+
+    await t.step("healthz answers 200 while Redis runs", async () => {
+      const r = await call("/healthz", { secret: null });
+      assert.deepEqual([r.status, r.body], [200, { ok: true }]);
+    });
+
+    await t.step("/openapi.json is OpenAPI 3.1 and lists every route", async () => {
+      const r = await call("/openapi.json", { secret: null });
+      assert.equal(r.body.openapi, "3.1.0");
+      const paths = r.body.paths as Record<string, Json>;
+      assert.deepEqual(Object.keys(paths).sort(), [
+        "/healthz",
+        "/v1/locks/{name}",
+        "/v1/locks/{name}/acquire",
+        "/v1/locks/{name}/release",
+        "/v1/locks/{name}/renew",
+      ]);
+      const file = await Deno.makeTempFile({ suffix: ".json" });
+      try {
+        await Deno.writeTextFile(file, JSON.stringify(r.body));
+        const lint = await new Deno.Command(Deno.execPath(), {
+          args: ["run", "-A", "npm:@redocly/cli@2.77.0", "lint", file, "--format=summary"],
+          env: { NO_COLOR: "1", REDOCLY_TELEMETRY: "off", REDOCLY_SUPPRESS_UPDATE_NOTICE: "true" },
+          stdout: "piped",
+          stderr: "piped",
+        }).output();
+        const report = new TextDecoder().decode(lint.stdout) +
+          new TextDecoder().decode(lint.stderr);
+        assert.ok(lint.success, `redocly lint failed:\n${report}`);
+        assert.match(report, /valid/);
+      } finally {
+        await Deno.remove(file);
+      }
+    });
+
+    await t.step(
+      "2,000 random requests never get a 5xx and leave existing locks intact",
+      async () => {
+        const name = keygen();
+        const { body: lease } = await acquire(name, { ttlMs: 60000 });
+        const segment = fc.oneof(
+          fc.constantFrom(
+            "v1",
+            "locks",
+            "acquire",
+            "renew",
+            "release",
+            name,
+            "..",
+            "%2e%2e",
+            "%00",
+          ),
+          fc.string({ maxLength: 12 }).map(encodeURIComponent),
+        );
+        const value = fc.oneof(
+          fc.integer(),
+          fc.double(),
+          fc.string({ maxLength: 40 }),
+          fc.constant(null),
+          fc.boolean(),
+          fc.constant(String(lease.token).slice(0, -1) + "x"),
+          fc.array(fc.integer(), { maxLength: 3 }),
+          fc.dictionary(fc.string({ maxLength: 5 }), fc.string({ maxLength: 5 }), { maxKeys: 3 }),
+        );
+        const body = fc.oneof(
+          fc.dictionary(
+            fc.constantFrom("ttlMs", "waitMs", "token", "meta", "x", "__proto__"),
+            value,
+            { maxKeys: 4 },
+          ).map((o) => JSON.stringify(o)),
+          fc.string({ maxLength: 60 }),
+          fc.constant(undefined),
+        );
+        const request = fc.record({
+          method: fc.constantFrom("GET", "POST", "PUT", "DELETE", "PATCH"),
+          path: fc.array(segment, { minLength: 1, maxLength: 5 }).map((s) => `/${s.join("/")}`),
+          secret: fc.constantFrom(A, B, "wrong", ""),
+          contentType: fc.constantFrom(
+            "application/json",
+            "text/plain",
+            "",
+            "application/json; charset=utf-8",
+          ),
+          body,
+        });
+        let count = 0;
+        await fc.assert(
+          fc.asyncProperty(request, async ({ method, path, secret, contentType, body }) => {
+            count++;
+            const res = await app.request(path, {
+              method,
+              headers: {
+                authorization: `Bearer ${secret}`,
+                ...(contentType && { "content-type": contentType }),
+              },
+              body: method === "GET" ? undefined : body,
+            });
+            const text = await res.text();
+            assert.ok(res.status < 500, `${method} ${path} ${body} → ${res.status} ${text}`);
+            if (res.status >= 400) {
+              assert.equal(res.headers.get("content-type"), "application/problem+json");
+              assert.equal(JSON.parse(text).status, res.status);
+            }
+            assert.ok(!text.includes(String(lease.token)), "no reply leaks the holder's token");
+          }),
+          { numRuns: 2000 },
+        );
+        assert.equal(count, 2000);
+        const info = await call(`/v1/locks/${name}`);
+        assert.equal(info.body.held, true);
+        assert.equal(info.body.fence, lease.fence);
+      },
+    );
+
+    await t.step(
+      "Redis unreachable gives 503 backend_unavailable with Retry-After, then recovers",
+      async () => {
+        const port = backend.server.port;
+        const dir = backend.server.dir;
+        await backend.server.stop({ remove: false });
+        const down = await acquire(keygen());
+        assertProblem(down, 503, "backend_unavailable");
+        assert.ok(Number(down.res.headers.get("retry-after")) >= 1);
+        assertProblem(await call("/healthz", { secret: null }), 503, "backend_unavailable");
+        const { startRedisServer } = await import("../dev/redis_server.ts");
+        backend.server = await startRedisServer({ port, dir });
+        let healthy = false;
+        for (let i = 0; i < 100 && !healthy; i++) {
+          healthy = (await call("/healthz", { secret: null })).status === 200;
+          if (!healthy) await new Promise((resolve) => setTimeout(resolve, 50));
+        }
+        assert.ok(healthy, "healthz recovers once Redis is back");
+        assert.equal((await acquire(keygen())).status, 200);
+      },
+    );
+  } finally {
+    await backend.stop();
+  }
+});
