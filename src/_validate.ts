@@ -11,6 +11,10 @@ export const MAX_META_BYTES = 1024;
 export const LIMITS = {
   ttlMs: { min: 100, max: 300_000 },
   waitMs: { min: 0, max: 30_000 },
+  leaseMs: { min: 100, max: 3_600_000 },
+  retentionMs: { min: 1000, max: 2_592_000_000 },
+  atMostMs: { min: 100, max: 86_400_000 },
+  atLeastMs: { min: 0, max: 86_400_000 },
 } as const;
 
 export function checkName(name: unknown, what = "lock name"): string {
@@ -21,6 +25,13 @@ export function checkName(name: unknown, what = "lock name"): string {
     );
   }
   return name;
+}
+
+export function checkPrefix(prefix: unknown): string {
+  if (typeof prefix !== "string" || !/^[A-Za-z0-9._:-]{1,100}$/.test(prefix)) {
+    throw new RangeError("prefix must be 1–100 characters of A-Z a-z 0-9 . _ : -");
+  }
+  return prefix;
 }
 
 export function checkToken(token: unknown): string {

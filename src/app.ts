@@ -8,6 +8,7 @@ import { Locks } from "./locks.ts";
 import { type RedisLike, runScript } from "./_runner.ts";
 import { LIMITS, MAX_META_BYTES, NAME_PATTERN, TOKEN_PATTERN } from "./_validate.ts";
 import { PING } from "./scripts.ts";
+import { problem } from "./_problem.ts";
 import type { Lease } from "./types.ts";
 
 /** What {@linkcode createApp} needs; each runtime's entry builds it from its own environment. */
@@ -102,7 +103,7 @@ const Problem = z.object({
   errors: z.array(z.object({ path: z.string(), message: z.string() })).optional(),
 }).openapi("Problem");
 
-const problem = (description: string) => ({
+const problemDoc = (description: string) => ({
   description,
   content: { "application/problem+json": { schema: Problem } },
 });
@@ -115,10 +116,10 @@ const body = <T extends z.ZodType>(schema: T) => ({
   content: { "application/json": { schema } },
 });
 const common = {
-  400: problem("invalid_request"),
-  401: problem("unauthorized"),
-  413: problem("payload_too_large"),
-  503: problem("backend_unavailable"),
+  400: problemDoc("invalid_request"),
+  401: problemDoc("unauthorized"),
+  413: problemDoc("payload_too_large"),
+  503: problemDoc("backend_unavailable"),
 };
 const secured = { security: [{ bearer: [] }], tags: ["locks"] };
 
@@ -131,7 +132,7 @@ const acquireRoute = createRoute({
   request: { params: NameParams, body: body(AcquireBody) },
   responses: {
     200: json(LeaseSchema, "Acquired"),
-    409: problem("lock_busy, with retryAfterMs and Retry-After"),
+    409: problemDoc("lock_busy, with retryAfterMs and Retry-After"),
     ...common,
   },
 });
@@ -142,7 +143,7 @@ const renewRoute = createRoute({
   operationId: "renewLock",
   summary: "Extend a lease held by this token; the fence stays the same",
   request: { params: NameParams, body: body(RenewBody) },
-  responses: { 200: json(LeaseSchema, "Renewed"), 409: problem("lock_lost"), ...common },
+  responses: { 200: json(LeaseSchema, "Renewed"), 409: problemDoc("lock_lost"), ...common },
 });
 const releaseRoute = createRoute({
   ...secured,
@@ -174,7 +175,7 @@ const healthRoute = createRoute({
   security: [],
   responses: {
     200: json(z.object({ ok: z.literal(true) }), "Healthy"),
-    503: problem("backend_unavailable"),
+    503: problemDoc("backend_unavailable"),
   },
 });
 
@@ -320,25 +321,17 @@ function toEdgelockError(error: unknown): EdgelockError {
 }
 
 function problemResponse(c: Context, error: EdgelockError): Response {
-  const status = STATUS[error.code];
-  const headers = new Headers({ "content-type": "application/problem+json" });
-  if (c.req.path.startsWith("/v1/")) headers.set("cache-control", "no-store");
+  const headers: Record<string, string> = {};
+  if (c.req.path.startsWith("/v1/")) headers["cache-control"] = "no-store";
   if (error.retryAfterMs !== undefined) {
-    headers.set("retry-after", String(Math.max(1, Math.ceil(error.retryAfterMs / 1000))));
+    headers["retry-after"] = String(Math.max(1, Math.ceil(error.retryAfterMs / 1000)));
   }
-  const errors = error.code === "invalid_request" && Array.isArray(error.cause)
-    ? { errors: error.cause }
-    : {};
-  return new Response(
-    JSON.stringify({
-      type: `urn:edgelock:problem:${error.code}`,
-      title: TITLES[error.code],
-      status,
-      detail: error.message,
-      code: error.code,
-      ...(error.retryAfterMs !== undefined && { retryAfterMs: error.retryAfterMs }),
-      ...errors,
-    }),
-    { status, headers },
-  );
+  const extra: Record<string, unknown> = {};
+  if (error.retryAfterMs !== undefined) extra.retryAfterMs = error.retryAfterMs;
+  if (error.code === "invalid_request" && Array.isArray(error.cause)) extra.errors = error.cause;
+  return problem(STATUS[error.code], error.code, error.message, {
+    title: TITLES[error.code],
+    headers,
+    extra,
+  });
 }

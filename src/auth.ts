@@ -57,3 +57,8 @@ export async function findTenant(
 export async function sha256(text: string): Promise<Uint8Array> {
   return new Uint8Array(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(text)));
 }
+
+/** SHA-256 of a string's UTF-8 bytes, in lower-case hex. */
+export async function sha256Hex(text: string): Promise<string> {
+  return Array.from(await sha256(text), (b) => b.toString(16).padStart(2, "0")).join("");
+}

@@ -4,11 +4,12 @@ import {
   checkDuration,
   checkMeta,
   checkName,
+  checkPrefix,
   checkSignal,
   checkToken,
   newToken,
 } from "./_validate.ts";
-import { ACQUIRE, INSPECT, RELEASE, RENEW, type Script } from "./scripts.ts";
+import { ACQUIRE, FENCE_GRACE_MS, INSPECT, RELEASE, RENEW, type Script } from "./scripts.ts";
 import type {
   AcquireOptions,
   AcquireResult,
@@ -30,10 +31,6 @@ export interface LocksOptions {
 
 /** The default lease length, in milliseconds. */
 export const DEFAULT_TTL_MS = 10_000;
-// How long the fence floor outlives a lease: fences keep increasing across this window even if
-// the server clock steps back within it.
-const FENCE_GRACE_MS = 3_600_000;
-const KEY_PREFIX_PATTERN = /^[A-Za-z0-9._:-]{1,100}$/;
 
 /**
  * Distributed locks on Redis over REST: each acquire, renew, release and inspect is one script
@@ -63,9 +60,7 @@ export class Locks implements LockClient {
     if (typeof redis?.evalsha !== "function" || typeof redis?.eval !== "function") {
       throw new TypeError("Locks needs a Redis client with evalsha and eval (@upstash/redis)");
     }
-    if (typeof prefix !== "string" || !KEY_PREFIX_PATTERN.test(prefix)) {
-      throw new RangeError("prefix must be 1–100 characters of A-Z a-z 0-9 . _ : -");
-    }
+    checkPrefix(prefix);
     this.#redis = redis;
     this.#prefix = prefix;
   }
@@ -117,7 +112,7 @@ export class Locks implements LockClient {
     const reply = await runScript(this.#redis, INSPECT, this.#keys(name), []);
     if (integers(INSPECT, reply, 1)[0] !== 1) return { name, held: false };
     const [, fence, ttlMs, now] = integers(INSPECT, reply, 4) as [number, number, number, number];
-    const meta = parseMeta((reply as unknown[])[4]);
+    const meta = parseJsonText((reply as unknown[])[4]);
     return { name, held: true, fence, ttlMs, expiresAt: now + ttlMs, ...(meta && { meta }) };
   }
 
@@ -137,7 +132,7 @@ export class Locks implements LockClient {
   }
 }
 
-function toLease(name: string, token: string, script: Script, reply: unknown): Lease {
+export function toLease(name: string, token: string, script: Script, reply: unknown): Lease {
   const [, fence, ttlMs, serverTime] = integers(script, reply, 4) as [
     number,
     number,
@@ -156,8 +151,8 @@ function checkLease(lease: LeaseRef): LeaseRef {
   return lease;
 }
 
-// The Upstash client may already have JSON-parsed the meta text (automaticDeserialization).
-function parseMeta(raw: unknown): Record<string, unknown> | undefined {
+// The Upstash client may already have JSON-parsed the text (automaticDeserialization).
+export function parseJsonText(raw: unknown): Record<string, unknown> | undefined {
   if (typeof raw === "object" && raw !== null) return raw as Record<string, unknown>;
   if (typeof raw !== "string" || raw === "") return undefined;
   try {

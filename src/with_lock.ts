@@ -27,24 +27,61 @@ export async function withLock<T>(
     );
   }
   let lease = result.lease;
-  const { ttlMs } = lease;
+  try {
+    return await hold({
+      what: `lock "${name}"`,
+      ttlMs: lease.ttlMs,
+      grantedAt: startedAt,
+      signal: options.signal,
+      async renew() {
+        const renewal = await locks.renew(lease, { ttlMs: lease.ttlMs });
+        if (renewal.renewed) lease = renewal.lease;
+        return renewal.renewed;
+      },
+    }, (signal) => fn(lease, signal));
+  } finally {
+    // A failed release is harmless: the lease then runs out on its own within ttlMs.
+    await locks.release(lease).catch(() => false);
+  }
+}
+
+/** What {@linkcode hold} keeps alive. */
+export interface HoldOptions {
+  /** Named in errors, e.g. `lock "x"`. */
+  what: string;
+  /** The lease length each renewal grants, ms. */
+  ttlMs: number;
+  /** `performance.now()` when the request that granted the lease was sent. */
+  grantedAt: number;
+  /** Renews the lease: true when renewed, false when lost; throws when the backend failed. */
+  renew(): Promise<boolean>;
+  /** Aborts the routine's signal too. */
+  signal?: AbortSignal;
+}
+
+/**
+ * Runs `fn` while renewing a lease every third of its TTL, and aborts `fn`'s signal a fifth of
+ * the TTL before the lease could expire unrenewed (or at once when it was lost). Rejects with
+ * `lock_lost` when the lease was lost, even if `fn` returned; `fn`'s own error wins.
+ */
+export async function hold<T>(
+  { what, ttlMs, grantedAt, renew, signal: outer }: HoldOptions,
+  fn: (signal: AbortSignal) => Promise<T> | T,
+): Promise<T> {
   const lost = new AbortController();
   const stop = new AbortController();
-  const onOuterAbort = () => lost.abort(options.signal?.reason);
-  options.signal?.addEventListener("abort", onOuterAbort, { once: true });
+  const onOuterAbort = () => lost.abort(outer?.reason);
+  outer?.addEventListener("abort", onOuterAbort, { once: true });
 
   // The lease is surely valid until `ttlMs` after the request that granted it was sent.
   let watchdog: ReturnType<typeof setTimeout> | undefined;
   const arm = (sentAt: number) => {
     clearTimeout(watchdog);
-    const abortAt = sentAt + ttlMs - ttlMs / 5;
     watchdog = setTimeout(() => {
-      lost.abort(
-        new EdgelockError("lock_lost", `Lost lock "${name}": it could not be renewed in time`),
-      );
-    }, Math.max(0, abortAt - performance.now()));
+      lost.abort(new EdgelockError("lock_lost", `Lost ${what}: it could not be renewed in time`));
+    }, Math.max(0, sentAt + ttlMs - ttlMs / 5 - performance.now()));
   };
-  arm(startedAt);
+  arm(grantedAt);
 
   const keepAlive = (async () => {
     let wait = ttlMs / 3;
@@ -56,15 +93,12 @@ export async function withLock<T>(
       }
       const sentAt = performance.now();
       try {
-        const renewal = await locks.renew(lease, { ttlMs });
+        const renewed = await renew();
         if (stop.signal.aborted) return;
-        if (!renewal.renewed) {
-          lost.abort(
-            new EdgelockError("lock_lost", `Lost lock "${name}": another token holds it now`),
-          );
+        if (!renewed) {
+          lost.abort(new EdgelockError("lock_lost", `Lost ${what}: another token holds it now`));
           return;
         }
-        lease = renewal.lease;
         arm(sentAt);
         wait = ttlMs / 3;
       } catch {
@@ -73,9 +107,15 @@ export async function withLock<T>(
     }
   })();
 
+  const finish = async () => {
+    stop.abort();
+    clearTimeout(watchdog);
+    outer?.removeEventListener("abort", onOuterAbort);
+    await keepAlive;
+  };
   let value: T;
   try {
-    value = await fn(lease, lost.signal);
+    value = await fn(lost.signal);
   } catch (error) {
     await finish();
     throw error;
@@ -83,13 +123,4 @@ export async function withLock<T>(
   await finish();
   if (lost.signal.aborted) throw lost.signal.reason;
   return value;
-
-  async function finish() {
-    stop.abort();
-    clearTimeout(watchdog);
-    options.signal?.removeEventListener("abort", onOuterAbort);
-    await keepAlive;
-    // A failed release is harmless: the lease then runs out on its own within ttlMs.
-    await locks.release(lease).catch(() => false);
-  }
 }

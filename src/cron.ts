@@ -1,0 +1,58 @@
+import type { StartJobOptions, Store } from "./store.ts";
+import { hold } from "./with_lock.ts";
+
+/** What a guarded run learns about itself. */
+export interface JobRun {
+  job: string;
+  token: string;
+  /** Strictly increasing per job: pass it to resources that refuse stale writers. */
+  fence: number;
+}
+
+/** The outcome of {@linkcode cronGuard}. */
+export type CronResult<T> =
+  | { ran: true; value: T }
+  | { ran: false; reason: "running" | "too_soon" | "tick_done"; retryAfterMs: number };
+
+/**
+ * Runs a scheduled job at most once across triggers, with ShedLock semantics: it never waits
+ * (a run elsewhere means skip); `atMostMs` frees the lock if a run crashes; the lock is kept
+ * until `atLeastMs` after the start, so a second trigger on a skewed clock cannot re-run it; with
+ * `tick` (e.g. Cloudflare's `controller.scheduledTime`) each tick runs at most once. A run longer
+ * than a third of `atMostMs` is extended with explicit calls, and its signal aborts if it cannot be.
+ *
+ * @example
+ * ```ts
+ * export default {
+ *   async scheduled(controller, env, ctx) {
+ *     const store = new Store(Redis.fromEnv(env));
+ *     ctx.waitUntil(cronGuard(store, "nightly-report", {
+ *       atMostMs: 600_000, atLeastMs: 60_000, tick: controller.scheduledTime,
+ *     }, (run, signal) => buildReport({ fence: run.fence, signal })));
+ *   },
+ * };
+ * ```
+ */
+export async function cronGuard<T>(
+  store: Store,
+  job: string,
+  options: StartJobOptions,
+  fn: (run: JobRun, signal: AbortSignal) => Promise<T> | T,
+): Promise<CronResult<T>> {
+  if (typeof fn !== "function") throw new TypeError("cronGuard needs a function to run");
+  const grantedAt = performance.now();
+  const start = await store.startJob(job, options);
+  if (!start.run) return { ran: false, reason: start.reason, retryAfterMs: start.retryAfterMs };
+  const { token, fence } = start;
+  try {
+    const value = await hold({
+      what: `job "${job}"`,
+      ttlMs: options.atMostMs,
+      grantedAt,
+      renew: async () => (await store.extendJob(job, token, options.atMostMs)).extended,
+    }, (signal) => fn({ job, token, fence }, signal));
+    return { ran: true, value };
+  } finally {
+    await store.finishJob(job, token).catch(() => false);
+  }
+}

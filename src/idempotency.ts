@@ -1,0 +1,223 @@
+import type { Context, MiddlewareHandler } from "hono";
+import { backoffDelay, sleep } from "./_backoff.ts";
+import { checkDuration } from "./_validate.ts";
+import { sha256Hex } from "./auth.ts";
+import { problem } from "./_problem.ts";
+import { safeName } from "./dedupe.ts";
+import { EdgelockError } from "./errors.ts";
+import { MAX_RESPONSE_BYTES, recordId, type Store } from "./store.ts";
+import { hold } from "./with_lock.ts";
+
+/** Options for {@linkcode idempotency}. */
+export interface IdempotencyOptions {
+  /** Where claims and stored responses live. */
+  store: Store;
+  /** Whose key space a request uses, typically the signed-in user's id. */
+  scope: (c: Context) => string | Promise<string>;
+  /** Reject requests without an `Idempotency-Key` (400). Else they pass through. @default true */
+  required?: boolean;
+  /** Request headers that are part of the payload fingerprint, besides method, path and body. */
+  fingerprintHeaders?: readonly string[];
+  /** How long a claim lasts if the handler's instance dies, ms (renewed while it runs). @default 30000 */
+  leaseMs?: number;
+  /** How long a stored response is replayed, ms. @default 86400000 (a day) */
+  retentionMs?: number;
+  /** Wait this long for an in-flight first request, then replay it; 0 answers 409 at once. @default 0 */
+  waitMs?: number;
+  /** Response headers stored and replayed. `Set-Cookie` never is. */
+  replayHeaders?: readonly string[];
+}
+
+/** A stored response. */
+interface StoredResponse {
+  status: number;
+  headers: Record<string, string>;
+  /** The body, base64; absent when it was larger than the store takes. */
+  body?: string;
+}
+
+const DEFAULT_REPLAY_HEADERS = ["content-type", "content-language", "location", "etag"];
+// Statuses a retry could change: not stored, the claim is released instead.
+const TRANSIENT = new Set([408, 409, 425, 429]);
+const SAFE_METHODS = new Set(["GET", "HEAD", "OPTIONS"]);
+
+/**
+ * Hono middleware that makes an unsafe route idempotent, after the IETF Idempotency-Key draft.
+ * The first request with a key runs the handler; a retry with the same key and payload gets the
+ * stored status, body and allow-listed headers with `Idempotent-Replayed: true`. 400 when a
+ * required key is missing or malformed; 409 with `Retry-After` while the first request is in
+ * flight; 422 when the key is reused with another payload; 503 when Redis is unreachable (never
+ * a silent pass-through). 2xx and deterministic 4xx replies are stored; a 5xx or a thrown error
+ * releases the claim, so a retry may redo the work.
+ *
+ * @example
+ * ```ts
+ * app.post("/orders", idempotency({ store, scope: (c) => c.get("userId") }), createOrder);
+ * ```
+ */
+export function idempotency(options: IdempotencyOptions): MiddlewareHandler {
+  const {
+    store,
+    scope,
+    required = true,
+    fingerprintHeaders = [],
+    leaseMs = 30_000,
+    retentionMs = 86_400_000,
+    waitMs = 0,
+    replayHeaders = DEFAULT_REPLAY_HEADERS,
+  } = options ?? {};
+  if (typeof store?.claim !== "function") throw new TypeError("idempotency needs a store");
+  if (typeof scope !== "function") throw new TypeError("idempotency needs a scope function");
+  checkDuration(leaseMs, "leaseMs", 0);
+  checkDuration(retentionMs, "retentionMs", 0);
+  checkDuration(waitMs, "waitMs", 0);
+  const kept = replayHeaders.map((h) => h.toLowerCase()).filter((h) => h !== "set-cookie");
+
+  return async function idempotencyMiddleware(c, next) {
+    if (SAFE_METHODS.has(c.req.method)) return next();
+    const header = c.req.header("idempotency-key");
+    if (header === undefined) {
+      if (!required) return next();
+      return problem(400, "invalid_request", "This route needs an Idempotency-Key header");
+    }
+    const key = parseKey(header);
+    if (key === undefined) {
+      return problem(
+        400,
+        "invalid_request",
+        "Idempotency-Key must be one string of 1–255 printable ASCII characters",
+      );
+    }
+    const body = await c.req.text();
+    const headers = fingerprintHeaders.map((h) => `${h.toLowerCase()}:${c.req.header(h) ?? ""}`);
+    const fingerprint = await sha256Hex(
+      [c.req.method, c.req.path, canonical(body), ...headers].join("\n"),
+    );
+    const id = recordId(
+      await safeName(await scope(c)),
+      `h-${await sha256Hex(`${c.req.method} ${c.req.path} ${key}`)}`,
+    );
+
+    try {
+      const deadline = performance.now() + waitMs;
+      for (let attempt = 0;; attempt++) {
+        const claim = await store.claim("idempotency", id, { leaseMs, retentionMs, fingerprint });
+        if (claim.state === "mismatch") {
+          return problem(
+            422,
+            "fingerprint_mismatch",
+            "This Idempotency-Key was used with another payload",
+          );
+        }
+        if (claim.state === "completed") {
+          return replay(claim.response as StoredResponse | undefined);
+        }
+        if (claim.state === "in_progress") {
+          const left = deadline - performance.now();
+          if (left > 0) {
+            await sleep(backoffDelay(attempt, Math.min(left, claim.retryAfterMs)));
+            continue;
+          }
+          return problem(409, "in_progress", "The first request with this key is in flight", {
+            headers: { "retry-after": String(Math.max(1, Math.ceil(claim.retryAfterMs / 1000))) },
+          });
+        }
+        await runFirst(c, next, id, claim.token);
+        return undefined;
+      }
+    } catch (error) {
+      if (error instanceof EdgelockError && error.code === "backend_unavailable") {
+        return problem(503, "backend_unavailable", "The idempotency store is unreachable", {
+          headers: { "retry-after": "1" },
+        });
+      }
+      throw error;
+    }
+  };
+
+  async function runFirst(c: Context, next: () => Promise<void>, id: string, token: string) {
+    const grantedAt = performance.now();
+    let threw = false;
+    await hold({
+      what: "idempotency claim",
+      ttlMs: leaseMs,
+      grantedAt,
+      renew: async () => (await store.renewClaim("idempotency", id, token, leaseMs)).renewed,
+    }, async () => {
+      try {
+        await next();
+      } catch (error) {
+        threw = true;
+        throw error;
+      }
+    }).catch(async (error) => {
+      if (threw) {
+        await store.release("idempotency", id, token).catch(() => false);
+        throw error;
+      }
+      // The claim was lost while the handler ran: its reply goes out, but is not stored.
+    });
+    const res = c.res;
+    if (c.error || res.status >= 500 || TRANSIENT.has(res.status)) {
+      await store.release("idempotency", id, token).catch(() => false);
+      return;
+    }
+    const stored: StoredResponse = { status: res.status, headers: {} };
+    for (const name of kept) {
+      const value = res.headers.get(name);
+      if (value !== null) stored.headers[name] = value;
+    }
+    const bytes = new Uint8Array(await res.clone().arrayBuffer());
+    // base64 grows 4/3; leave room for status and headers.
+    if (bytes.length * 4 / 3 < MAX_RESPONSE_BYTES - 4096) stored.body = toBase64(bytes);
+    await store.complete("idempotency", id, token, { ...stored });
+  }
+}
+
+function replay(stored: StoredResponse | undefined): Response {
+  const headers = new Headers(stored?.headers ?? {});
+  headers.set("idempotent-replayed", "true");
+  const body = stored?.body ? Uint8Array.from(atob(stored.body), (ch) => ch.charCodeAt(0)) : null;
+  return new Response(body, { status: stored?.status ?? 200, headers });
+}
+
+/** The key as an RFC 8941 string (`"…"`) or a bare token; undefined for lists and bad values. */
+export function parseKey(header: string): string | undefined {
+  const value = header.trim();
+  let key: string;
+  if (value.startsWith('"')) {
+    const match = /^"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"$/.exec(value);
+    if (!match) return undefined;
+    key = match[1]!.replace(/\\(["\\])/g, "$1");
+  } else {
+    if (!/^[\x21\x23-\x2b\x2d-\x7e]+$/.test(value)) return undefined; // no spaces, commas, quotes
+    key = value;
+  }
+  return key.length >= 1 && key.length <= 255 ? key : undefined;
+}
+
+// JSON bodies compare by meaning (key order and spacing do not matter); others byte for byte.
+function canonical(body: string): string {
+  try {
+    return stable(JSON.parse(body));
+  } catch {
+    return body;
+  }
+}
+
+function stable(value: unknown): string {
+  if (Array.isArray(value)) return `[${value.map(stable).join(",")}]`;
+  if (value && typeof value === "object") {
+    const entries = Object.entries(value).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+    return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${stable(v)}`).join(",")}}`;
+  }
+  return JSON.stringify(value);
+}
+
+function toBase64(bytes: Uint8Array): string {
+  let text = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) {
+    text += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  }
+  return btoa(text);
+}

@@ -1,0 +1,252 @@
+import { integers, type RedisLike, runScript } from "./_runner.ts";
+import { checkDuration, checkName, checkPrefix, checkToken, newToken } from "./_validate.ts";
+import { parseJsonText } from "./locks.ts";
+import {
+  CLAIM,
+  COMPLETE,
+  EXTEND_JOB,
+  FENCE_GRACE_MS,
+  FINISH_JOB,
+  GET_RECORD,
+  RELEASE_CLAIM,
+  RENEW_CLAIM,
+  START_JOB,
+} from "./scripts.ts";
+
+/** Record kinds; each has its own key space. */
+export type RecordKind = "idempotency" | "dedupe";
+
+/** Options for {@linkcode Store.claim}. */
+export interface ClaimOptions {
+  /** The owner token; choose it before the first attempt to make retries safe. @default random */
+  token?: string;
+  /** How long the claim lasts if never completed (a crashed worker), 100–3600000 ms. @default 30000 */
+  leaseMs?: number;
+  /** How long a completed record is kept, 1000–2592000000 ms. @default 86400000 (a day) */
+  retentionMs?: number;
+  /** Identifies the payload; a claim with another fingerprint is `mismatch`. At most 128 characters. */
+  fingerprint?: string;
+}
+
+/** The outcome of {@linkcode Store.claim}. */
+export type ClaimResult =
+  | { state: "claimed"; token: string; fence: number; leaseExpiresAt: number }
+  | { state: "completed"; response?: Record<string, unknown> }
+  | { state: "in_progress"; retryAfterMs: number }
+  | { state: "mismatch" };
+
+/** What anyone may know of a record; never its token. */
+export type RecordState =
+  | { state: "absent" }
+  | { state: "in_progress"; fence: number; leaseExpiresAt: number }
+  | { state: "completed"; expiresAt: number; response?: Record<string, unknown> };
+
+/** Options for {@linkcode Store.startJob}. */
+export interface StartJobOptions {
+  /** The crash safety net: the lock frees this long after start, 100–86400000 ms. */
+  atMostMs: number;
+  /** No other run starts until this long after this start, 0–atMostMs. @default 0 */
+  atLeastMs?: number;
+  /** A scheduled tick (e.g. `controller.scheduledTime`): each tick runs at most once. */
+  tick?: string | number;
+  /** How long a tick is remembered, ms. @default 7 days */
+  tickRetentionMs?: number;
+  /** @default random */
+  token?: string;
+}
+
+/** The outcome of {@linkcode Store.startJob}. */
+export type JobStart =
+  | { run: true; token: string; fence: number; expiresAt: number }
+  | { run: false; reason: "running" | "too_soon" | "tick_done"; retryAfterMs: number };
+
+const DEFAULT_LEASE_MS = 30_000;
+const DEFAULT_RETENTION_MS = 86_400_000;
+const DEFAULT_TICK_RETENTION_MS = 7 * 86_400_000;
+const MAX_FINGERPRINT = 128;
+/** Largest stored response, as JSON text. */
+export const MAX_RESPONSE_BYTES = 48 * 1024;
+const RECORD_ID = /^[A-Za-z0-9._:-]{1,200}(\/[A-Za-z0-9._:-]{1,200})?$/;
+const JOB_REASONS = { 1: "running", 2: "too_soon", 3: "tick_done" } as const;
+
+/**
+ * The id of a record keyed by a scope (e.g. a user id) and a key. `/` cannot occur in either
+ * name, so no two pairs share an id.
+ */
+export function recordId(scope: string, key: string): string {
+  return `${checkName(scope, "scope")}/${checkName(key, "key")}`;
+}
+
+/**
+ * The "exactly once" state machine behind idempotency, webhook deduplication and cron jobs:
+ * absent → claimed (a short lease with an owner token and fence) → completed (kept for its
+ * retention), or back to absent on release. Every transition is one script; complete and
+ * release check the owner token, so a late worker can never overwrite a newer result.
+ */
+export class Store {
+  readonly #redis: RedisLike;
+  readonly #prefix: string;
+
+  constructor(redis: RedisLike, { prefix = "edgelock" }: { prefix?: string } = {}) {
+    if (typeof redis?.evalsha !== "function" || typeof redis?.eval !== "function") {
+      throw new TypeError("Store needs a Redis client with evalsha and eval (@upstash/redis)");
+    }
+    this.#prefix = checkPrefix(prefix);
+    this.#redis = redis;
+  }
+
+  /** Claims `kind`/`id` for one worker, or says why not. */
+  async claim(kind: RecordKind, id: string, options: ClaimOptions = {}): Promise<ClaimResult> {
+    const keys = this.#recordKeys(kind, id);
+    const token = options.token === undefined ? newToken() : checkToken(options.token);
+    const leaseMs = checkDuration(options.leaseMs, "leaseMs", DEFAULT_LEASE_MS);
+    const retentionMs = checkDuration(options.retentionMs, "retentionMs", DEFAULT_RETENTION_MS);
+    const fingerprint = options.fingerprint ?? "";
+    if (typeof fingerprint !== "string" || fingerprint.length > MAX_FINGERPRINT) {
+      throw new RangeError(`fingerprint must be a string of at most ${MAX_FINGERPRINT} characters`);
+    }
+    const reply = await runScript(this.#redis, CLAIM, keys, [
+      token,
+      leaseMs,
+      retentionMs,
+      fingerprint,
+      FENCE_GRACE_MS,
+    ]);
+    const [outcome] = integers(CLAIM, reply, 2);
+    if (outcome === 1) {
+      const [, fence, granted, now] = integers(CLAIM, reply, 4) as number[];
+      return { state: "claimed", token, fence: fence!, leaseExpiresAt: now! + granted! };
+    }
+    if (outcome === 0) {
+      return { state: "in_progress", retryAfterMs: Math.max(1, integers(CLAIM, reply, 2)[1]!) };
+    }
+    if (outcome === 2) {
+      const response = parseJsonText((reply as unknown[])[2]);
+      return response ? { state: "completed", response } : { state: "completed" };
+    }
+    return { state: "mismatch" };
+  }
+
+  /** Extends a claim still held by `token`. */
+  async renewClaim(
+    kind: RecordKind,
+    id: string,
+    token: string,
+    leaseMs = DEFAULT_LEASE_MS,
+  ): Promise<{ renewed: true; leaseExpiresAt: number } | { renewed: false }> {
+    const keys = this.#recordKeys(kind, id);
+    const args = [checkToken(token), checkDuration(leaseMs, "leaseMs", 0), FENCE_GRACE_MS];
+    const reply = await runScript(this.#redis, RENEW_CLAIM, keys, args);
+    if (integers(RENEW_CLAIM, reply, 2)[0] !== 1) return { renewed: false };
+    const [, , granted, now] = integers(RENEW_CLAIM, reply, 4) as number[];
+    return { renewed: true, leaseExpiresAt: now! + granted! };
+  }
+
+  /**
+   * Completes `token`'s claim, keeping `response` (a JSON object, at most 48 KiB) for the
+   * retention. `false` when the claim is no longer this token's: the newer result stands.
+   */
+  async complete(
+    kind: RecordKind,
+    id: string,
+    token: string,
+    response?: Record<string, unknown>,
+  ): Promise<boolean> {
+    const keys = this.#recordKeys(kind, id);
+    const text = response === undefined ? "" : JSON.stringify(response);
+    if (response !== undefined && (typeof response !== "object" || Array.isArray(response))) {
+      throw new TypeError("response must be a JSON object");
+    }
+    if (new TextEncoder().encode(text).length > MAX_RESPONSE_BYTES) {
+      throw new RangeError(`response must be at most ${MAX_RESPONSE_BYTES} bytes as JSON`);
+    }
+    const reply = await runScript(this.#redis, COMPLETE, keys, [checkToken(token), text]);
+    return integers(COMPLETE, [reply], 1)[0] === 1;
+  }
+
+  /** Gives up `token`'s claim (the work failed cleanly, so a retry may redo it). */
+  async release(kind: RecordKind, id: string, token: string): Promise<boolean> {
+    const keys = this.#recordKeys(kind, id);
+    const reply = await runScript(this.#redis, RELEASE_CLAIM, keys, [checkToken(token)]);
+    return integers(RELEASE_CLAIM, [reply], 1)[0] === 1;
+  }
+
+  /** Reads a record's state on the primary; never its token. */
+  async get(kind: RecordKind, id: string): Promise<RecordState> {
+    const reply = await runScript(this.#redis, GET_RECORD, this.#recordKeys(kind, id), []);
+    const [outcome] = integers(GET_RECORD, reply, 2);
+    if (outcome === 0) return { state: "absent" };
+    const [, now, pttl] = integers(GET_RECORD, reply, 3) as number[];
+    if (outcome === 1) {
+      const [, , , fence] = integers(GET_RECORD, reply, 4);
+      return { state: "in_progress", fence: fence!, leaseExpiresAt: now! + pttl! };
+    }
+    const response = parseJsonText((reply as unknown[])[3]);
+    return { state: "completed", expiresAt: now! + pttl!, ...(response && { response }) };
+  }
+
+  /** Starts a run of `job` unless it runs elsewhere, ran too recently, or ran for this tick. */
+  async startJob(job: string, options: StartJobOptions): Promise<JobStart> {
+    checkName(job, "job name");
+    const atMostMs = checkDuration(options?.atMostMs, "atMostMs", NaN);
+    if (Number.isNaN(atMostMs)) throw new TypeError("atMostMs is required");
+    const atLeastMs = checkDuration(options.atLeastMs, "atLeastMs", 0);
+    if (atLeastMs > atMostMs) throw new RangeError("atLeastMs must not exceed atMostMs");
+    const tickRetentionMs = checkDuration(
+      options.tickRetentionMs,
+      "retentionMs",
+      DEFAULT_TICK_RETENTION_MS,
+    );
+    const tick = options.tick === undefined ? undefined : checkName(String(options.tick), "tick");
+    const token = options.token === undefined ? newToken() : checkToken(options.token);
+    const [jobKey, fenceKey] = this.#jobKeys(job);
+    const reply = await runScript(
+      this.#redis,
+      START_JOB,
+      [jobKey, fenceKey, `${jobKey}:tick:${tick ?? ""}`],
+      [token, atMostMs, atLeastMs, tickRetentionMs, FENCE_GRACE_MS, tick === undefined ? 0 : 1],
+    );
+    const [run, a, b, c] = integers(START_JOB, reply, 4) as number[];
+    if (run === 1) return { run: true, token, fence: a!, expiresAt: c! + b! };
+    const reason = JOB_REASONS[a as 1 | 2 | 3];
+    if (!reason) integers(START_JOB, [null], 1); // an unknown reason is a bad reply
+    return { run: false, reason, retryAfterMs: b! };
+  }
+
+  /** Extends a running job's safety net to `atMostMs` from now. */
+  async extendJob(
+    job: string,
+    token: string,
+    atMostMs: number,
+  ): Promise<{ extended: true; expiresAt: number } | { extended: false }> {
+    checkName(job, "job name");
+    const args = [checkToken(token), checkDuration(atMostMs, "atMostMs", 0), FENCE_GRACE_MS];
+    const reply = await runScript(this.#redis, EXTEND_JOB, this.#jobKeys(job), args);
+    if (integers(EXTEND_JOB, reply, 2)[0] !== 1) return { extended: false };
+    const [, , granted, now] = integers(EXTEND_JOB, reply, 4) as number[];
+    return { extended: true, expiresAt: now! + granted! };
+  }
+
+  /** Finishes `token`'s run; the lock stays until `atLeastMs` after its start. */
+  async finishJob(job: string, token: string): Promise<boolean> {
+    checkName(job, "job name");
+    const reply = await runScript(this.#redis, FINISH_JOB, this.#jobKeys(job), [
+      checkToken(token),
+    ]);
+    return integers(FINISH_JOB, [reply], 1)[0] === 1;
+  }
+
+  // The id sits in a hash tag so a record's keys share a cluster slot.
+  #recordKeys(kind: RecordKind, id: string): [string, string] {
+    if (typeof id !== "string" || !RECORD_ID.test(id)) {
+      throw new RangeError(`The ${kind} id must be a name or scope/key, from recordId()`);
+    }
+    const base = `${this.#prefix}:${kind}:{${id}}`;
+    return [base, `${base}:fence`];
+  }
+
+  #jobKeys(job: string): [string, string] {
+    const base = `${this.#prefix}:job:{${job}}`;
+    return [base, `${base}:fence`];
+  }
+}
