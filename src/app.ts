@@ -5,8 +5,10 @@ import { HTTPException } from "hono/http-exception";
 import { type ApiKey, findTenant, sha256 } from "./auth.ts";
 import { EdgelockError, type ErrorCode } from "./errors.ts";
 import { Locks } from "./locks.ts";
+import { Store } from "./store.ts";
+import { type AppEnv, registerUseRoutes } from "./app_uses.ts";
 import { type RedisLike, runScript } from "./_runner.ts";
-import { LIMITS, MAX_META_BYTES, NAME_PATTERN, TOKEN_PATTERN } from "./_validate.ts";
+import { body, common, duration, json, Meta, Name, problemDoc, Token } from "./_schemas.ts";
 import { PING } from "./scripts.ts";
 import { problem } from "./_problem.ts";
 import type { Lease } from "./types.ts";
@@ -24,13 +26,16 @@ export interface AppDeps {
 /** The largest request body, in bytes. */
 export const MAX_BODY_BYTES = 64 * 1024;
 
-const STATUS: Record<ErrorCode, 400 | 401 | 404 | 409 | 413 | 500 | 503> = {
+const STATUS: Record<ErrorCode, 400 | 401 | 404 | 409 | 413 | 422 | 500 | 503> = {
   invalid_request: 400,
   unauthorized: 401,
   not_found: 404,
   payload_too_large: 413,
   lock_busy: 409,
   lock_lost: 409,
+  in_progress: 409,
+  lease_lost: 409,
+  fingerprint_mismatch: 422,
   backend_unavailable: 503,
   internal_error: 500,
 };
@@ -42,26 +47,12 @@ const TITLES: Record<ErrorCode, string> = {
   payload_too_large: "The request body is too large",
   lock_busy: "The lock is held by another token",
   lock_lost: "The lease is no longer held by this token",
+  in_progress: "Another request with this key is in flight",
+  lease_lost: "The claim is no longer held by this token",
+  fingerprint_mismatch: "This key was used with another payload",
   backend_unavailable: "Redis is unreachable",
   internal_error: "An unexpected error (a bug in edgelock)",
 };
-
-// ---- schemas: they validate the requests and generate /openapi.json ----
-
-const Name = z.string().regex(NAME_PATTERN).openapi({
-  description: "1–200 characters of A-Z a-z 0-9 . _ : -",
-  example: "invoice:42",
-});
-const Token = z.string().regex(TOKEN_PATTERN).openapi({
-  description: "Owner token: 16–128 characters of A-Z a-z 0-9 _ -",
-  example: "b3JkZXItNDItd29ya2VyLTE",
-});
-const duration = (field: keyof typeof LIMITS, description: string) =>
-  z.number().int().min(LIMITS[field].min).max(LIMITS[field].max).openapi({ description });
-const Meta = z.record(z.string(), z.unknown()).refine(
-  (meta) => new TextEncoder().encode(JSON.stringify(meta)).length <= MAX_META_BYTES,
-  { message: `meta must be at most ${MAX_META_BYTES} bytes as JSON` },
-).openapi({ description: "A JSON object of at most 1 KiB, shown by GET" });
 
 const NameParams = z.object({ name: Name.openapi({ param: { name: "name", in: "path" } }) });
 const AcquireBody = z.strictObject({
@@ -93,34 +84,6 @@ const LockInfoSchema = z.object({
   expiresAt: z.number().int().optional(),
   meta: z.record(z.string(), z.unknown()).optional(),
 }).openapi("LockInfo");
-const Problem = z.object({
-  type: z.string(),
-  title: z.string(),
-  status: z.number().int(),
-  detail: z.string(),
-  code: z.string(),
-  retryAfterMs: z.number().int().optional(),
-  errors: z.array(z.object({ path: z.string(), message: z.string() })).optional(),
-}).openapi("Problem");
-
-const problemDoc = (description: string) => ({
-  description,
-  content: { "application/problem+json": { schema: Problem } },
-});
-const json = <T extends z.ZodType>(schema: T, description: string) => ({
-  description,
-  content: { "application/json": { schema } },
-});
-const body = <T extends z.ZodType>(schema: T) => ({
-  required: true,
-  content: { "application/json": { schema } },
-});
-const common = {
-  400: problemDoc("invalid_request"),
-  401: problemDoc("unauthorized"),
-  413: problemDoc("payload_too_large"),
-  503: problemDoc("backend_unavailable"),
-};
 const secured = { security: [{ bearer: [] }], tags: ["locks"] };
 
 const acquireRoute = createRoute({
@@ -179,19 +142,20 @@ const healthRoute = createRoute({
   },
 });
 
-type Env = { Variables: { locks: Locks } };
-
 /** The edgelock HTTP service as a Hono app; runtime-agnostic. */
-export function createApp({ redis, apiKeys, keyPrefix = "edgelock" }: AppDeps): OpenAPIHono<Env> {
+export function createApp(
+  { redis, apiKeys, keyPrefix = "edgelock" }: AppDeps,
+): OpenAPIHono<AppEnv> {
   if (apiKeys.length === 0) throw new RangeError("createApp needs at least one API key");
   const digests = Promise.all(
     apiKeys.map(async ({ tenant, secret }) => ({ tenant, digest: await sha256(secret) })),
   );
-  const locksByTenant = new Map(
-    apiKeys.map(({ tenant }) => [tenant, new Locks(redis, { prefix: `${keyPrefix}:${tenant}` })]),
-  );
+  const byTenant = new Map(apiKeys.map(({ tenant }) => {
+    const prefix = `${keyPrefix}:${tenant}`;
+    return [tenant, { locks: new Locks(redis, { prefix }), store: new Store(redis, { prefix }) }];
+  }));
 
-  const app = new OpenAPIHono<Env>({
+  const app = new OpenAPIHono<AppEnv>({
     defaultHook(result) {
       if (!result.success) {
         throw new EdgelockError("invalid_request", "The request does not match the schema", {
@@ -227,7 +191,9 @@ export function createApp({ redis, apiKeys, keyPrefix = "edgelock" }: AppDeps): 
     if (!tenant) {
       throw new EdgelockError("unauthorized", "Send Authorization: Bearer <api key>");
     }
-    c.set("locks", locksByTenant.get(tenant)!);
+    const { locks, store } = byTenant.get(tenant)!;
+    c.set("locks", locks);
+    c.set("store", store);
     await next();
   });
 
@@ -276,6 +242,8 @@ export function createApp({ redis, apiKeys, keyPrefix = "edgelock" }: AppDeps): 
     await runScript(redis, PING, [], []);
     return c.json({ ok: true as const }, 200);
   });
+
+  registerUseRoutes(app);
 
   app.openAPIRegistry.registerComponent("securitySchemes", "bearer", {
     type: "http",

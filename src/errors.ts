@@ -6,6 +6,9 @@ export type ErrorCode =
   | "payload_too_large"
   | "lock_busy"
   | "lock_lost"
+  | "in_progress"
+  | "lease_lost"
+  | "fingerprint_mismatch"
   | "backend_unavailable"
   | "internal_error";
 

@@ -253,6 +253,16 @@ Deno.test("the HTTP service", async (t) => {
       const paths = r.body.paths as Record<string, Json>;
       assert.deepEqual(Object.keys(paths).sort(), [
         "/healthz",
+        "/v1/dedupe/{namespace}/{id}",
+        "/v1/dedupe/{namespace}/{id}/claim",
+        "/v1/dedupe/{namespace}/{id}/done",
+        "/v1/dedupe/{namespace}/{id}/release",
+        "/v1/idempotency/{scope}/{key}",
+        "/v1/idempotency/{scope}/{key}/claim",
+        "/v1/idempotency/{scope}/{key}/complete",
+        "/v1/idempotency/{scope}/{key}/release",
+        "/v1/jobs/{job}/finish",
+        "/v1/jobs/{job}/start",
         "/v1/locks/{name}",
         "/v1/locks/{name}/acquire",
         "/v1/locks/{name}/release",

@@ -1,0 +1,54 @@
+// Schema pieces shared by the route modules: they validate requests and generate /openapi.json.
+import { z } from "@hono/zod-openapi";
+import { LIMITS, MAX_META_BYTES, NAME_PATTERN, TOKEN_PATTERN } from "./_validate.ts";
+
+export const Name = z.string().regex(NAME_PATTERN).openapi({
+  description: "1–200 characters of A-Z a-z 0-9 . _ : -",
+  example: "invoice:42",
+});
+export const Token = z.string().regex(TOKEN_PATTERN).openapi({
+  description: "Owner token: 16–128 characters of A-Z a-z 0-9 _ -",
+  example: "b3JkZXItNDItd29ya2VyLTE",
+});
+export const duration = (field: keyof typeof LIMITS, description: string) =>
+  z.number().int().min(LIMITS[field].min).max(LIMITS[field].max).openapi({ description });
+export const Meta = z.record(z.string(), z.unknown()).refine(
+  (meta) => new TextEncoder().encode(JSON.stringify(meta)).length <= MAX_META_BYTES,
+  { message: `meta must be at most ${MAX_META_BYTES} bytes as JSON` },
+).openapi({ description: "A JSON object of at most 1 KiB, shown by GET" });
+
+export const Problem = z.object({
+  type: z.string(),
+  title: z.string(),
+  status: z.number().int(),
+  detail: z.string(),
+  code: z.string(),
+  retryAfterMs: z.number().int().optional(),
+  errors: z.array(z.object({ path: z.string(), message: z.string() })).optional(),
+}).openapi("Problem");
+
+export const problemDoc = (description: string) => ({
+  description,
+  content: { "application/problem+json": { schema: Problem } },
+});
+export const json = <T extends z.ZodType>(schema: T, description: string) => ({
+  description,
+  content: { "application/json": { schema } },
+});
+export const body = <T extends z.ZodType>(schema: T) => ({
+  required: true,
+  content: { "application/json": { schema } },
+});
+export const common = {
+  400: problemDoc("invalid_request"),
+  401: problemDoc("unauthorized"),
+  413: problemDoc("payload_too_large"),
+  503: problemDoc("backend_unavailable"),
+};
+
+/** A path parameter that is a name. */
+export const nameParam = (name: string) =>
+  Name.openapi({
+    param: { name, in: "path" },
+    description: "1–200 characters of A-Z a-z 0-9 . _ : -",
+  });
