@@ -138,7 +138,7 @@ export function webhookDedupe(
   };
 }
 
-async function importSecret(secret: string): Promise<CryptoKey> {
+function importSecret(secret: string): Promise<CryptoKey> {
   const raw = secret.startsWith("whsec_") ? secret.slice(6) : secret;
   let bytes: Uint8Array<ArrayBuffer>;
   try {
