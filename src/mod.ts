@@ -38,3 +38,22 @@ export { type AppDeps, createApp, MAX_BODY_BYTES } from "./app.ts";
 export { type ApiKey, parseApiKeys } from "./auth.ts";
 export { type ClientOptions, createClient } from "./client.ts";
 export { readConfig, type ServiceConfig } from "./config.ts";
+export {
+  type ClaimOptions,
+  type ClaimResult,
+  type JobStart,
+  recordId,
+  type RecordKind,
+  type RecordState,
+  type StartJobOptions,
+  Store,
+} from "./store.ts";
+export { cronGuard, type CronResult, type JobRun } from "./cron.ts";
+export {
+  dedupe,
+  type DedupeOptions,
+  type DedupeResult,
+  webhookDedupe,
+  type WebhookDedupeOptions,
+} from "./dedupe.ts";
+export { idempotency, type IdempotencyOptions } from "./idempotency.ts";

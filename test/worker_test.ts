@@ -75,6 +75,25 @@ Deno.test("the bundled Worker runs in workerd (Miniflare) against the bridge", a
       assert.equal((await call(`/v1/locks/${name}/acquire`, SECRET_B, {})).status, 200);
     });
 
+    await t.step(
+      "the scheduled handler runs each tick once, even when triggered twice",
+      async () => {
+        // Miniflare's Fetcher typing lacks scheduled(); the method is there at run time.
+        const worker = await mf.getWorker() as unknown as {
+          scheduled(event: { cron: string; scheduledTime: Date }): Promise<unknown>;
+        };
+        const scheduledTime = new Date(Date.UTC(2026, 0, 1, 0, 5));
+        await Promise.all([
+          worker.scheduled({ cron: "*/5 * * * *", scheduledTime }),
+          worker.scheduled({ cron: "*/5 * * * *", scheduledTime }),
+        ]);
+        await worker.scheduled({ cron: "*/5 * * * *", scheduledTime });
+        const runs = await backend.redis.lrange("edgelock.worker:example-heartbeat:runs", 0, -1);
+        assert.equal(runs.length, 1);
+        assert.equal((runs[0] as unknown as { tick: number }).tick, scheduledTime.getTime());
+      },
+    );
+
     await t.step("a wrong key gets 401 problem+json", async () => {
       const res = await call(`/v1/locks/${name}`, "not-a-key");
       assert.equal(res.status, 401);

@@ -2,57 +2,84 @@
 import { Redis } from "@upstash/redis/cloudflare";
 import { createApp } from "../src/app.ts";
 import { readConfig } from "../src/config.ts";
+import { cronGuard } from "../src/cron.ts";
+import { Store } from "../src/store.ts";
 
 /** Bindings: vars in wrangler.toml, secrets with `wrangler secret put`. */
-export interface Env {
+interface Env {
   UPSTASH_REDIS_REST_URL: string;
   UPSTASH_REDIS_REST_TOKEN: string;
   LOCK_API_KEYS: string;
   LOCK_KEY_PREFIX?: string;
 }
 
-/** The part of Cloudflare's `ExportedHandler` (from @cloudflare/workers-types) this entry uses. */
+/** The parts of Cloudflare's `ExportedHandler` (from @cloudflare/workers-types) this entry uses. */
 interface ExportedHandler<E> {
   fetch(request: Request, env: E, ctx: unknown): Response | Promise<Response>;
+  scheduled(
+    controller: { scheduledTime: number; cron: string },
+    env: E,
+    ctx: unknown,
+  ): Promise<void>;
 }
 
-let cached: { env: Env; app: ReturnType<typeof createApp> } | undefined;
+/** The example cron job: the cron trigger in wrangler.toml runs it; replace it with your own. */
+const EXAMPLE_JOB = "example-heartbeat"; // not exported: Workers treat named exports as entrypoints
 
-function appFor(env: Env) {
-  if (cached?.env !== env) {
-    const config = readConfig(env as unknown as Record<string, unknown>);
-    const redis = new Redis({
-      url: config.redisUrl,
-      token: config.redisToken,
-      enableTelemetry: false,
-      retry: { retries: 2, backoff: (n) => 50 * 2 ** n },
-    });
-    cached = {
-      env,
-      app: createApp({ redis, apiKeys: config.apiKeys, keyPrefix: config.keyPrefix }),
-    };
-  }
-  return cached.app;
+let cached: { env: Env; deps: ReturnType<typeof build> } | undefined;
+
+function build(env: Env) {
+  const config = readConfig(env as unknown as Record<string, unknown>);
+  const redis = new Redis({
+    url: config.redisUrl,
+    token: config.redisToken,
+    enableTelemetry: false,
+    retry: { retries: 2, backoff: (n) => 50 * 2 ** n },
+  });
+  const app = createApp({ redis, apiKeys: config.apiKeys, keyPrefix: config.keyPrefix });
+  const prefix = `${config.keyPrefix}.worker`; // "." keeps it apart from every tenant's "prefix:tenant"
+  return { app, redis, prefix, store: new Store(redis, { prefix }) };
+}
+
+function depsFor(env: Env) {
+  if (cached?.env !== env) cached = { env, deps: build(env) };
+  return cached.deps;
 }
 
 export default {
   fetch(request, env) {
-    let app;
+    let deps;
     try {
-      app = appFor(env);
+      deps = depsFor(env);
     } catch (error) {
       console.error("edgelock: bad configuration:", (error as Error).message);
-      return Response.json(
-        {
-          type: "urn:edgelock:problem:internal_error",
-          title: "The service is misconfigured",
-          status: 500,
-          detail: (error as Error).message,
-          code: "internal_error",
-        },
-        { status: 500, headers: { "content-type": "application/problem+json" } },
-      );
+      return Response.json({
+        type: "urn:edgelock:problem:internal_error",
+        title: "The service is misconfigured",
+        status: 500,
+        detail: (error as Error).message,
+        code: "internal_error",
+      }, { status: 500, headers: { "content-type": "application/problem+json" } });
     }
-    return app.fetch(request);
+    return deps.app.fetch(request);
+  },
+
+  // Each scheduled tick runs at most once, even when Cloudflare fires a trigger twice.
+  async scheduled(controller, env) {
+    const { redis, store, prefix } = depsFor(env);
+    const result = await cronGuard(
+      store,
+      EXAMPLE_JOB,
+      { atMostMs: 60_000, atLeastMs: 30_000, tick: controller.scheduledTime },
+      async (run) => {
+        const key = `${prefix}:${EXAMPLE_JOB}:runs`;
+        await redis.lpush(
+          key,
+          JSON.stringify({ tick: controller.scheduledTime, fence: run.fence }),
+        );
+        await redis.ltrim(key, 0, 99);
+      },
+    );
+    if (!result.ran) console.log(`${EXAMPLE_JOB}: skipped (${result.reason})`);
   },
 } satisfies ExportedHandler<Env>;

@@ -2,6 +2,8 @@
 import { Redis } from "@upstash/redis";
 import { createApp } from "../src/app.ts";
 import { readConfig } from "../src/config.ts";
+import { cronGuard } from "../src/cron.ts";
+import { Store } from "../src/store.ts";
 
 const config = readConfig(Deno.env.toObject());
 const redis = new Redis({
@@ -20,3 +22,28 @@ Deno.serve(
   },
   app.fetch,
 );
+
+// The example cron job, guarded: Deno Deploy may start it on several isolates at once. Deno.cron
+// needs Deno Deploy or --unstable-cron; elsewhere it is skipped.
+const cron = (Deno as unknown as {
+  cron?: (name: string, schedule: string, fn: () => Promise<void>) => Promise<void>;
+}).cron;
+if (typeof cron === "function") {
+  const prefix = `${config.keyPrefix}.deno`; // apart from every tenant's "prefix:tenant"
+  const store = new Store(redis, { prefix });
+  cron("example-heartbeat", "*/5 * * * *", async () => {
+    const tick = Math.floor(Date.now() / 300_000) * 300_000; // the 5-minute slot
+    await cronGuard(
+      store,
+      "example-heartbeat",
+      { atMostMs: 60_000, atLeastMs: 30_000, tick },
+      async (run) => {
+        await redis.lpush(
+          `${prefix}:example-heartbeat:runs`,
+          JSON.stringify({ tick, fence: run.fence }),
+        );
+        await redis.ltrim(`${prefix}:example-heartbeat:runs`, 0, 99);
+      },
+    );
+  });
+}

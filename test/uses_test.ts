@@ -1,0 +1,472 @@
+import assert from "node:assert/strict";
+import { Hono } from "hono";
+import { Redis } from "@upstash/redis";
+import { createApp } from "../src/app.ts";
+import { cronGuard } from "../src/cron.ts";
+import { dedupe, webhookDedupe } from "../src/dedupe.ts";
+import { idempotency, parseKey } from "../src/idempotency.ts";
+import { recordId, Store } from "../src/store.ts";
+import { freePort } from "../dev/redis_server.ts";
+import { keygen, startBackend } from "./_backend.ts";
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+const SECRET = "whsec_" + btoa("a-webhook-signing-secret-32bytes");
+
+async function sign(id: string, timestamp: number, body: string, secret = SECRET) {
+  const key = await crypto.subtle.importKey(
+    "raw",
+    Uint8Array.from(atob(secret.slice(6)), (ch) => ch.charCodeAt(0)),
+    { name: "HMAC", hash: "SHA-256" },
+    false,
+    ["sign"],
+  );
+  const mac = await crypto.subtle.sign(
+    "HMAC",
+    key,
+    new TextEncoder().encode(`${id}.${timestamp}.${body}`),
+  );
+  return `v1,${btoa(String.fromCharCode(...new Uint8Array(mac)))}`;
+}
+
+Deno.test("the three uses", async (t) => {
+  const backend = await startBackend();
+  const store = new Store(backend.redis);
+
+  try {
+    await t.step(
+      "50 concurrent submissions with one Idempotency-Key run the handler exactly once",
+      async () => {
+        let runs = 0;
+        const app = new Hono();
+        app.post("/orders", idempotency({ store, scope: () => "user-1" }), async (c) => {
+          runs++;
+          await sleep(100);
+          c.header("set-cookie", "session=secret");
+          return c.json({ orderId: "o-1", run: runs }, 201);
+        });
+        const key = crypto.randomUUID();
+        const submit = () =>
+          app.request("/orders", {
+            method: "POST",
+            headers: { "idempotency-key": key, "content-type": "application/json" },
+            body: JSON.stringify({ item: "book", qty: 1 }),
+          });
+        const replies = await Promise.all(Array.from({ length: 50 }, submit));
+        assert.equal(runs, 1);
+        const statuses = replies.map((r) => r.status);
+        assert.ok(statuses.every((s) => s === 201 || s === 409), statuses.join());
+        assert.equal(
+          statuses.filter((s) => s === 201).length,
+          1 + replies.filter((r) => r.headers.get("idempotent-replayed")).length,
+        );
+        for (const reply of replies) {
+          if (reply.status === 409) {
+            assert.ok(Number(reply.headers.get("retry-after")) >= 1);
+            assert.equal((await reply.json()).code, "in_progress");
+          } else await reply.body?.cancel();
+        }
+        const replay = await submit();
+        assert.equal(replay.status, 201);
+        assert.equal(replay.headers.get("idempotent-replayed"), "true");
+        assert.equal(replay.headers.get("content-type"), "application/json");
+        assert.equal(replay.headers.get("set-cookie"), null, "Set-Cookie is never replayed");
+        assert.deepEqual(await replay.json(), { orderId: "o-1", run: 1 });
+        assert.equal(runs, 1);
+
+        const reordered = await app.request("/orders", {
+          method: "POST",
+          headers: { "idempotency-key": key, "content-type": "application/json" },
+          body: '{ "qty": 1, "item": "book" }',
+        });
+        assert.equal(
+          reordered.status,
+          201,
+          "the same JSON in another key order is the same payload",
+        );
+        await reordered.body?.cancel();
+        const other = await app.request("/orders", {
+          method: "POST",
+          headers: { "idempotency-key": key, "content-type": "application/json" },
+          body: JSON.stringify({ item: "car", qty: 1 }),
+        });
+        assert.equal(other.status, 422);
+        assert.equal((await other.json()).code, "fingerprint_mismatch");
+        assert.equal(runs, 1);
+      },
+    );
+
+    await t.step(
+      "idempotency() rejects missing and malformed keys, and scopes keys per user",
+      async () => {
+        const app = new Hono();
+        let runs = 0;
+        app.post(
+          "/pay",
+          idempotency({ store, scope: (c) => c.req.header("x-user") ?? "anon" }),
+          (c) => {
+            runs++;
+            return c.json({ ok: true });
+          },
+        );
+        const pay = (headers: Record<string, string>) =>
+          app.request("/pay", { method: "POST", headers, body: "{}" });
+        assert.equal((await pay({})).status, 400);
+        for (const bad of ['"a", "b"', "a, b", "", "x".repeat(256), '"unterminated', "spa ce"]) {
+          const res = await pay({ "idempotency-key": bad });
+          assert.equal(res.status, 400, JSON.stringify(bad));
+          assert.equal(res.headers.get("content-type"), "application/problem+json");
+          await res.body?.cancel();
+        }
+        assert.equal(runs, 0);
+        const key = crypto.randomUUID();
+        await (await pay({ "idempotency-key": key, "x-user": "alice" })).body?.cancel();
+        await (await pay({ "idempotency-key": `"${key}"`, "x-user": "alice" })).body?.cancel();
+        await (await pay({ "idempotency-key": key, "x-user": "bob" })).body?.cancel();
+        assert.equal(runs, 2, "a quoted key is the same key; another user has their own");
+        assert.equal(parseKey('"a\\"b"'), 'a"b');
+      },
+    );
+
+    await t.step("a 5xx or a thrown error releases the claim so a retry runs again", async () => {
+      let runs = 0;
+      const app = new Hono();
+      app.post("/flaky", idempotency({ store, scope: () => "u" }), (c) => {
+        runs++;
+        if (runs === 1) return c.json({ error: "down" }, 503);
+        if (runs === 2) throw new Error("boom");
+        return c.json({ ok: runs });
+      });
+      app.onError((_error, c) => c.json({ error: "handler threw" }, 500));
+      const key = crypto.randomUUID();
+      const call = () =>
+        app.request("/flaky", { method: "POST", headers: { "idempotency-key": key } });
+      assert.equal((await call()).status, 503);
+      assert.equal((await call()).status, 500);
+      const third = await call();
+      assert.deepEqual([third.status, await third.json()], [200, { ok: 3 }]);
+      const fourth = await call();
+      assert.equal(fourth.headers.get("idempotent-replayed"), "true");
+      assert.deepEqual(await fourth.json(), { ok: 3 });
+      assert.equal(runs, 3);
+    });
+
+    await t.step("with waitMs a retry waits for the first request and replays it", async () => {
+      let runs = 0;
+      const app = new Hono();
+      app.post("/slow", idempotency({ store, scope: () => "u", waitMs: 3000 }), async (c) => {
+        runs++;
+        await sleep(200);
+        return c.text("made", 201);
+      });
+      const key = crypto.randomUUID();
+      const call = () =>
+        app.request("/slow", { method: "POST", headers: { "idempotency-key": key } });
+      const [a, b] = await Promise.all([call(), call()]);
+      assert.deepEqual([a.status, b.status], [201, 201]);
+      assert.deepEqual([await a.text(), await b.text()], ["made", "made"]);
+      assert.equal(runs, 1);
+    });
+
+    await t.step(
+      "idempotency() answers 503 when Redis is unreachable, never passing through",
+      async () => {
+        const down = new Store(
+          new Redis({ url: `http://127.0.0.1:${freePort()}`, token: "x", retry: false }),
+        );
+        let runs = 0;
+        const app = new Hono();
+        app.post("/x", idempotency({ store: down, scope: () => "u" }), (c) => {
+          runs++;
+          return c.text("ran");
+        });
+        const res = await app.request("/x", {
+          method: "POST",
+          headers: { "idempotency-key": "k1" },
+        });
+        assert.equal(res.status, 503);
+        assert.equal((await res.json()).code, "backend_unavailable");
+        assert.equal(runs, 0);
+      },
+    );
+
+    await t.step(
+      "a claim whose worker died frees after its lease; the late complete is refused",
+      async () => {
+        const id = recordId("user-9", keygen("k"));
+        const first = await store.claim("idempotency", id, { leaseMs: 150 });
+        assert.equal(first.state, "claimed");
+        assert.equal((await store.claim("idempotency", id)).state, "in_progress");
+        await sleep(250);
+        const second = await store.claim("idempotency", id, { leaseMs: 5000 });
+        assert.ok(second.state === "claimed" && first.state === "claimed");
+        assert.ok(second.fence > first.fence);
+        assert.equal(
+          await store.complete("idempotency", id, second.token, { status: 201, body: "new" }),
+          true,
+        );
+        assert.equal(
+          await store.complete("idempotency", id, first.token, { status: 500, body: "old" }),
+          false,
+        );
+        assert.equal(await store.release("idempotency", id, first.token), false);
+        const record = await store.get("idempotency", id);
+        assert.ok(record.state === "completed");
+        assert.deepEqual(record.response, { status: 201, body: "new" });
+        const replay = await store.claim("idempotency", id);
+        assert.deepEqual(replay, { state: "completed", response: { status: 201, body: "new" } });
+      },
+    );
+
+    await t.step(
+      "1,000 deliveries of 100 webhook ids, shuffled and concurrent, process each id once",
+      async () => {
+        const namespace = keygen("hooks").replaceAll("-", "");
+        const processed = new Map<string, number>();
+        const app = new Hono();
+        app.post("/hook", webhookDedupe({ store, secrets: [SECRET], namespace }), async (c) => {
+          const { id } = await c.req.json();
+          processed.set(id, (processed.get(id) ?? 0) + 1);
+          await sleep(Math.random() * 10);
+          return c.text("ok");
+        });
+        const ids = Array.from(
+          { length: 100 },
+          (_, i) => `msg_${i}_${crypto.randomUUID().slice(0, 8)}`,
+        );
+        const deliveries = Array.from({ length: 1000 }, (_, i) => ids[i % 100]!);
+        deliveries.sort(() => Math.random() - 0.5);
+        const deliver = async (id: string) => {
+          const body = JSON.stringify({ id });
+          const timestamp = Math.floor(Date.now() / 1000);
+          for (let attempt = 0; attempt < 100; attempt++) {
+            const res = await app.request("/hook", {
+              method: "POST",
+              headers: {
+                "webhook-id": id,
+                "webhook-timestamp": String(timestamp),
+                "webhook-signature": await sign(id, timestamp, body),
+              },
+              body,
+            });
+            await res.body?.cancel();
+            if (res.status === 200) return;
+            assert.equal(res.status, 409);
+            await sleep(5 + Math.random() * 20); // the provider retries later
+          }
+          throw new Error(`delivery of ${id} never settled`);
+        };
+        for (let i = 0; i < deliveries.length; i += 100) {
+          await Promise.all(deliveries.slice(i, i + 100).map(deliver));
+        }
+        assert.equal(processed.size, 100);
+        assert.ok([...processed.values()].every((n) => n === 1), JSON.stringify([...processed]));
+      },
+    );
+
+    await t.step("a bad or stale webhook signature gets 401 and claims nothing", async () => {
+      const namespace = "hooks-sig";
+      let runs = 0;
+      const app = new Hono();
+      app.post("/hook", webhookDedupe({ store, secrets: [SECRET], namespace }), (c) => {
+        runs++;
+        return c.text("ok");
+      });
+      const body = '{"a":1}';
+      const now = Math.floor(Date.now() / 1000);
+      const post = async (id: string, timestamp: number, signature: string) => {
+        const res = await app.request("/hook", {
+          method: "POST",
+          headers: {
+            "webhook-id": id,
+            "webhook-timestamp": String(timestamp),
+            "webhook-signature": signature,
+          },
+          body,
+        });
+        await res.body?.cancel();
+        return res.status;
+      };
+      const other = "whsec_" + btoa("another-secret-another-secret!!!");
+      assert.equal(await post("msg_bad", now, await sign("msg_bad", now, body, other)), 401);
+      assert.equal(await post("msg_old", now - 600, await sign("msg_old", now - 600, body)), 401);
+      assert.equal(await post("msg_garbage", now, "v1,!!!"), 401);
+      assert.equal(await post("msg_tamper", now, await sign("msg_tamper", now, '{"a":2}')), 401);
+      assert.equal(runs, 0);
+      for (const id of ["msg_bad", "msg_old", "msg_garbage", "msg_tamper"]) {
+        assert.deepEqual(await store.get("dedupe", recordId(namespace, id)), { state: "absent" });
+      }
+      assert.equal(await post("msg_good", now, await sign("msg_good", now, body)), 200);
+      assert.equal(runs, 1);
+    });
+
+    await t.step("dedupe() returns claimed once, then in_progress, then duplicate", async () => {
+      const id = crypto.randomUUID();
+      const first = await dedupe(store, { namespace: "orders", id });
+      assert.equal(first.state, "claimed");
+      assert.equal((await dedupe(store, { namespace: "orders", id })).state, "in_progress");
+      assert.ok(first.state === "claimed" && await first.done());
+      assert.deepEqual(await dedupe(store, { namespace: "orders", id }), { state: "duplicate" });
+    });
+
+    await t.step("5 concurrent triggers of one tick run the job exactly once", async () => {
+      const job = keygen("job");
+      let runs = 0;
+      const tick = Date.now();
+      const results = await Promise.all(
+        Array.from(
+          { length: 5 },
+          () =>
+            cronGuard(store, job, { atMostMs: 5000, tick }, async () => {
+              runs++;
+              await sleep(50);
+              return "done";
+            }),
+        ),
+      );
+      assert.equal(runs, 1);
+      assert.equal(results.filter((r) => r.ran).length, 1);
+      for (const r of results) if (!r.ran) assert.ok(["running", "tick_done"].includes(r.reason));
+      const again = await cronGuard(store, job, { atMostMs: 5000, tick }, () => runs++);
+      assert.deepEqual(again.ran ? "ran" : again.reason, "tick_done");
+      assert.equal(runs, 1);
+    });
+
+    await t.step(
+      "a run closer than atLeastMs to the last start is skipped as too_soon",
+      async () => {
+        const job = keygen("job");
+        const first = await cronGuard(store, job, { atMostMs: 5000, atLeastMs: 2000 }, () => 1);
+        assert.ok(first.ran);
+        const second = await cronGuard(store, job, { atMostMs: 5000, atLeastMs: 2000 }, () => 2);
+        assert.ok(!second.ran && second.reason === "too_soon");
+        assert.ok(second.retryAfterMs > 1000 && second.retryAfterMs <= 2000);
+      },
+    );
+
+    await t.step("a crashed run frees the job after atMostMs", async () => {
+      const job = keygen("job");
+      const start = await store.startJob(job, { atMostMs: 200 }); // never finished: it crashed
+      assert.ok(start.run);
+      const blocked = await store.startJob(job, { atMostMs: 200 });
+      assert.ok(!blocked.run && blocked.reason === "running");
+      await sleep(300);
+      const next = await store.startJob(job, { atMostMs: 200 });
+      assert.ok(next.run && next.fence > start.fence);
+      assert.equal(
+        await store.finishJob(job, start.token),
+        false,
+        "the crashed run cannot finish the new one",
+      );
+    });
+
+    await t.step("a long job is extended while it runs, past atMostMs", async () => {
+      const job = keygen("job");
+      const result = await cronGuard(store, job, { atMostMs: 300 }, async (run, signal) => {
+        await sleep(1000);
+        assert.equal(signal.aborted, false);
+        const blocked = await store.startJob(job, { atMostMs: 300 });
+        assert.ok(!blocked.run && blocked.reason === "running");
+        return run.fence;
+      });
+      assert.ok(result.ran);
+      assert.ok((await store.startJob(job, { atMostMs: 300 })).run, "finished without atLeastMs");
+    });
+
+    await t.step("the HTTP routes of the three uses follow the contract", async () => {
+      const secret = "uses-secret-0123456789abc";
+      const app = createApp({ redis: backend.redis, apiKeys: [{ tenant: "t", secret }] });
+      const call = async (path: string, body?: unknown) => {
+        const res = await app.request(path, {
+          method: body === undefined ? "GET" : "POST",
+          headers: { authorization: `Bearer ${secret}`, "content-type": "application/json" },
+          body: body === undefined ? undefined : JSON.stringify(body),
+        });
+        return {
+          status: res.status,
+          body: await res.json(),
+          type: res.headers.get("content-type"),
+        };
+      };
+      const key = crypto.randomUUID();
+      const idem = `/v1/idempotency/user-1/${key}`;
+      const claim = await call(`${idem}/claim`, { fingerprint: "fp1" });
+      assert.equal(claim.status, 201);
+      assert.equal(claim.body.state, "claimed");
+      assert.equal((await call(`${idem}/claim`, { fingerprint: "fp1" })).body.code, "in_progress");
+      assert.equal((await call(`${idem}/claim`, { fingerprint: "fp2" })).status, 422);
+      assert.equal((await call(idem)).body.state, "in_progress");
+      const response = { status: 201, headers: { "content-type": "text/plain" }, body: "hi" };
+      assert.equal(
+        (await call(`${idem}/complete`, { token: "x".repeat(20), response })).status,
+        409,
+      );
+      assert.deepEqual(
+        (await call(`${idem}/complete`, { token: claim.body.token, response })).body,
+        { state: "completed" },
+      );
+      assert.deepEqual(await call(`${idem}/claim`, { fingerprint: "fp1" }), {
+        status: 200,
+        body: { state: "completed", response },
+        type: "application/json",
+      });
+      assert.ok(!JSON.stringify((await call(idem)).body).includes(claim.body.token));
+
+      const hook = `/v1/dedupe/stripe/evt_${key.slice(0, 8)}`;
+      const d = await call(`${hook}/claim`, {});
+      assert.equal(d.status, 201);
+      assert.equal((await call(`${hook}/claim`, {})).status, 409);
+      assert.deepEqual((await call(`${hook}/release`, { token: d.body.token })).body, {
+        released: true,
+      });
+      const d2 = await call(`${hook}/claim`, {});
+      assert.deepEqual((await call(`${hook}/done`, { token: d2.body.token })).body, {
+        state: "done",
+      });
+      assert.deepEqual((await call(`${hook}/claim`, {})).body, { state: "done" });
+      assert.equal((await call(hook)).body.state, "done");
+
+      const job = `/v1/jobs/${keygen("job")}`;
+      const s = await call(`${job}/start`, {
+        atMostMs: 5000,
+        atLeastMs: 1000,
+        tick: 1700000000000,
+      });
+      assert.equal(s.body.run, true);
+      assert.deepEqual((await call(`${job}/start`, { atMostMs: 5000 })).body.reason, "running");
+      assert.deepEqual((await call(`${job}/finish`, { token: s.body.token })).body, {
+        finished: true,
+      });
+      assert.equal((await call(`${job}/start`, { atMostMs: 5000 })).body.reason, "too_soon");
+
+      const bad: [string, unknown][] = [
+        [`${idem}/claim`, { leaseMs: 50 }],
+        [`${idem}/claim`, { retentionMs: 999 }],
+        [`${idem}/claim`, { fingerprint: "f".repeat(129) }],
+        [`${idem}/complete`, { token: claim.body.token }],
+        [`${idem}/complete`, { token: claim.body.token, response: { status: 99 } }],
+        [`${idem}/complete`, {
+          token: claim.body.token,
+          response: { status: 200, body: "x".repeat(50_000) },
+        }],
+        [`/v1/idempotency/a b/k/claim`, {}],
+        [`${hook}/done`, {}],
+        [`${hook}/claim`, { retentionMs: 2_592_000_001 }],
+        [`${job}/start`, {}],
+        [`${job}/start`, { atMostMs: 99 }],
+        [`${job}/start`, { atMostMs: 1000, atLeastMs: 2000 }],
+        [`${job}/start`, { atMostMs: 1000, tick: "a b" }],
+        [`${job}/finish`, { token: 5 }],
+      ];
+      for (const [path, body] of bad) {
+        const r = await call(path, body);
+        assert.ok(
+          r.status >= 400 && r.status < 500,
+          `${path} ${JSON.stringify(body).slice(0, 80)} → ${r.status}`,
+        );
+        assert.equal(r.type, "application/problem+json");
+      }
+    });
+  } finally {
+    await backend.stop();
+  }
+});
