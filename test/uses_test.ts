@@ -9,6 +9,10 @@ import { recordId, Store } from "../src/store.ts";
 import { freePort } from "../dev/redis_server.ts";
 import { keygen, startBackend } from "./_backend.ts";
 
+// Response.json() is typed unknown once Miniflare's types are loaded; tests read fields freely.
+// deno-lint-ignore no-explicit-any
+type Json = Record<string, any>;
+const jsonOf = async (res: Response): Promise<Json> => await res.json() as Json;
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 const SECRET = "whsec_" + btoa("a-webhook-signing-secret-32bytes");
 
@@ -62,7 +66,7 @@ Deno.test("the three uses", async (t) => {
         for (const reply of replies) {
           if (reply.status === 409) {
             assert.ok(Number(reply.headers.get("retry-after")) >= 1);
-            assert.equal((await reply.json()).code, "in_progress");
+            assert.equal((await jsonOf(reply)).code, "in_progress");
           } else await reply.body?.cancel();
         }
         const replay = await submit();
@@ -70,7 +74,7 @@ Deno.test("the three uses", async (t) => {
         assert.equal(replay.headers.get("idempotent-replayed"), "true");
         assert.equal(replay.headers.get("content-type"), "application/json");
         assert.equal(replay.headers.get("set-cookie"), null, "Set-Cookie is never replayed");
-        assert.deepEqual(await replay.json(), { orderId: "o-1", run: 1 });
+        assert.deepEqual(await jsonOf(replay), { orderId: "o-1", run: 1 });
         assert.equal(runs, 1);
 
         const reordered = await app.request("/orders", {
@@ -90,7 +94,7 @@ Deno.test("the three uses", async (t) => {
           body: JSON.stringify({ item: "car", qty: 1 }),
         });
         assert.equal(other.status, 422);
-        assert.equal((await other.json()).code, "fingerprint_mismatch");
+        assert.equal((await jsonOf(other)).code, "fingerprint_mismatch");
         assert.equal(runs, 1);
       },
     );
@@ -143,10 +147,10 @@ Deno.test("the three uses", async (t) => {
       assert.equal((await call()).status, 503);
       assert.equal((await call()).status, 500);
       const third = await call();
-      assert.deepEqual([third.status, await third.json()], [200, { ok: 3 }]);
+      assert.deepEqual([third.status, await jsonOf(third)], [200, { ok: 3 }]);
       const fourth = await call();
       assert.equal(fourth.headers.get("idempotent-replayed"), "true");
-      assert.deepEqual(await fourth.json(), { ok: 3 });
+      assert.deepEqual(await jsonOf(fourth), { ok: 3 });
       assert.equal(runs, 3);
     });
 
@@ -184,7 +188,7 @@ Deno.test("the three uses", async (t) => {
           headers: { "idempotency-key": "k1" },
         });
         assert.equal(res.status, 503);
-        assert.equal((await res.json()).code, "backend_unavailable");
+        assert.equal((await jsonOf(res)).code, "backend_unavailable");
         assert.equal(runs, 0);
       },
     );
@@ -383,7 +387,7 @@ Deno.test("the three uses", async (t) => {
         });
         return {
           status: res.status,
-          body: await res.json(),
+          body: await jsonOf(res),
           type: res.headers.get("content-type"),
         };
       };
