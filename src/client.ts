@@ -59,10 +59,11 @@ export function createClient(options: ClientOptions): LockClient {
     signal?: AbortSignal,
   ): Promise<{ status: number; data: Record<string, unknown> }> {
     for (let attempt = 0;; attempt++) {
-      let response: Response | undefined;
+      let data: Record<string, unknown> | undefined;
+      let status = 0;
       let failure: unknown;
       try {
-        response = await fetchFn(new URL(path, base), {
+        const response = await fetchFn(new URL(path, base), {
           method,
           headers: {
             authorization: `Bearer ${apiKey}`,
@@ -71,23 +72,23 @@ export function createClient(options: ClientOptions): LockClient {
           body: body === undefined ? undefined : JSON.stringify(body),
           signal,
         });
+        status = response.status;
+        // A reply cut short is a transport failure like any other, never an empty success.
+        const parsed: unknown = await response.json();
+        if (typeof parsed !== "object" || parsed === null) throw new TypeError("not a JSON object");
+        data = parsed as Record<string, unknown>;
       } catch (error) {
         if (signal?.aborted) throw signal.reason;
         failure = error;
       }
-      if (response && response.status !== 503) {
-        const data = await response.json().catch(() => ({})) as Record<string, unknown>;
-        return { status: response.status, data };
-      }
+      if (data && status !== 503) return { status, data };
       if (attempt >= retries) {
-        await response?.body?.cancel();
         throw new EdgelockError(
           "backend_unavailable",
           `The lock service at ${base.origin} is unavailable`,
-          { cause: failure ?? response?.status, retryAfterMs: 1000 },
+          { cause: failure ?? status, retryAfterMs: 1000 },
         );
       }
-      await response?.body?.cancel();
       await sleep(backoffDelay(attempt + 2, 1000), signal);
     }
   }
@@ -105,7 +106,7 @@ export function createClient(options: ClientOptions): LockClient {
         ...(opts.meta !== undefined && { meta: JSON.parse(checkMeta(opts.meta)) }),
       };
       const { status, data } = await call("POST", lockPath(name, "acquire"), body, opts.signal);
-      if (status === 200) return { acquired: true, lease: data as unknown as Lease };
+      if (status === 200) return { acquired: true, lease: toLease(data) };
       if (data.code === "lock_busy") {
         return { acquired: false, retryAfterMs: Number(data.retryAfterMs) || 1 };
       }
@@ -119,7 +120,7 @@ export function createClient(options: ClientOptions): LockClient {
         ttlMs: checkDuration(opts.ttlMs, "ttlMs", lease.ttlMs ?? 10_000),
       };
       const { status, data } = await call("POST", lockPath(lease.name, "renew"), body);
-      if (status === 200) return { renewed: true, lease: data as unknown as Lease };
+      if (status === 200) return { renewed: true, lease: toLease(data) };
       if (data.code === "lock_lost") return { renewed: false };
       throw fromProblem(status, data);
     },
@@ -148,6 +149,19 @@ export function createClient(options: ClientOptions): LockClient {
     },
   };
   return client;
+}
+
+function toLease(data: Record<string, unknown>): Lease {
+  const { name, token, fence, ttlMs, expiresAt, serverTime } = data;
+  if (
+    typeof name !== "string" || typeof token !== "string" ||
+    ![fence, ttlMs, expiresAt, serverTime].every(Number.isSafeInteger)
+  ) {
+    throw new EdgelockError("backend_unavailable", "The lock service sent a malformed lease", {
+      cause: data,
+    });
+  }
+  return { name, token, fence, ttlMs, expiresAt, serverTime } as Lease;
 }
 
 function fromProblem(status: number, data: Record<string, unknown>): EdgelockError {

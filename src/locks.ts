@@ -99,7 +99,10 @@ export class Locks implements LockClient {
     return { renewed: true, lease: toLease(name, token, RENEW, reply) };
   }
 
-  /** Frees a lease. `false` when its token no longer held the lock (expired or taken over). */
+  /**
+   * Frees a lease. `false` when its token no longer held the lock (expired or taken over);
+   * a retry of a release that went through answers `true` again.
+   */
   async release(lease: LeaseRef): Promise<boolean> {
     const { name, token } = checkLease(lease);
     const reply = await runScript(this.#redis, RELEASE, this.#keys(name), [token]);

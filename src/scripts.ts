@@ -4,7 +4,8 @@
  * semantics (Upstash) and Redis 7.x.
  *
  * Keys per lock name: `KEYS[1]` the lock hash (`token`, `fence`, `meta`), whose TTL is the lease;
- * `KEYS[2]` the fence floor, the last fence issued, which outlives the lease by `graceMs`.
+ * `KEYS[2]` the fence floor hash (`fence`: the last fence issued; `released`: the token that last
+ * released the lock, so a retried release answers the same), which outlives the lease by `graceMs`.
  *
  * @module
  */
@@ -65,18 +66,19 @@ local holder = redis.call('HGET', lockKey, 'token')
 if holder == token then
   local fence = redis.call('HGET', lockKey, 'fence')
   redis.call('PEXPIRE', lockKey, ttlMs)
-  redis.call('SET', fenceKey, fence, 'PX', ttlMs + graceMs)
+  redis.call('PEXPIRE', fenceKey, ttlMs + graceMs)
   return {1, tonumber(fence), ttlMs, nowMs}
 end
 if holder then
   return {0, redis.call('PTTL', lockKey), nowMs}
 end
-local floor = tonumber(redis.call('GET', fenceKey) or '0')
+local floor = tonumber(redis.call('HGET', fenceKey, 'fence') or '0')
 local fence = string.format('%.0f', math.max(nowUs, floor + 1))
 redis.call('HSET', lockKey, 'token', token, 'fence', fence)
 if meta ~= '' then redis.call('HSET', lockKey, 'meta', meta) end
 redis.call('PEXPIRE', lockKey, ttlMs)
-redis.call('SET', fenceKey, fence, 'PX', ttlMs + graceMs)
+redis.call('HSET', fenceKey, 'fence', fence)
+redis.call('PEXPIRE', fenceKey, ttlMs + graceMs)
 return {1, tonumber(fence), ttlMs, nowMs}
 `,
 );
@@ -96,21 +98,27 @@ if redis.call('HGET', lockKey, 'token') ~= token then
 end
 local fence = redis.call('HGET', lockKey, 'fence')
 redis.call('PEXPIRE', lockKey, ttlMs)
-redis.call('SET', fenceKey, fence, 'PX', ttlMs + graceMs)
+redis.call('PEXPIRE', fenceKey, ttlMs + graceMs)
 return {1, tonumber(fence), ttlMs, nowMs}
 `,
 );
 
-/** Release. Returns 1 when the token held the lock and it is now free, else 0. */
+/**
+ * Release. Returns 1 when the token held the lock and it is now free, also when this token's
+ * release already freed it (a retried or duplicated request), else 0.
+ */
 export const RELEASE = defineScript(
   "release",
   `
-local lockKey = KEYS[1]
-local token   = ARGV[1]
+local lockKey  = KEYS[1]
+local fenceKey = KEYS[2]
+local token    = ARGV[1]
 if redis.call('HGET', lockKey, 'token') ~= token then
+  if redis.call('HGET', fenceKey, 'released') == token then return 1 end
   return 0
 end
 redis.call('DEL', lockKey)
+redis.call('HSET', fenceKey, 'released', token)
 return 1
 `,
 );

@@ -30,7 +30,7 @@ Deno.test("the Deno entry serves the API to the typed client over real HTTP", as
       assert.ok(info.held && info.fence === result.lease.fence);
       assert.deepEqual(info.meta, { by: "client" });
       assert.equal(await locks.release(result.lease), true);
-      assert.equal(await locks.release(result.lease), false);
+      assert.equal(await locks.release(result.lease), true, "a retried release answers the same");
       assert.deepEqual(await locks.renew(result.lease), { renewed: false });
     });
 

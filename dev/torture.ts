@@ -1,0 +1,407 @@
+/**
+ * `deno task torture`: many clients contend for a few names through the library and through the
+ * HTTP service, with HTTP faults injected on both hops, Redis restarted and its script cache
+ * flushed mid-run, and the HTTP API fuzzed meanwhile. Every operation goes into a history that
+ * the checker verifies afterwards; a fenced model resource shows stale holders being refused.
+ *
+ * Flags: --clients 64 --names 8 --seconds 60 --fuzz 10000 --broken (a release that skips the
+ * token check, which the checker must catch) --json (print the report as JSON).
+ *
+ * @module
+ */
+import { Redis } from "@upstash/redis";
+import fc from "fast-check";
+import { createApp } from "../src/app.ts";
+import { createClient } from "../src/client.ts";
+import { Locks } from "../src/locks.ts";
+import { RELEASE } from "../src/scripts.ts";
+import type { LockClient } from "../src/types.ts";
+import { startBridge } from "./bridge.ts";
+import { FAULT_KINDS, type FaultKind, startFaultProxy } from "./fault_proxy.ts";
+import { check, FencedResource, type Operation, type Violation } from "./history.ts";
+import { startRedisServer } from "./redis_server.ts";
+
+/** Options for {@linkcode runTorture}. */
+export interface TortureOptions {
+  clients?: number;
+  names?: number;
+  seconds?: number;
+  fuzzRuns?: number;
+  /** Swap in a release without the token check: the checker must report violations. */
+  broken?: boolean;
+  /** Fault probabilities per hop. @default a mix of every kind */
+  faults?: Partial<Record<FaultKind, number>>;
+  /** Restart redis-server and flush its scripts mid-run. @default true */
+  redisFaults?: boolean;
+  log?: (line: string) => void;
+}
+
+/** What a run did and found. */
+export interface TortureReport {
+  seconds: number;
+  operations: Record<string, number>;
+  faults: Record<FaultKind, number>;
+  redisRestarts: number;
+  scriptFlushes: number;
+  fuzzCases: number;
+  fuzz5xx: number;
+  /** Fuzz requests answered 503 backend_unavailable while redis-server restarted. */
+  fuzzBackendDown: number;
+  staleWritesRefused: number;
+  acceptedWrites: number;
+  violations: Violation[];
+}
+
+const SECRET = "torture-secret-0123456789abcdef";
+const TTL_MS = 400;
+// Injected on both hops. holdResponse holds a reply past the lease.
+const FAULTS: Partial<Record<FaultKind, number>> = {
+  delay: 0.05,
+  dropRequest: 0.02,
+  dropResponse: 0.03,
+  duplicate: 0.03,
+  error5xx: 0.02,
+  holdResponse: 0.01,
+};
+// A release with no token check: deletes whoever holds the lock.
+const BROKEN_RELEASE = "redis.call('DEL', KEYS[1]) return 1";
+
+export async function runTorture(options: TortureOptions = {}): Promise<TortureReport> {
+  const {
+    clients = 64,
+    names = 8,
+    seconds = 60,
+    fuzzRuns = 10_000,
+    broken = false,
+    faults: faultMix = FAULTS,
+    redisFaults: withRedisFaults = true,
+    log = () => {},
+  } = options;
+  const server = await startRedisServer({
+    args: ["--appendonly", "yes", "--appendfsync", "always"],
+  });
+  const token = crypto.randomUUID();
+  const bridge = await startBridge({ redisUrl: server.url, token, port: 0, poolSize: 8 });
+  const toBridge = startFaultProxy({ target: bridge.url, faults: faultMix, holdMs: TTL_MS * 2 });
+  const direct = new Redis({ url: bridge.url, token, enableTelemetry: false, retry: false });
+  const faulty = new Redis({ url: toBridge.url, token, enableTelemetry: false, retry: false });
+  const redis = broken ? withBrokenRelease(faulty, await RELEASE.sha1()) : faulty;
+
+  const apiKeys = [{ tenant: "t", secret: SECRET }];
+  const app = createApp({ redis, apiKeys });
+  const http = Deno.serve({ port: 0, hostname: "127.0.0.1", onListen() {} }, app.fetch);
+  const toService = startFaultProxy({
+    target: `http://127.0.0.1:${http.addr.port}`,
+    faults: faultMix,
+    holdMs: TTL_MS * 2,
+  });
+  // Both paths use tenant "t"'s key space, so library and HTTP clients contend for the same names.
+  const library = new Locks(redis, { prefix: "edgelock:t" });
+  const remote = createClient({ baseUrl: toService.url, apiKey: SECRET, retries: 0 });
+  // The fuzzer talks to the service without faults: any 5xx it sees is a real defect.
+  const fuzzApp = createApp({ redis: direct, apiKeys });
+
+  const history: Operation[] = [];
+  const resource = new FencedResource();
+  const lockNames = Array.from({ length: names }, (_, i) => `torture-${i}`);
+  const deadline = Date.now() + seconds * 1000;
+  let redisRestarts = 0;
+  let scriptFlushes = 0;
+  let fuzzCases = 0;
+  let fuzz5xx = 0;
+  let fuzzBackendDown = 0;
+
+  const worker = async (index: number) => {
+    const id = `c${index}`;
+    const locks: LockClient = index % 2 === 0 ? library : remote;
+    const pauses = index % 16 === 0; // the "pause past TTL" clients
+    while (Date.now() < deadline) {
+      const name = lockNames[Math.floor(Math.random() * lockNames.length)]!;
+      const lease = await acquire(locks, id, name);
+      if (!lease) {
+        await sleep(5 + Math.random() * 20);
+        continue;
+      }
+      const value = resource.read(name, lease.fence);
+      if (value !== undefined) {
+        if (Math.random() < 0.3) await renew(locks, id, lease);
+        if (pauses && Math.random() < 0.5) await sleep(TTL_MS * 1.5); // past the lease
+        else await sleep(Math.random() * 20);
+        resource.write(name, lease.fence, value + 1);
+      }
+      await release(locks, id, lease);
+    }
+  };
+
+  async function acquire(locks: LockClient, client: string, name: string) {
+    const token = crypto.randomUUID().replaceAll("-", "");
+    // Retried with the same token after a failure: safe, it returns the same lease.
+    for (let attempt = 0; attempt < 3; attempt++) {
+      const invokedAt = Date.now();
+      try {
+        const result = await locks.acquire(name, { ttlMs: TTL_MS, token });
+        const completedAt = Date.now();
+        if (!result.acquired) {
+          history.push({
+            op: "acquire",
+            client,
+            name,
+            token,
+            invokedAt,
+            completedAt,
+            outcome: "busy",
+          });
+          return undefined;
+        }
+        const { fence, serverTime, expiresAt } = result.lease;
+        history.push({
+          op: "acquire",
+          client,
+          name,
+          token,
+          invokedAt,
+          completedAt,
+          outcome: "acquired",
+          fence,
+          serverTime,
+          expiresAt,
+        });
+        return result.lease;
+      } catch {
+        history.push({
+          op: "acquire",
+          client,
+          name,
+          token,
+          invokedAt,
+          completedAt: Date.now(),
+          outcome: "failed",
+        });
+      }
+    }
+    return undefined;
+  }
+
+  async function renew(locks: LockClient, client: string, lease: { name: string; token: string }) {
+    const invokedAt = Date.now();
+    try {
+      const result = await locks.renew(lease, { ttlMs: TTL_MS });
+      history.push({
+        op: "renew",
+        client,
+        ...lease,
+        invokedAt,
+        completedAt: Date.now(),
+        ...(result.renewed
+          ? {
+            outcome: "renewed" as const,
+            serverTime: result.lease.serverTime,
+            expiresAt: result.lease.expiresAt,
+          }
+          : { outcome: "lost" as const }),
+      });
+    } catch {
+      history.push({
+        op: "renew",
+        client,
+        ...lease,
+        invokedAt,
+        completedAt: Date.now(),
+        outcome: "failed",
+      });
+    }
+  }
+
+  async function release(
+    locks: LockClient,
+    client: string,
+    lease: { name: string; token: string },
+  ) {
+    for (let attempt = 0; attempt < 3; attempt++) {
+      const invokedAt = Date.now();
+      try {
+        const released = await locks.release(lease);
+        history.push({
+          op: "release",
+          client,
+          ...lease,
+          invokedAt,
+          completedAt: Date.now(),
+          outcome: released ? "released" : "not_held",
+        });
+        return;
+      } catch {
+        history.push({
+          op: "release",
+          client,
+          ...lease,
+          invokedAt,
+          completedAt: Date.now(),
+          outcome: "failed",
+        });
+      }
+    }
+  }
+
+  const redisFaults = async () => {
+    const spacing = (seconds * 1000) / 3;
+    while (Date.now() < deadline - 500) {
+      await sleep(Math.min(spacing / 2, deadline - Date.now()));
+      if (Date.now() >= deadline - 500) break;
+      await direct.scriptFlush().then(() => scriptFlushes++, () => {});
+      await sleep(Math.min(spacing / 2, Math.max(0, deadline - Date.now() - 500)));
+      if (Date.now() >= deadline - 500) break;
+      await server.stop({ remove: false });
+      const restarted = await startRedisServer({
+        port: server.port,
+        dir: server.dir,
+        args: ["--appendonly", "yes", "--appendfsync", "always"],
+      });
+      server.stop = restarted.stop;
+      redisRestarts++;
+      log(`redis-server restarted (${redisRestarts})`);
+    }
+  };
+
+  const fuzz = async () => {
+    const request = fc.record({
+      method: fc.constantFrom("GET", "POST"),
+      path: fc.tuple(
+        fc.constantFrom(...lockNames, "x y", "..", "a".repeat(201), "{t}", "%E2%98%83"),
+        fc.constantFrom("", "/acquire", "/renew", "/release"),
+      ).map(([name, action]) => `/v1/locks/${name}${action}`),
+      body: fc.oneof(
+        fc.record({
+          ttlMs: fc.integer({ min: -10, max: 400_000 }),
+          token: fc.oneof(fc.string(), fc.constant("fuzz-token-0000000001")),
+        }, { requiredKeys: [] }).map((b) => JSON.stringify(b)),
+        fc.string({ maxLength: 40 }),
+      ),
+    });
+    await fc.assert(
+      fc.asyncProperty(request, async ({ method, path, body }) => {
+        fuzzCases++;
+        const res = await fuzzApp.request(path, {
+          method,
+          headers: { authorization: `Bearer ${SECRET}`, "content-type": "application/json" },
+          body: method === "GET" ? undefined : body,
+        });
+        const text = await res.text();
+        // 503 backend_unavailable is the right answer while redis-server restarts.
+        if (res.status === 503 && text.includes('"backend_unavailable"')) fuzzBackendDown++;
+        else if (res.status >= 500) fuzz5xx++;
+        if (res.status >= 400 && res.headers.get("content-type") !== "application/problem+json") {
+          throw new Error(`${method} ${path} → ${res.status} without problem+json`);
+        }
+      }),
+      { numRuns: fuzzRuns, endOnFailure: true },
+    );
+  };
+
+  const started = Date.now();
+  try {
+    await Promise.all([
+      ...Array.from({ length: clients }, (_, i) => worker(i)),
+      withRedisFaults ? redisFaults() : Promise.resolve(),
+      fuzz(),
+    ]);
+  } finally {
+    await toService.close();
+    await http.shutdown();
+    await toBridge.close();
+    await bridge.close();
+    await server.stop();
+  }
+
+  const operations: Record<string, number> = {};
+  for (const op of history) {
+    operations[`${op.op}:${op.outcome}`] = (operations[`${op.op}:${op.outcome}`] ?? 0) + 1;
+  }
+  const faults = Object.fromEntries(FAULT_KINDS.map((k) => [k, 0])) as Record<FaultKind, number>;
+  for (const proxy of [toBridge, toService]) {
+    for (const kind of FAULT_KINDS) faults[kind] += proxy.counts()[kind];
+  }
+  const violations = check(history, { resource });
+  if (fuzz5xx > 0) {
+    violations.push({
+      rule: "server_error",
+      name: "-",
+      detail: `${fuzz5xx} fuzz requests got a 5xx`,
+    });
+  }
+  return {
+    seconds: Math.round((Date.now() - started) / 100) / 10,
+    operations,
+    faults,
+    redisRestarts,
+    scriptFlushes,
+    fuzzCases,
+    fuzz5xx,
+    fuzzBackendDown,
+    staleWritesRefused: resource.rejected,
+    acceptedWrites: [...resource.totals().values()].reduce((sum, t) => sum + t.accepted, 0),
+    violations,
+  };
+}
+
+/** Routes EVALSHA of the real release script to a release without the token check. */
+function withBrokenRelease(redis: Redis, releaseSha: string): Redis {
+  return new Proxy(redis, {
+    get(target, property, receiver) {
+      if (property === "evalsha") {
+        return (sha: string, keys: string[], args: unknown[]) =>
+          sha === releaseSha
+            ? target.eval(BROKEN_RELEASE, keys, args)
+            : target.evalsha(sha, keys, args);
+      }
+      return Reflect.get(target, property, receiver);
+    },
+  });
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, Math.max(0, ms)));
+}
+
+if (import.meta.main) {
+  const flag = (name: string, fallback: number) => {
+    const at = Deno.args.indexOf(`--${name}`);
+    return at >= 0 ? Number(Deno.args[at + 1]) : fallback;
+  };
+  const broken = Deno.args.includes("--broken");
+  const report = await runTorture({
+    clients: flag("clients", 64),
+    names: flag("names", 8),
+    seconds: flag("seconds", 60),
+    fuzzRuns: flag("fuzz", 10_000),
+    broken,
+    ...(Deno.args.includes("--no-faults") && { faults: {}, redisFaults: false }),
+    ...(Deno.args.includes("--no-redis-faults") && { redisFaults: false }),
+    log: (line) => console.error(line),
+  });
+  if (Deno.args.includes("--json")) console.log(JSON.stringify(report, null, 2));
+  else {
+    console.log(`torture: ${report.seconds} s${broken ? " (broken release variant)" : ""}`);
+    console.log(`operations: ${JSON.stringify(report.operations)}`);
+    console.log(`faults injected: ${JSON.stringify(report.faults)}`);
+    console.log(`redis restarts: ${report.redisRestarts}, script flushes: ${report.scriptFlushes}`);
+    console.log(
+      `fuzz cases: ${report.fuzzCases} (5xx: ${report.fuzz5xx}; 503 while Redis restarted: ${report.fuzzBackendDown})`,
+    );
+    console.log(
+      `fenced resource: ${report.acceptedWrites} writes accepted, ${report.staleWritesRefused} stale accesses refused`,
+    );
+    console.log(`violations: ${report.violations.length}`);
+    for (const v of report.violations.slice(0, 20)) {
+      console.log(`  ${v.rule} ${v.name}: ${v.detail}`);
+    }
+  }
+  const caught = report.violations.length > 0;
+  if (broken) {
+    console.log(
+      caught ? "the checker caught the broken release" : "the checker MISSED the broken release",
+    );
+    Deno.exit(caught ? 0 : 1);
+  }
+  Deno.exit(caught ? 1 : 0);
+}
