@@ -160,14 +160,15 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
   }
 
   const server = Deno.serve({ port, hostname, onListen() {} }, handle);
+  let closing: Promise<void> | undefined;
   const actualPort = server.addr.port;
   return {
     url: `http://${hostname}:${actualPort}`,
     port: actualPort,
     stats: () => ({ ...stats }),
-    async close() {
-      await server.shutdown();
-      all.forEach((conn) => conn.disconnect());
+    close() {
+      closing ??= server.shutdown().then(() => all.forEach((conn) => conn.disconnect()));
+      return closing;
     },
   };
 }
