@@ -1,4 +1,4 @@
-import { backoffDelay, sleep } from "./_backoff.ts";
+import { sleep } from "./_backoff.ts";
 import { integers, type RedisLike, runScript } from "./_runner.ts";
 import {
   checkDuration,
@@ -9,7 +9,15 @@ import {
   checkToken,
   newToken,
 } from "./_validate.ts";
-import { ACQUIRE, FENCE_GRACE_MS, INSPECT, RELEASE, RENEW, type Script } from "./scripts.ts";
+import {
+  ACQUIRE,
+  FENCE_GRACE_MS,
+  INSPECT,
+  LEAVE_QUEUE,
+  RELEASE,
+  RENEW,
+  type Script,
+} from "./scripts.ts";
 import type {
   AcquireOptions,
   AcquireResult,
@@ -28,6 +36,10 @@ export interface LocksOptions {
   /** Prefix of every Redis key, e.g. per tenant or per app. @default "edgelock" */
   prefix?: string;
 }
+
+// A waiter looks again at least this often, and its ticket outlives each look by the margin.
+const MAX_POLL_MS = 1000;
+const TICKET_MARGIN_MS = 250;
 
 /** The default lease length, in milliseconds. */
 export const DEFAULT_TTL_MS = 10_000;
@@ -65,7 +77,10 @@ export class Locks implements LockClient {
     this.#prefix = prefix;
   }
 
-  /** Acquires `name`; when it is busy, waits up to `waitMs` with jittered backoff. */
+  /**
+   * Acquires `name`. When it is busy and `waitMs` > 0, waits in a fair FIFO queue, looking again
+   * when the server expects its turn (from recent hold times), never past the holder's TTL.
+   */
   async acquire(name: string, options: AcquireOptions = {}): Promise<AcquireResult> {
     checkName(name);
     const ttlMs = checkDuration(options.ttlMs, "ttlMs", DEFAULT_TTL_MS);
@@ -74,19 +89,41 @@ export class Locks implements LockClient {
     const meta = checkMeta(options.meta);
     const signal = checkSignal(options.signal);
     const deadline = performance.now() + waitMs;
-    const args = [token, ttlMs, meta, FENCE_GRACE_MS];
+    const keys = this.#keys(name);
+    let queued = false;
 
-    for (let attempt = 0;; attempt++) {
+    for (;;) {
       signal?.throwIfAborted();
-      const reply = await runScript(this.#redis, ACQUIRE, this.#keys(name), args);
+      const left = deadline - performance.now();
+      // A waiter holds a FIFO ticket that outlives its next look by a margin.
+      const ticketMs = left > 0 ? Math.ceil(Math.min(left, MAX_POLL_MS) + TICKET_MARGIN_MS) : 0;
+      const args = [token, ttlMs, meta, FENCE_GRACE_MS, ticketMs];
+      queued ||= ticketMs > 0;
+      const reply = await runScript(this.#redis, ACQUIRE, keys, args);
       if (integers(ACQUIRE, reply, 1)[0] === 1) {
         return { acquired: true, lease: toLease(name, token, ACQUIRE, reply) };
       }
       const retryAfterMs = Math.max(1, integers(ACQUIRE, reply, 2)[1]!);
-      const left = deadline - performance.now();
-      if (left <= 0) return { acquired: false, retryAfterMs };
-      await sleep(backoffDelay(attempt, Math.min(retryAfterMs, left)), signal);
+      const remaining = deadline - performance.now();
+      if (remaining <= 0 || signal?.aborted) {
+        if (queued) await this.#leaveQueue(keys, token);
+        signal?.throwIfAborted();
+        return { acquired: false, retryAfterMs };
+      }
+      // Look again when the server expects our turn (±10 %), else back off with full jitter.
+      const delay = Math.min(remaining, MAX_POLL_MS, retryAfterMs * (0.9 + Math.random() * 0.2));
+      try {
+        await sleep(Math.max(1, delay), signal);
+      } catch (error) {
+        await this.#leaveQueue(keys, token);
+        throw error;
+      }
     }
+  }
+
+  async #leaveQueue(keys: string[], token: string): Promise<void> {
+    // Best effort: a ticket left behind lapses by itself within MAX_POLL_MS + TICKET_MARGIN_MS.
+    await runScript(this.#redis, LEAVE_QUEUE, [keys[2]!], [token]).catch(() => {});
   }
 
   /** Extends a lease still held by its token; the fence stays the same. */
@@ -128,10 +165,10 @@ export class Locks implements LockClient {
     return withLock(this, name, options, fn);
   }
 
-  // The name sits in a hash tag so both keys of a lock share a cluster slot.
-  #keys(name: string): [string, string] {
+  // The name sits in a hash tag so all keys of a lock share a cluster slot.
+  #keys(name: string): [string, string, string] {
     const base = `${this.#prefix}:lock:{${name}}`;
-    return [base, `${base}:fence`];
+    return [base, `${base}:fence`, `${base}:queue`];
   }
 }
 

@@ -47,20 +47,29 @@ local nowMs = math.floor(nowUs / 1000)
 `;
 
 /**
- * Acquire. Returns `{1, fence, ttlMs, nowMs}` when acquired (or re-acquired by the same token,
- * keeping its fence), `{0, pttl, nowMs}` when another token holds the lock.
- * A new fence is max(now in µs, floor + 1): strictly increasing while the floor lives, and past
- * its expiry or a data loss still above every earlier fence unless the server clock stepped back.
+ * Acquire, with a fair queue of waiters. Returns `{1, fence, ttlMs, nowMs}` when acquired (or
+ * re-acquired by the same token, keeping its fence), `{0, retryAfterMs, nowMs, position}` when
+ * busy. A new fence is max(now in µs, floor + 1): strictly increasing while the floor lives, and
+ * past its expiry or a data loss still above every earlier fence unless the server clock stepped
+ * back.
+ *
+ * Waiters (`ticketMs` > 0) take a FIFO ticket; a free lock goes to the head of the queue only,
+ * and everyone else (waiting or not) is busy until it takes it or its ticket lapses. A ticket
+ * lives `ticketMs` from each call, so a waiter that gave up or crashed blocks nobody for longer.
+ * `retryAfterMs` is when to look again: the holder's expected time left from recent hold times,
+ * one more hold time per place further back, never past the holder's TTL.
  */
 export const ACQUIRE = defineScript(
   "acquire",
   `
 local lockKey  = KEYS[1]
 local fenceKey = KEYS[2]
+local queueKey = KEYS[3]           -- sorted set: waiting tokens by arrival
 local token    = ARGV[1]
 local ttlMs    = tonumber(ARGV[2]) -- milliseconds
 local meta     = ARGV[3]           -- JSON object text, or '' for none
 local graceMs  = tonumber(ARGV[4]) -- how long the fence floor outlives the lease
+local ticketMs = tonumber(ARGV[5]) -- milliseconds a waiter's ticket lives; 0: do not queue
 ${NOW}
 local holder = redis.call('HGET', lockKey, 'token')
 if holder == token then
@@ -69,17 +78,64 @@ if holder == token then
   redis.call('PEXPIRE', fenceKey, ttlMs + graceMs)
   return {1, tonumber(fence), ttlMs, nowMs}
 end
-if holder then
-  return {0, redis.call('PTTL', lockKey), nowMs}
+-- Drop lapsed tickets at the head (the score's fraction is not used: deadlines live in the hash).
+local head
+while true do
+  head = redis.call('ZRANGE', queueKey, 0, 0)[1]
+  if not head then break end
+  local deadline = tonumber(redis.call('HGET', queueKey .. ':deadline', head) or '0')
+  if deadline > nowMs then break end
+  redis.call('ZREM', queueKey, head)
+  redis.call('HDEL', queueKey .. ':deadline', head)
 end
-local floor = tonumber(redis.call('HGET', fenceKey, 'fence') or '0')
-local fence = string.format('%.0f', math.max(nowUs, floor + 1))
-redis.call('HSET', lockKey, 'token', token, 'fence', fence)
-if meta ~= '' then redis.call('HSET', lockKey, 'meta', meta) end
-redis.call('PEXPIRE', lockKey, ttlMs)
-redis.call('HSET', fenceKey, 'fence', fence)
-redis.call('PEXPIRE', fenceKey, ttlMs + graceMs)
-return {1, tonumber(fence), ttlMs, nowMs}
+if not holder and (not head or head == token) then
+  if head then
+    redis.call('ZREM', queueKey, token)
+    redis.call('HDEL', queueKey .. ':deadline', token)
+  end
+  local floor = tonumber(redis.call('HGET', fenceKey, 'fence') or '0')
+  local fence = string.format('%.0f', math.max(nowUs, floor + 1))
+  redis.call('HSET', lockKey, 'token', token, 'fence', fence, 'at', nowMs)
+  if meta ~= '' then redis.call('HSET', lockKey, 'meta', meta) end
+  redis.call('PEXPIRE', lockKey, ttlMs)
+  redis.call('HSET', fenceKey, 'fence', fence)
+  redis.call('PEXPIRE', fenceKey, ttlMs + graceMs)
+  return {1, tonumber(fence), ttlMs, nowMs}
+end
+local pttl = 0
+if holder then pttl = redis.call('PTTL', lockKey) end
+local position = -1
+if ticketMs > 0 then
+  if not redis.call('ZSCORE', queueKey, token) then
+    redis.call('ZADD', queueKey, redis.call('HINCRBY', fenceKey, 'seq', 1), token)
+  end
+  redis.call('HSET', queueKey .. ':deadline', token, nowMs + ticketMs)
+  redis.call('PEXPIRE', queueKey, ttlMs + ticketMs)
+  redis.call('PEXPIRE', queueKey .. ':deadline', ttlMs + ticketMs)
+  position = redis.call('ZRANK', queueKey, token)
+end
+local holdMs = tonumber(redis.call('HGET', fenceKey, 'holdMs') or '20')
+-- The holder's expected time left, then one hold per waiter ahead. A holder past the usual hold
+-- time may hold much longer: look again after half the time it has held so far (backoff).
+local left = holdMs
+if holder then
+  local held = nowMs - tonumber(redis.call('HGET', lockKey, 'at') or nowMs)
+  left = math.min(math.max(holdMs - held, held / 2, 1), pttl)
+end
+local retryAfter = left + holdMs * math.max(position, 0)
+if holder then retryAfter = math.min(retryAfter, pttl) end
+return {0, math.max(1, math.floor(retryAfter)), nowMs, position}
+`,
+);
+
+/** Leave the queue (a waiter gave up). Returns 1 when its ticket was removed. */
+export const LEAVE_QUEUE = defineScript(
+  "leave_queue",
+  `
+local queueKey = KEYS[1]
+local token    = ARGV[1]
+redis.call('HDEL', queueKey .. ':deadline', token)
+return redis.call('ZREM', queueKey, token)
 `,
 );
 
@@ -117,8 +173,12 @@ if redis.call('HGET', lockKey, 'token') ~= token then
   if redis.call('HGET', fenceKey, 'released') == token then return 1 end
   return 0
 end
+${NOW}
+local at = tonumber(redis.call('HGET', lockKey, 'at') or nowMs)
+local holdMs = tonumber(redis.call('HGET', fenceKey, 'holdMs') or (nowMs - at))
 redis.call('DEL', lockKey)
-redis.call('HSET', fenceKey, 'released', token)
+-- A moving average of hold times, for waiters' retryAfterMs.
+redis.call('HSET', fenceKey, 'released', token, 'holdMs', string.format('%.1f', (holdMs + nowMs - at) / 2))
 return 1
 `,
 );

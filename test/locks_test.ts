@@ -58,7 +58,8 @@ Deno.test("Locks", async (t) => {
         acquired(await locks.acquire(name, { ttlMs: 3000 }));
         const busy = await locks.acquire(name, { ttlMs: 3000 });
         assert.equal(busy.acquired, false);
-        assert.ok(!busy.acquired && busy.retryAfterMs > 2000 && busy.retryAfterMs <= 3000);
+        // When to look again: estimated from recent hold times, never past the holder's TTL.
+        assert.ok(!busy.acquired && busy.retryAfterMs > 0 && busy.retryAfterMs <= 3000);
       },
     );
 

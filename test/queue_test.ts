@@ -1,0 +1,122 @@
+import assert from "node:assert/strict";
+import { Locks } from "../src/mod.ts";
+import { runScript } from "../src/_runner.ts";
+import { ACQUIRE, FENCE_GRACE_MS } from "../src/scripts.ts";
+import { keygen, startBackend } from "./_backend.ts";
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+const keys = (name: string) => {
+  const base = `edgelock:lock:{${name}}`;
+  return [base, `${base}:fence`, `${base}:queue`];
+};
+
+Deno.test("the fair wait queue", async (t) => {
+  const backend = await startBackend();
+  const { redis } = backend;
+  const locks = new Locks(redis);
+  // Takes a ticket for `token` the way a waiter does, without polling again: a stalled waiter.
+  const ticket = (name: string, token: string, ticketMs: number) =>
+    runScript(redis, ACQUIRE, keys(name), [token, 1000, "", FENCE_GRACE_MS, ticketMs]);
+
+  try {
+    await t.step("waiters are granted the lock in the order they arrived", async () => {
+      const name = keygen("q");
+      const holder = await locks.acquire(name, { ttlMs: 10_000 });
+      assert.ok(holder.acquired);
+      const granted: number[] = [];
+      const waiters: Promise<void>[] = [];
+      for (let i = 0; i < 10; i++) {
+        waiters.push((async () => {
+          const result = await locks.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+          assert.ok(result.acquired);
+          granted.push(i);
+          await sleep(10);
+          await locks.release(result.lease);
+        })());
+        await sleep(30); // a known arrival order
+      }
+      await locks.release(holder.lease);
+      await Promise.all(waiters);
+      assert.deepEqual(granted, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+      assert.equal(await redis.zcard(keys(name)[2]!), 0, "the queue is empty afterwards");
+    });
+
+    await t.step(
+      "a free lock is kept for the head of the queue; others cannot cut in",
+      async () => {
+        const name = keygen("q");
+        const holder = await locks.acquire(name, { ttlMs: 10_000 });
+        assert.ok(holder.acquired);
+        const head = "queue-head-token-000001";
+        await ticket(name, head, 5000);
+        await locks.release(holder.lease);
+        const cutIn = await locks.acquire(name);
+        assert.equal(cutIn.acquired, false, "a caller that did not queue waits its turn");
+        const mine = await locks.acquire(name, { token: head });
+        assert.ok(mine.acquired, "the head takes the lock");
+      },
+    );
+
+    await t.step(
+      "a waiter that gives up leaves the queue, and the next one is not stranded",
+      async () => {
+        const name = keygen("q");
+        const holder = await locks.acquire(name, { ttlMs: 10_000 });
+        assert.ok(holder.acquired);
+        const quitter = locks.acquire(name, { waitMs: 150, token: "gives-up-token-0000001" });
+        await sleep(20);
+        const patient = locks.acquire(name, { waitMs: 10_000 });
+        assert.equal((await quitter).acquired, false);
+        assert.equal(await redis.zscore(keys(name)[2]!, "gives-up-token-0000001"), null);
+        const controller = new AbortController();
+        const aborted = locks.acquire(name, {
+          waitMs: 10_000,
+          token: "aborts-token-000000001",
+          signal: controller.signal,
+        });
+        await sleep(20);
+        controller.abort(new Error("gave up"));
+        await assert.rejects(aborted, /gave up/);
+        assert.equal(await redis.zscore(keys(name)[2]!, "aborts-token-000000001"), null);
+        await locks.release(holder.lease);
+        const result = await patient;
+        assert.ok(result.acquired, "the patient waiter got the lock");
+      },
+    );
+
+    await t.step(
+      "a crashed head's ticket lapses and the lock passes to the next waiter",
+      async () => {
+        const name = keygen("q");
+        const holder = await locks.acquire(name, { ttlMs: 10_000 });
+        assert.ok(holder.acquired);
+        await ticket(name, "crashed-head-token-0001", 300); // never looks again
+        const next = locks.acquire(name, { waitMs: 10_000 });
+        await sleep(20);
+        await locks.release(holder.lease);
+        const result = await next;
+        assert.ok(result.acquired && result.lease.fence > holder.lease.fence);
+        assert.equal(await redis.zscore(keys(name)[2]!, "crashed-head-token-0001"), null);
+      },
+    );
+
+    await t.step("busy replies estimate when to look again from recent hold times", async () => {
+      const name = keygen("q");
+      for (let i = 0; i < 5; i++) {
+        const r = await locks.acquire(name);
+        assert.ok(r.acquired);
+        await sleep(40);
+        await locks.release(r.lease);
+      }
+      const holder = await locks.acquire(name, { ttlMs: 60_000 });
+      assert.ok(holder.acquired);
+      const busy = await locks.acquire(name);
+      assert.ok(
+        !busy.acquired && busy.retryAfterMs >= 10 && busy.retryAfterMs <= 100,
+        String(!busy.acquired && busy.retryAfterMs),
+      );
+    });
+  } finally {
+    await backend.stop();
+  }
+});
