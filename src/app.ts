@@ -108,6 +108,30 @@ const renewRoute = createRoute({
   request: { params: NameParams, body: body(RenewBody) },
   responses: { 200: json(LeaseSchema, "Renewed"), 409: problemDoc("lock_lost"), ...common },
 });
+const RenewManyBody = z.strictObject({
+  ttlMs: duration("ttlMs", "New lease length from now, ms (default 10000)").optional(),
+  leases: z.array(z.strictObject({ name: Name, token: Token })).min(1).max(1000),
+}).openapi("RenewManyRequest");
+const renewManyRoute = createRoute({
+  ...secured,
+  method: "post",
+  path: "/v1/locks/renew",
+  operationId: "renewLocks",
+  summary: "Renew up to 1000 leases in one request (one script)",
+  request: { body: body(RenewManyBody) },
+  responses: {
+    200: json(
+      z.object({
+        results: z.array(z.union([
+          LeaseSchema.extend({ renewed: z.literal(true) }),
+          z.object({ name: Name, renewed: z.literal(false) }),
+        ])),
+      }).openapi("RenewManyResults"),
+      "One result per lease, in order",
+    ),
+    ...common,
+  },
+});
 const releaseRoute = createRoute({
   ...secured,
   method: "post",
@@ -225,6 +249,18 @@ export function createApp(
       );
     }
     return c.json(leaseBody(result.lease), 200);
+  });
+
+  app.openapi(renewManyRoute, async (c) => {
+    const { leases, ttlMs } = c.req.valid("json");
+    const results = await c.var.locks.renewMany(leases, { ttlMs });
+    return c.json({
+      results: results.map((result, i) =>
+        result.renewed
+          ? { ...leaseBody(result.lease), renewed: true as const }
+          : { name: leases[i]!.name, renewed: false as const }
+      ),
+    }, 200);
   });
 
   app.openapi(releaseRoute, async (c) => {

@@ -125,6 +125,24 @@ export function createClient(options: ClientOptions): LockClient {
       throw fromProblem(status, data);
     },
 
+    async renewMany(leases: readonly LeaseRef[], opts: RenewOptions = {}): Promise<RenewResult[]> {
+      if (!Array.isArray(leases) || leases.length === 0 || leases.length > 1000) {
+        throw new RangeError("renewMany takes 1 to 1000 leases");
+      }
+      const body = {
+        ttlMs: checkDuration(opts.ttlMs, "ttlMs", 10_000),
+        leases: leases.map((lease) => ({
+          name: checkName(lease?.name),
+          token: checkToken(lease.token),
+        })),
+      };
+      const { status, data } = await call("POST", "v1/locks/renew", body);
+      if (status !== 200 || !Array.isArray(data.results)) throw fromProblem(status, data);
+      return (data.results as Record<string, unknown>[]).map((result): RenewResult =>
+        result.renewed === true ? { renewed: true, lease: toLease(result) } : { renewed: false }
+      );
+    },
+
     async release(lease: LeaseRef): Promise<boolean> {
       checkName(lease?.name);
       const body = { token: checkToken(lease.token) };

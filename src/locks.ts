@@ -16,6 +16,7 @@ import {
   LEAVE_QUEUE,
   RELEASE,
   RENEW,
+  RENEW_MANY,
   type Script,
 } from "./scripts.ts";
 import type {
@@ -37,6 +38,8 @@ export interface LocksOptions {
   prefix?: string;
 }
 
+/** The most leases one `renewMany` call takes. */
+export const MAX_BATCH = 1000;
 // A waiter looks again at least this often, and its ticket outlives each look by the margin.
 const MAX_POLL_MS = 1000;
 const TICKET_MARGIN_MS = 250;
@@ -134,6 +137,29 @@ export class Locks implements LockClient {
     const reply = await runScript(this.#redis, RENEW, this.#keys(name), args);
     if (integers(RENEW, reply, 1)[0] !== 1) return { renewed: false };
     return { renewed: true, lease: toLease(name, token, RENEW, reply) };
+  }
+
+  /**
+   * Renews up to 1000 leases in one script and one request, each with `ttlMs` from now (default
+   * 10000). Results come in the same order; the fence of each renewed lease stays the same.
+   */
+  async renewMany(leases: readonly LeaseRef[], options: RenewOptions = {}): Promise<RenewResult[]> {
+    if (!Array.isArray(leases) || leases.length === 0 || leases.length > MAX_BATCH) {
+      throw new RangeError(`renewMany takes 1 to ${MAX_BATCH} leases`);
+    }
+    const ttlMs = checkDuration(options.ttlMs, "ttlMs", DEFAULT_TTL_MS);
+    const refs = leases.map(checkLease);
+    const keys = refs.flatMap(({ name }) => this.#keys(name).slice(0, 2));
+    const args = [ttlMs, FENCE_GRACE_MS, ...refs.map((ref) => ref.token)];
+    const reply = await runScript(this.#redis, RENEW_MANY, keys, args);
+    const values = integers(RENEW_MANY, reply, refs.length + 1);
+    const serverTime = values[refs.length]!;
+    return refs.map(({ name, token }, i): RenewResult =>
+      values[i] === 0 ? { renewed: false } : {
+        renewed: true,
+        lease: { name, token, fence: values[i]!, ttlMs, expiresAt: serverTime + ttlMs, serverTime },
+      }
+    );
   }
 
   /**

@@ -160,6 +160,32 @@ return {1, tonumber(fence), ttlMs, nowMs}
 );
 
 /**
+ * Renew many leases in one request. KEYS are (lock, fence floor) pairs, ARGV[3..] the tokens in
+ * the same order. Returns each lease's fence, or 0 where the token no longer holds it, then nowMs.
+ */
+export const RENEW_MANY = defineScript(
+  "renew_many",
+  `
+local ttlMs   = tonumber(ARGV[1]) -- milliseconds
+local graceMs = tonumber(ARGV[2])
+${NOW}
+local fences = {}
+for i = 1, #KEYS / 2 do
+  local lockKey, fenceKey, token = KEYS[2 * i - 1], KEYS[2 * i], ARGV[i + 2]
+  if redis.call('HGET', lockKey, 'token') == token then
+    redis.call('PEXPIRE', lockKey, ttlMs)
+    redis.call('PEXPIRE', fenceKey, ttlMs + graceMs)
+    fences[i] = tonumber(redis.call('HGET', lockKey, 'fence'))
+  else
+    fences[i] = 0
+  end
+end
+fences[#fences + 1] = nowMs
+return fences
+`,
+);
+
+/**
  * Release. Returns 1 when the token held the lock and it is now free, also when this token's
  * release already freed it (a retried or duplicated request), else 0.
  */

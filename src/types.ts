@@ -70,6 +70,8 @@ export interface LockClient {
   acquire(name: string, options?: AcquireOptions): Promise<AcquireResult>;
   /** Extends a lease that is still held by its token. */
   renew(lease: LeaseRef, options?: RenewOptions): Promise<RenewResult>;
+  /** Renews up to 1000 leases in one request; results in the same order. */
+  renewMany(leases: readonly LeaseRef[], options?: RenewOptions): Promise<RenewResult[]>;
   /** Frees a lease; `false` when its token no longer held it. */
   release(lease: LeaseRef): Promise<boolean>;
   /** Tells whether `name` is held, decided on the Redis primary. */

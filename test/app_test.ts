@@ -265,6 +265,7 @@ Deno.test("the HTTP service", async (t) => {
         "/v1/idempotency/{scope}/{key}/release",
         "/v1/jobs/{job}/finish",
         "/v1/jobs/{job}/start",
+        "/v1/locks/renew",
         "/v1/locks/{name}",
         "/v1/locks/{name}/acquire",
         "/v1/locks/{name}/release",
