@@ -4,18 +4,42 @@
  * Writes bench/results.json and bench/results.md.
  *
  * BENCH_CYCLES (default 1000) sets the cycles per case and concurrency.
+ * Also: 50 waiters contending for one name (each holding 5 ms), and the cost of keeping 1,000
+ * leases alive. Writes bench/results.json, bench/results.md and bench/results.svg.
  *
  * @module
  */
+import { Lock as UpstashLock } from "@upstash/lock";
 import { Redis } from "@upstash/redis";
+import { Redis as IORedis } from "ioredis";
 import { Miniflare } from "miniflare";
+import { Mutex } from "redis-semaphore";
+import Redlock from "redlock";
 import { startBridge } from "../dev/bridge.ts";
 import { freePort, startRedisServer } from "../dev/redis_server.ts";
-import { createClient, Locks } from "../src/mod.ts";
+import { createClient, type Lease, Locks } from "../src/mod.ts";
 
 const CYCLES = Number(Deno.env.get("BENCH_CYCLES") ?? 1000);
 const CONCURRENCY = [1, 32];
 const SECRET = "bench-secret-0123456789abcdef";
+const HOLD_MS = 5;
+const WAITERS = 50;
+const ROUNDS = Number(Deno.env.get("BENCH_ROUNDS") ?? 4);
+
+interface ContentionRow {
+  case: string;
+  acquisitions: number;
+  perSec: number;
+  idealPerSec: number;
+  ofIdeal: number;
+  redisCommandsPerAcquisition: number;
+  /** Commands sent over REST (what Upstash bills); undefined for the TCP peers. */
+  restCommandsPerAcquisition?: number;
+  waitP50Ms: number;
+  waitP99Ms: number;
+  /** Mean distance between a waiter's place in arrival order and in grant order (0 = FIFO). */
+  meanDisplacement: number;
+}
 
 interface Row {
   case: string;
@@ -25,6 +49,7 @@ interface Row {
   p50Ms: number;
   p99Ms: number;
   requestsPerCycle: number;
+  redisCommandsPerCycle: number;
   ratioToFloor?: number;
 }
 
@@ -35,6 +60,18 @@ const token = crypto.randomUUID();
 const bridge = await startBridge({ redisUrl: server.url, token, port: 0, poolSize: 8 });
 const redis = new Redis({ url: bridge.url, token, enableTelemetry: false });
 const cleanups: (() => Promise<unknown>)[] = [];
+// @upstash/lock types its own copy of @upstash/redis; the client is the same at run time.
+const peerRedis = redis as never;
+const tcp = new IORedis(server.url, { lazyConnect: true });
+await tcp.connect();
+cleanups.push(() => tcp.quit());
+// Commands Redis executed so far (scripts' inner calls included), less this INFO call itself.
+let infoCalls = 0;
+async function redisCommands(): Promise<number> {
+  const info = await tcp.info("stats");
+  infoCalls++;
+  return Number(/total_commands_processed:(\d+)/.exec(info)?.[1]) - infoCalls;
+}
 
 try {
   // The floor: the least any lock can do over REST, SET NX PX plus one EVALSHA release.
@@ -77,11 +114,39 @@ try {
     await workerClient.release(result.lease);
   };
 
+  const upstashLock: Cycle = async (name) => {
+    const lock = new UpstashLock({
+      id: `ul:${name}`,
+      redis: peerRedis,
+      lease: 10_000,
+      retry: { attempts: 1, delay: 1 },
+    });
+    if (!(await lock.acquire())) throw new Error("@upstash/lock: busy");
+    await lock.release();
+  };
+  const redlock = new Redlock([tcp], { retryCount: 0 });
+  const redlockCycle: Cycle = async (name) => {
+    const lock = await redlock.lock(`rl:${name}`, 10_000);
+    await lock.unlock();
+  };
+  const semaphoreCycle: Cycle = async (name) => {
+    const mutex = new Mutex(tcp, `rs:${name}`, {
+      lockTimeout: 10_000,
+      acquireTimeout: 1,
+      refreshInterval: 0,
+    });
+    await mutex.acquire();
+    await mutex.release();
+  };
+
   const cases: [string, Cycle][] = [
     ["floor (SET NX PX + EVALSHA)", floor],
     ["edgelock library", library],
+    ["@upstash/lock", upstashLock],
     ["edgelock service (Deno.serve)", overHttp],
     ["edgelock Worker (workerd via Miniflare)", inWorkerd],
+    ["redlock (TCP, reference)", redlockCycle],
+    ["redis-semaphore Mutex (TCP, reference)", semaphoreCycle],
   ];
   const rows: Row[] = [];
   for (const concurrency of CONCURRENCY) {
@@ -94,7 +159,42 @@ try {
     const base = rows.find((r) => r.concurrency === row.concurrency && r.case.startsWith("floor"));
     if (base) row.ratioToFloor = round(row.opsPerSec / base.opsPerSec, 2);
   }
-  await write(rows);
+  const rtt = rows.find((r) => r.concurrency === 1 && r.case.startsWith("floor"))!.p50Ms / 2;
+  const contention: ContentionRow[] = [];
+  const waiters: [string, (name: string) => Promise<() => Promise<unknown>>][] = [
+    ["edgelock library (fair queue)", async (name) => {
+      const result = await locks.acquire(name, { ttlMs: 10_000, waitMs: 30_000 });
+      if (!result.acquired) throw new Error("edgelock: gave up");
+      return () => locks.release(result.lease);
+    }],
+    ["@upstash/lock (fixed 10 ms retry)", async (name) => {
+      const lock = new UpstashLock({
+        id: `ul:${name}`,
+        redis: peerRedis,
+        lease: 10_000,
+        retry: { attempts: 3000, delay: 10 },
+      });
+      if (!(await lock.acquire())) throw new Error("@upstash/lock: gave up");
+      return () => lock.release();
+    }],
+    ["redis-semaphore Mutex (TCP, 10 ms retry)", async (name) => {
+      const mutex = new Mutex(tcp, `rs:${name}`, {
+        lockTimeout: 10_000,
+        acquireTimeout: 30_000,
+        retryInterval: 10,
+        refreshInterval: 0,
+      });
+      await mutex.acquire();
+      return () => mutex.release();
+    }],
+  ];
+  for (const [label, wait] of waiters) {
+    contention.push(await contend(label, wait, rtt));
+    console.log(JSON.stringify(contention.at(-1)));
+  }
+  const renewal = await renewalCost(locks);
+  console.log(JSON.stringify(renewal));
+  await write(rows, contention, renewal);
 } finally {
   for (const cleanup of cleanups.reverse()) await cleanup().catch(() => {});
   await bridge.close();
@@ -106,6 +206,7 @@ async function measure(label: string, concurrency: number, cycle: Cycle): Promis
   for (const name of names) await cycle(name); // warm-up: scripts loaded, connections open
   const latencies: number[] = [];
   const before = bridge.stats().requests;
+  const commandsBefore = await redisCommands();
   const started = performance.now();
   let next = 0;
   await Promise.all(names.map(async (name) => {
@@ -116,6 +217,7 @@ async function measure(label: string, concurrency: number, cycle: Cycle): Promis
     }
   }));
   const elapsed = performance.now() - started;
+  const commands = await redisCommands() - commandsBefore;
   latencies.sort((a, b) => a - b);
   return {
     case: label,
@@ -125,6 +227,95 @@ async function measure(label: string, concurrency: number, cycle: Cycle): Promis
     p50Ms: round(latencies[Math.floor(latencies.length * 0.5)]!, 2),
     p99Ms: round(latencies[Math.floor(latencies.length * 0.99)]!, 2),
     requestsPerCycle: round((bridge.stats().requests - before) / latencies.length, 2),
+    redisCommandsPerCycle: round(commands / latencies.length, 2),
+  };
+}
+
+/** 50 waiters on one name, each acquiring ROUNDS times and holding 5 ms. */
+async function contend(
+  label: string,
+  wait: (name: string) => Promise<() => Promise<unknown>>,
+  rttMs: number,
+): Promise<ContentionRow> {
+  const name = `contend:${crypto.randomUUID()}`;
+  const waits: number[] = [];
+  const arrivals: number[] = [];
+  const grants: number[] = [];
+  let next = 0;
+  const commandsBefore = await redisCommands();
+  const restBefore = bridge.stats().commands;
+  const started = performance.now();
+  await Promise.all(Array.from({ length: WAITERS }, async (_, waiter) => {
+    await new Promise((resolve) => setTimeout(resolve, waiter)); // staggered: a known arrival order
+    for (let round = 0; round < ROUNDS; round++) {
+      const t0 = performance.now();
+      const arrival = next++;
+      const release = await wait(name);
+      waits.push(performance.now() - t0);
+      arrivals.push(arrival);
+      grants.push(grants.length);
+      await new Promise((resolve) => setTimeout(resolve, HOLD_MS));
+      await release();
+    }
+  }));
+  const elapsed = performance.now() - started;
+  const commands = await redisCommands() - commandsBefore;
+  waits.sort((a, b) => a - b);
+  // Arrival ranks in grant order: FIFO gives 0, 1, 2, …
+  const order = arrivals.map((a, i) => [a, i] as const).sort((x, y) => x[0] - y[0]);
+  const rankOfGrant = new Map(order.map(([, grantIndex], rank) => [grantIndex, rank]));
+  const displacement = grants.reduce((sum, g) => sum + Math.abs(rankOfGrant.get(g)! - g), 0) /
+    grants.length;
+  const ideal = 1000 / (HOLD_MS + 2 * rttMs); // a hand-off needs the release and the next acquire
+  const perSec = waits.length / (elapsed / 1000);
+  return {
+    case: label,
+    acquisitions: waits.length,
+    perSec: round(perSec, 0),
+    idealPerSec: round(ideal, 0),
+    ofIdeal: round(perSec / ideal, 2),
+    redisCommandsPerAcquisition: round(commands / waits.length, 1),
+    ...(!label.includes("TCP") &&
+      {
+        restCommandsPerAcquisition: round((bridge.stats().commands - restBefore) / waits.length, 2),
+      }),
+    waitP50Ms: round(waits[Math.floor(waits.length * 0.5)]!, 1),
+    waitP99Ms: round(waits[Math.floor(waits.length * 0.99)]!, 1),
+    meanDisplacement: round(displacement, 1),
+  };
+}
+
+/** What keeping 1,000 leases alive costs: renewing at a third of a 10 s TTL, one by one or batched. */
+async function renewalCost(locks: Locks) {
+  const leases: Lease[] = [];
+  for (let i = 0; i < 1000; i++) {
+    const result = await locks.acquire(`renew:${crypto.randomUUID()}`, { ttlMs: 10_000 });
+    if (result.acquired) leases.push(result.lease);
+  }
+  await locks.renewMany(leases.slice(0, 1));
+  const time = async (fn: () => Promise<unknown>) => {
+    const requests = bridge.stats().requests;
+    const commands = await redisCommands();
+    const t0 = performance.now();
+    await fn();
+    return {
+      ms: round(performance.now() - t0, 1),
+      requests: bridge.stats().requests - requests,
+      commands: await redisCommands() - commands,
+    };
+  };
+  const single = await time(async () => {
+    for (let i = 0; i < leases.length; i += 32) {
+      await Promise.all(leases.slice(i, i + 32).map((lease) => locks.renew(lease)));
+    }
+  });
+  const batch = await time(() => locks.renewMany(leases));
+  const perSecond = 3 / 10; // each lease renewed three times per 10 s TTL
+  return {
+    leases: leases.length,
+    oneByOne: { ...single, restRequestsPerSec: round(single.requests * perSecond, 1) },
+    batched: { ...batch, restRequestsPerSec: round(batch.requests * perSecond, 1) },
+    redisCommandsPerSec: round(batch.commands * perSecond, 0),
   };
 }
 
@@ -189,27 +380,96 @@ function format(row: Row): string {
   } ops/s  p50 ${row.p50Ms} ms  p99 ${row.p99Ms} ms  ${row.requestsPerCycle} req/cycle`;
 }
 
-async function write(rows: Row[]) {
+async function write(
+  rows: Row[],
+  contention: ContentionRow[],
+  renewal: Awaited<ReturnType<typeof renewalCost>>,
+) {
   const machine = `${navigator.hardwareConcurrency} cores, Deno ${Deno.version.deno}`;
+  const date = new Date().toISOString();
   await Deno.writeTextFile(
     new URL("./results.json", import.meta.url),
-    JSON.stringify(
-      { date: new Date().toISOString(), machine, cyclesPerCase: CYCLES, rows },
-      null,
-      2,
-    ) +
+    JSON.stringify({ date, machine, cyclesPerCase: CYCLES, rows, contention, renewal }, null, 2) +
       "\n",
   );
   const lines = [
-    `Acquire+release cycles on loopback (${machine}; ${CYCLES} cycles per case).`,
+    `Acquire+release cycles on loopback (${machine}; ${CYCLES} cycles per case; ${
+      date.slice(0, 10)
+    }).`,
+    "REST requests are the bridge's count (the TCP peers make none); Redis commands include",
+    "the calls inside scripts. At concurrency 32 the Upstash client batches concurrent commands",
+    "into one /pipeline request, so requests per cycle drop below 1.",
     "",
-    "| case | concurrency | ops/s | p50 ms | p99 ms | REST requests / cycle | × floor |",
-    "|---|---|---|---|---|---|---|",
+    "| case | concurrency | ops/s | p50 ms | p99 ms | REST requests / cycle | Redis commands / cycle | × floor |",
+    "|---|---|---|---|---|---|---|---|",
     ...rows.map((r) =>
-      `| ${r.case} | ${r.concurrency} | ${r.opsPerSec} | ${r.p50Ms} | ${r.p99Ms} | ${r.requestsPerCycle} | ${
+      `| ${r.case} | ${r.concurrency} | ${r.opsPerSec} | ${r.p50Ms} | ${r.p99Ms} | ${r.requestsPerCycle} | ${r.redisCommandsPerCycle} | ${
         r.ratioToFloor ?? ""
       } |`
     ),
+    "",
+    `Contention: ${WAITERS} waiters on one name, each acquiring ${ROUNDS} times and holding ${HOLD_MS} ms.`,
+    "Ideal = 1 / (hold + two round trips). Displacement = mean distance between arrival and grant order.",
+    "",
+    "| case | acquisitions/s | ideal | of ideal | REST commands / acquisition (billed) | Redis commands executed / acquisition | wait p50 ms | wait p99 ms | displacement |",
+    "|---|---|---|---|---|---|---|---|---|",
+    ...contention.map((c) =>
+      `| ${c.case} | ${c.perSec} | ${c.idealPerSec} | ${c.ofIdeal} | ${
+        c.restCommandsPerAcquisition ?? "n/a (TCP)"
+      } | ${c.redisCommandsPerAcquisition} | ${c.waitP50Ms} | ${c.waitP99Ms} | ${c.meanDisplacement} |`
+    ),
+    "",
+    `Keeping ${renewal.leases} leases alive (10 s TTL, renewed every third): one by one ` +
+    `${renewal.oneByOne.restRequestsPerSec} REST requests/s; batched ${renewal.batched.restRequestsPerSec} ` +
+    `REST requests/s (${renewal.batched.ms} ms per batch of ${renewal.leases}); ` +
+    `${renewal.redisCommandsPerSec} Redis commands/s either way.`,
   ];
   await Deno.writeTextFile(new URL("./results.md", import.meta.url), lines.join("\n") + "\n");
+  await Deno.writeTextFile(new URL("./results.svg", import.meta.url), chart(rows));
+}
+
+/** A horizontal bar chart of ops/s per case, one bar per concurrency. */
+function chart(rows: Row[]): string {
+  const labels = [...new Set(rows.map((r) => r.case))];
+  const max = Math.max(...rows.map((r) => r.opsPerSec));
+  const barHeight = 12;
+  const rowHeight = 34;
+  const left = 300;
+  const width = 820;
+  const scale = (v: number) => Math.max(1, (v / max) * (width - left - 80));
+  const colors: Record<number, string> = { 1: "#4a7ab8", 32: "#e08a2c" };
+  const bars = labels.flatMap((label, i) => {
+    const y = 40 + i * rowHeight;
+    return [
+      `<text x="${left - 8}" y="${y + barHeight}" text-anchor="end">${escapeXml(label)}</text>`,
+      ...CONCURRENCY.map((c, j) => {
+        const row = rows.find((r) => r.case === label && r.concurrency === c);
+        if (!row) return "";
+        const by = y + j * (barHeight + 2);
+        return `<rect x="${left}" y="${by}" width="${
+          scale(row.opsPerSec).toFixed(1)
+        }" height="${barHeight}" fill="${colors[c]}"/>` +
+          `<text x="${left + scale(row.opsPerSec) + 4}" y="${
+            by + 10
+          }" font-size="10">${row.opsPerSec}</text>`;
+      }),
+    ];
+  });
+  const height = 60 + labels.length * rowHeight;
+  return `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<text x="10" y="20" font-size="14">Acquire+release cycles per second (higher is better)</text>
+<rect x="${left}" y="8" width="10" height="10" fill="${colors[1]}"/><text x="${
+    left + 14
+  }" y="17">concurrency 1</text>
+<rect x="${left + 120}" y="8" width="10" height="10" fill="${colors[32]}"/><text x="${
+    left + 134
+  }" y="17">concurrency 32</text>
+${bars.join("\n")}
+</svg>
+`;
+}
+
+function escapeXml(text: string): string {
+  return text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 }

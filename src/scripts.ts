@@ -122,6 +122,8 @@ if holder then
   local held = nowMs - tonumber(redis.call('HGET', lockKey, 'at') or nowMs)
   left = math.min(math.max(holdMs - held, held / 2, 1), pttl)
 end
+-- The head looks twice per usual hold: the hand-off waits for its next look.
+if position == 0 then left = math.min(left, math.max(holdMs / 2, 1)) end
 local retryAfter = left + holdMs * math.max(position, 0)
 if holder then retryAfter = math.min(retryAfter, pttl) end
 return {0, math.max(1, math.floor(retryAfter)), nowMs, position}
