@@ -113,7 +113,7 @@ export class Locks implements LockClient {
         signal?.throwIfAborted();
         return { acquired: false, retryAfterMs };
       }
-      // Look again when the server expects our turn (±10 %), else back off with full jitter.
+      // Look again when the server expects our turn, with ±10 % jitter so waiters spread out.
       const delay = Math.min(remaining, MAX_POLL_MS, retryAfterMs * (0.9 + Math.random() * 0.2));
       try {
         await sleep(Math.max(1, delay), signal);
