@@ -1,4 +1,5 @@
 import { integers, type RedisLike, runScript } from "./_runner.ts";
+import { EdgelockError } from "./errors.ts";
 import { checkDuration, checkName, checkPrefix, checkToken, newToken } from "./_validate.ts";
 import { parseJsonText } from "./locks.ts";
 import {
@@ -188,8 +189,8 @@ export class Store {
   /** Starts a run of `job` unless it runs elsewhere, ran too recently, or ran for this tick. */
   async startJob(job: string, options: StartJobOptions): Promise<JobStart> {
     checkName(job, "job name");
-    const atMostMs = checkDuration(options?.atMostMs, "atMostMs", NaN);
-    if (Number.isNaN(atMostMs)) throw new TypeError("atMostMs is required");
+    if (options?.atMostMs === undefined) throw new TypeError("atMostMs is required");
+    const atMostMs = checkDuration(options.atMostMs, "atMostMs", 0);
     const atLeastMs = checkDuration(options.atLeastMs, "atLeastMs", 0);
     if (atLeastMs > atMostMs) throw new RangeError("atLeastMs must not exceed atMostMs");
     const tickRetentionMs = checkDuration(
@@ -209,7 +210,9 @@ export class Store {
     const [run, a, b, c] = integers(START_JOB, reply, 4) as number[];
     if (run === 1) return { run: true, token, fence: a!, expiresAt: c! + b! };
     const reason = JOB_REASONS[a as 1 | 2 | 3];
-    if (!reason) integers(START_JOB, [null], 1); // an unknown reason is a bad reply
+    if (!reason) {
+      throw new EdgelockError("backend_unavailable", `Redis answered start_job with reason ${a}`);
+    }
     return { run: false, reason, retryAfterMs: b! };
   }
 

@@ -2,8 +2,8 @@
 import { Redis } from "@upstash/redis/cloudflare";
 import { createApp } from "../src/app.ts";
 import { readConfig } from "../src/config.ts";
-import { cronGuard } from "../src/cron.ts";
 import { Store } from "../src/store.ts";
+import { EXAMPLE_JOB, REDIS_OPTIONS, runExampleJob } from "./_shared.ts";
 
 /** Bindings: vars in wrangler.toml, secrets with `wrangler secret put`. */
 interface Env {
@@ -23,19 +23,11 @@ interface ExportedHandler<E> {
   ): Promise<void>;
 }
 
-/** The example cron job: the cron trigger in wrangler.toml runs it; replace it with your own. */
-const EXAMPLE_JOB = "example-heartbeat"; // not exported: Workers treat named exports as entrypoints
-
 let cached: { env: Env; deps: ReturnType<typeof build> } | undefined;
 
 function build(env: Env) {
   const config = readConfig(env as unknown as Record<string, unknown>);
-  const redis = new Redis({
-    url: config.redisUrl,
-    token: config.redisToken,
-    enableTelemetry: false,
-    retry: { retries: 2, backoff: (n) => 50 * 2 ** n },
-  });
+  const redis = new Redis({ url: config.redisUrl, token: config.redisToken, ...REDIS_OPTIONS });
   const app = createApp({ redis, apiKeys: config.apiKeys, keyPrefix: config.keyPrefix });
   const prefix = `${config.keyPrefix}.worker`; // "." keeps it apart from every tenant's "prefix:tenant"
   return { app, redis, prefix, store: new Store(redis, { prefix }) };
@@ -64,22 +56,11 @@ export default {
     return deps.app.fetch(request);
   },
 
-  // Each scheduled tick runs at most once, even when Cloudflare fires a trigger twice.
+  // The cron trigger in wrangler.toml runs the example job; each tick runs at most once, even
+  // when Cloudflare fires a trigger twice.
   async scheduled(controller, env) {
     const { redis, store, prefix } = depsFor(env);
-    const result = await cronGuard(
-      store,
-      EXAMPLE_JOB,
-      { atMostMs: 60_000, atLeastMs: 30_000, tick: controller.scheduledTime },
-      async (run) => {
-        const key = `${prefix}:${EXAMPLE_JOB}:runs`;
-        await redis.lpush(
-          key,
-          JSON.stringify({ tick: controller.scheduledTime, fence: run.fence }),
-        );
-        await redis.ltrim(key, 0, 99);
-      },
-    );
+    const result = await runExampleJob(store, redis, prefix, controller.scheduledTime);
     if (!result.ran) console.log(`${EXAMPLE_JOB}: skipped (${result.reason})`);
   },
 } satisfies ExportedHandler<Env>;

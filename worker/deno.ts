@@ -2,16 +2,11 @@
 import { Redis } from "@upstash/redis";
 import { createApp } from "../src/app.ts";
 import { readConfig } from "../src/config.ts";
-import { cronGuard } from "../src/cron.ts";
 import { Store } from "../src/store.ts";
+import { EXAMPLE_JOB, REDIS_OPTIONS, runExampleJob } from "./_shared.ts";
 
 const config = readConfig(Deno.env.toObject());
-const redis = new Redis({
-  url: config.redisUrl,
-  token: config.redisToken,
-  enableTelemetry: false,
-  retry: { retries: 2, backoff: (n) => 50 * 2 ** n },
-});
+const redis = new Redis({ url: config.redisUrl, token: config.redisToken, ...REDIS_OPTIONS });
 const app = createApp({ redis, apiKeys: config.apiKeys, keyPrefix: config.keyPrefix });
 
 // Deno Deploy picks its own port; locally PORT (default 8000) on HOSTNAME (default 127.0.0.1).
@@ -31,19 +26,8 @@ const cron = (Deno as unknown as {
 if (typeof cron === "function") {
   const prefix = `${config.keyPrefix}.deno`; // apart from every tenant's "prefix:tenant"
   const store = new Store(redis, { prefix });
-  cron("example-heartbeat", "*/5 * * * *", async () => {
+  cron(EXAMPLE_JOB, "*/5 * * * *", async () => {
     const tick = Math.floor(Date.now() / 300_000) * 300_000; // the 5-minute slot
-    await cronGuard(
-      store,
-      "example-heartbeat",
-      { atMostMs: 60_000, atLeastMs: 30_000, tick },
-      async (run) => {
-        await redis.lpush(
-          `${prefix}:example-heartbeat:runs`,
-          JSON.stringify({ tick, fence: run.fence }),
-        );
-        await redis.ltrim(`${prefix}:example-heartbeat:runs`, 0, 99);
-      },
-    );
+    await runExampleJob(store, redis, prefix, tick);
   });
 }
