@@ -15,7 +15,7 @@ import { createApp } from "../src/app.ts";
 import { createClient } from "../src/client.ts";
 import { Locks } from "../src/locks.ts";
 import { RELEASE } from "../src/scripts.ts";
-import type { LockClient } from "../src/types.ts";
+import type { Lease, LockClient } from "../src/types.ts";
 import { startBridge } from "./bridge.ts";
 import { FAULT_KINDS, type FaultKind, startFaultProxy } from "./fault_proxy.ts";
 import { check, FencedResource, type Operation, type Violation } from "./history.ts";
@@ -133,113 +133,64 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     }
   };
 
+  // Runs one operation and records it with its times and outcome; a throw is recorded as failed.
+  async function timed<T>(
+    entry: { op: Operation["op"]; client: string; name: string; token: string },
+    call: () => Promise<T>,
+    describe: (value: T) => Record<string, unknown>,
+  ): Promise<{ ok: true; value: T } | { ok: false }> {
+    const invokedAt = Date.now();
+    try {
+      const value = await call();
+      history.push(
+        { ...entry, invokedAt, completedAt: Date.now(), ...describe(value) } as Operation,
+      );
+      return { ok: true, value };
+    } catch {
+      history.push(
+        { ...entry, invokedAt, completedAt: Date.now(), outcome: "failed" } as Operation,
+      );
+      return { ok: false };
+    }
+  }
+
   async function acquire(locks: LockClient, client: string, name: string) {
     const token = crypto.randomUUID().replaceAll("-", "");
     // Retried with the same token after a failure: safe, it returns the same lease.
     for (let attempt = 0; attempt < 3; attempt++) {
-      const invokedAt = Date.now();
-      try {
-        const result = await locks.acquire(name, { ttlMs: TTL_MS, token });
-        const completedAt = Date.now();
-        if (!result.acquired) {
-          history.push({
-            op: "acquire",
-            client,
-            name,
-            token,
-            invokedAt,
-            completedAt,
-            outcome: "busy",
-          });
-          return undefined;
-        }
-        const { fence, serverTime, expiresAt } = result.lease;
-        history.push({
-          op: "acquire",
-          client,
-          name,
-          token,
-          invokedAt,
-          completedAt,
-          outcome: "acquired",
-          fence,
-          serverTime,
-          expiresAt,
-        });
-        return result.lease;
-      } catch {
-        history.push({
-          op: "acquire",
-          client,
-          name,
-          token,
-          invokedAt,
-          completedAt: Date.now(),
-          outcome: "failed",
-        });
-      }
+      const result = await timed(
+        { op: "acquire", client, name, token },
+        () => locks.acquire(name, { ttlMs: TTL_MS, token }),
+        (r) => {
+          if (!r.acquired) return { outcome: "busy" };
+          const { fence, serverTime, expiresAt } = r.lease;
+          return { outcome: "acquired", fence, serverTime, expiresAt };
+        },
+      );
+      if (result.ok) return result.value.acquired ? result.value.lease : undefined;
     }
     return undefined;
   }
 
-  async function renew(locks: LockClient, client: string, lease: { name: string; token: string }) {
-    const invokedAt = Date.now();
-    try {
-      const result = await locks.renew(lease, { ttlMs: TTL_MS });
-      history.push({
-        op: "renew",
-        client,
-        ...lease,
-        invokedAt,
-        completedAt: Date.now(),
-        ...(result.renewed
-          ? {
-            outcome: "renewed" as const,
-            serverTime: result.lease.serverTime,
-            expiresAt: result.lease.expiresAt,
-          }
-          : { outcome: "lost" as const }),
-      });
-    } catch {
-      history.push({
-        op: "renew",
-        client,
-        ...lease,
-        invokedAt,
-        completedAt: Date.now(),
-        outcome: "failed",
-      });
-    }
+  async function renew(locks: LockClient, client: string, { name, token }: Lease) {
+    await timed(
+      { op: "renew", client, name, token },
+      () => locks.renew({ name, token }, { ttlMs: TTL_MS }),
+      (r) =>
+        r.renewed
+          ? { outcome: "renewed", serverTime: r.lease.serverTime, expiresAt: r.lease.expiresAt }
+          : { outcome: "lost" },
+    );
   }
 
-  async function release(
-    locks: LockClient,
-    client: string,
-    lease: { name: string; token: string },
-  ) {
+  async function release(locks: LockClient, client: string, { name, token }: Lease) {
     for (let attempt = 0; attempt < 3; attempt++) {
-      const invokedAt = Date.now();
-      try {
-        const released = await locks.release(lease);
-        history.push({
-          op: "release",
-          client,
-          ...lease,
-          invokedAt,
-          completedAt: Date.now(),
-          outcome: released ? "released" : "not_held",
-        });
-        return;
-      } catch {
-        history.push({
-          op: "release",
-          client,
-          ...lease,
-          invokedAt,
-          completedAt: Date.now(),
-          outcome: "failed",
-        });
-      }
+      const result = await timed(
+        { op: "release", client, name, token },
+        () => locks.release({ name, token }),
+        (released) => ({ outcome: released ? "released" : "not_held" }),
+      );
+      if (result.ok) return;
     }
   }
 
