@@ -376,6 +376,55 @@ Deno.test("the three uses", async (t) => {
       assert.ok((await store.startJob(job, { atMostMs: 300 })).run, "finished without atLeastMs");
     });
 
+    await t.step("the library calls of the three uses reject bad arguments precisely", async () => {
+      const job = keygen("job");
+      await assert.rejects(store.startJob(job, {} as never), {
+        name: "TypeError",
+        message: /atMostMs is required/,
+      });
+      await assert.rejects(
+        store.startJob(job, { atMostMs: 99 }),
+        /atMostMs must be an integer from 100/,
+      );
+      await assert.rejects(
+        store.startJob(job, { atMostMs: 1000, atLeastMs: 2000 }),
+        /atLeastMs must not exceed/,
+      );
+      await assert.rejects(store.startJob("a b", { atMostMs: 1000 }), /job name/);
+      await assert.rejects(store.claim("idempotency", "no spaces allowed"), RangeError);
+      await assert.rejects(
+        store.claim("idempotency", recordId("u", "k"), { leaseMs: 50 }),
+        /leaseMs/,
+      );
+      await assert.rejects(
+        store.claim("idempotency", recordId("u", "k"), { fingerprint: "f".repeat(129) }),
+        /fingerprint/,
+      );
+      await assert.rejects(
+        store.complete("idempotency", recordId("u", "k"), "t".repeat(16), {
+          b: "x".repeat(50_000),
+        }),
+        /at most 49152 bytes/,
+      );
+      assert.throws(() => recordId("a/b", "k"), RangeError);
+      await assert.rejects(dedupe(store, { namespace: "ns", id: "" }), TypeError);
+      await assert.rejects(
+        cronGuard(store, job, { atMostMs: 1000 }, undefined as never),
+        TypeError,
+      );
+      assert.throws(() => idempotency({ store, scope: undefined as never }), TypeError);
+      assert.throws(() => webhookDedupe({ store, secrets: [], namespace: "ns" }), TypeError);
+      assert.throws(
+        () => webhookDedupe({ store, secrets: ["whsec_!!"], namespace: "ns" }),
+        TypeError,
+      );
+      assert.deepEqual(
+        await store.startJob(job, { atMostMs: 1000 }).then((r) => r.run),
+        true,
+        "nothing was written before",
+      );
+    });
+
     await t.step("the HTTP routes of the three uses follow the contract", async () => {
       const secret = "uses-secret-0123456789abc";
       const app = createApp({ redis: backend.redis, apiKeys: [{ tenant: "t", secret }] });
