@@ -34,9 +34,25 @@ export function freePort(): number {
   return port;
 }
 
-/** Starts redis-server and resolves once it accepts connections. */
+/**
+ * Starts redis-server and resolves once it accepts connections. Without `options.port` it picks a
+ * free port; should another process take that port before redis-server binds it, it tries again
+ * on another one.
+ */
 export async function startRedisServer(options: RedisServerOptions = {}): Promise<RedisServer> {
-  const port = options.port ?? freePort();
+  for (let attempt = 1;; attempt++) {
+    try {
+      return await startOnce(options, options.port ?? freePort());
+    } catch (error) {
+      const raced = error instanceof PortTakenError && options.port === undefined;
+      if (!raced || attempt === 5) throw error;
+    }
+  }
+}
+
+class PortTakenError extends Error {}
+
+async function startOnce(options: RedisServerOptions, port: number): Promise<RedisServer> {
   const ownDir = options.dir === undefined;
   const dir = options.dir ?? await Deno.makeTempDir({ prefix: "edgelock-redis-" });
   let child: Deno.ChildProcess;
@@ -55,7 +71,7 @@ export async function startRedisServer(options: RedisServerOptions = {}): Promis
         "no",
         ...(options.args ?? []),
       ],
-      stdout: "null",
+      stdout: "piped",
       stderr: "piped",
     }).spawn();
   } catch (error) {
@@ -65,7 +81,10 @@ export async function startRedisServer(options: RedisServerOptions = {}): Promis
     }
     throw error;
   }
-  const stderr = child.stderr.text();
+  // redis-server logs to stdout; keep it for the error message, and drain it so it never blocks.
+  const output = Promise.all([child.stdout.text(), child.stderr.text()]).then((texts) =>
+    texts.join("").trim()
+  );
   const exited = child.status;
   let stopped = false;
 
@@ -82,30 +101,35 @@ export async function startRedisServer(options: RedisServerOptions = {}): Promis
       }, 5000);
       await exited;
       clearTimeout(timer);
-      await stderr;
+      await output;
     }
     if (remove) await Deno.remove(dir, { recursive: true }).catch(() => {});
   };
 
   const deadline = Date.now() + 10_000;
-  while (!(await answersPing(port))) {
+  // Ask the server itself: a PING on the port could be answered by whoever took it from us.
+  const realDir = await Deno.realPath(dir);
+  while (!(await answersPing(port, realDir))) {
     const done = await Promise.race([exited.then(() => true), delay(50).then(() => false)]);
     if (done || Date.now() > deadline) {
       await stop({ remove: ownDir });
-      throw new Error(`redis-server did not start on port ${port}: ${(await stderr).trim()}`);
+      const log = await output;
+      const message = `redis-server did not start on port ${port}: ${log}`;
+      throw /Address already in use/i.test(log) ? new PortTakenError(message) : new Error(message);
     }
   }
   return { url: `redis://127.0.0.1:${port}`, port, dir, stop };
 }
 
-async function answersPing(port: number): Promise<boolean> {
+// True when the redis-server on `port` answers and is ours: its `dir` is the one we gave it.
+async function answersPing(port: number, dir: string): Promise<boolean> {
   let conn: Deno.TcpConn | undefined;
   try {
     conn = await Deno.connect({ hostname: "127.0.0.1", port });
-    await conn.write(new TextEncoder().encode("PING\r\n"));
-    const buffer = new Uint8Array(16);
+    await conn.write(new TextEncoder().encode("CONFIG GET dir\r\n"));
+    const buffer = new Uint8Array(4096);
     const n = await conn.read(buffer);
-    return new TextDecoder().decode(buffer.subarray(0, n ?? 0)).startsWith("+PONG");
+    return new TextDecoder().decode(buffer.subarray(0, n ?? 0)).includes(`\r\n${dir}\r\n`);
   } catch {
     return false;
   } finally {

@@ -1,13 +1,20 @@
-// Runs a Deno entry as a subprocess and waits until it prints a line matching `ready`.
+// Runs a Deno entry as a subprocess and waits until its output matches `ready`.
 
 export interface Spawned {
   child: Deno.ChildProcess;
+  /** The match of `ready` in the output: capture what the test needs in it (ports, keys). */
+  ready: RegExpExecArray;
   /** Everything it printed so far. */
   output(): string;
   /** Sends `signal` and waits for the exit status. */
   stop(signal?: Deno.Signal): Promise<Deno.CommandStatus>;
 }
 
+/**
+ * Spawns `deno <args>` and resolves once everything it printed (stdout and stderr together)
+ * matches `ready`. Make `ready` cover every line the test reads, up to its newline, so that a
+ * line printed later or cut between two chunks cannot race the test.
+ */
 export async function spawnDeno(
   args: string[],
   env: Record<string, string>,
@@ -21,41 +28,39 @@ export async function spawnDeno(
     stderr: "piped",
   }).spawn();
   let text = "";
-  let resolveReady: () => void;
-  const isReady = new Promise<void>((resolve) => resolveReady = resolve);
+  let resolveReady: (match: RegExpExecArray) => void;
+  const isReady = new Promise<RegExpExecArray>((resolve) => resolveReady = resolve);
   const pump = async (stream: ReadableStream<Uint8Array>) => {
     for await (const chunk of stream.pipeThrough(new TextDecoderStream())) {
       text += chunk;
-      if (ready.test(text)) resolveReady();
+      const match = ready.exec(text);
+      if (match) resolveReady(match);
     }
   };
   const pumps = Promise.all([pump(child.stdout), pump(child.stderr)]);
   let stopped: Promise<Deno.CommandStatus> | undefined;
-  const spawned: Spawned = {
-    child,
-    output: () => text,
-    stop(signal = "SIGTERM") {
-      stopped ??= (async () => {
-        try {
-          child.kill(signal);
-        } catch { /* already exited */ }
-        const status = await child.status;
-        await pumps;
-        return status;
-      })();
-      return stopped;
-    },
-  };
+  const stop = (signal: Deno.Signal = "SIGTERM") =>
+    stopped ??= (async () => {
+      try {
+        child.kill(signal);
+      } catch { /* already exited */ }
+      const status = await child.status;
+      await pumps;
+      return status;
+    })();
   let timer: ReturnType<typeof setTimeout> | undefined;
   const outcome = await Promise.race([
-    isReady.then(() => "ready"),
-    child.status.then(() => "exited"),
-    new Promise((resolve) => timer = setTimeout(() => resolve("timeout"), timeoutMs)),
+    isReady,
+    child.status.then(() => "exited" as const),
+    new Promise<"timeout">((resolve) => timer = setTimeout(() => resolve("timeout"), timeoutMs)),
   ]);
   clearTimeout(timer);
-  if (outcome !== "ready") {
-    await spawned.stop("SIGKILL");
+  if (typeof outcome === "string") {
+    await stop("SIGKILL");
     throw new Error(`deno ${args.join(" ")} did not start (${outcome}):\n${text}`);
   }
-  return spawned;
+  return { child, ready: outcome, output: () => text, stop };
 }
+
+/** What `Deno.serve` prints once it listens; the first group is the port (start with PORT=0). */
+export const LISTENING = /Listening on http:\/\/127\.0\.0\.1:(\d+)\//;

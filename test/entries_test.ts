@@ -2,19 +2,19 @@ import assert from "node:assert/strict";
 import { createClient, EdgelockError } from "../src/mod.ts";
 import { freePort } from "../dev/redis_server.ts";
 import { keygen, startBackend } from "./_backend.ts";
-import { spawnDeno } from "./_process.ts";
+import { LISTENING, spawnDeno } from "./_process.ts";
 
 const SECRET = "deno-entry-secret-0123456789";
 
 Deno.test("the Deno entry serves the API to the typed client over real HTTP", async (t) => {
   const backend = await startBackend();
-  const port = freePort();
   const service = await spawnDeno(["run", "-A", "worker/deno.ts"], {
-    PORT: String(port),
+    PORT: "0", // the service binds a free port itself and prints it: no port to race for
     UPSTASH_REDIS_REST_URL: backend.bridge.url,
     UPSTASH_REDIS_REST_TOKEN: backend.token,
     LOCK_API_KEYS: `app:${SECRET}`,
-  }, /Listening on/);
+  }, LISTENING);
+  const port = Number(service.ready[1]);
   const locks = createClient({ baseUrl: `http://127.0.0.1:${port}`, apiKey: SECRET });
 
   try {
@@ -36,8 +36,8 @@ Deno.test("the Deno entry serves the API to the typed client over real HTTP", as
 
     await t.step("withLock() through the service renews across several TTLs", async () => {
       const name = keygen();
-      const fences = await locks.withLock(name, { ttlMs: 300 }, async (lease, signal) => {
-        await new Promise((resolve) => setTimeout(resolve, 1200)); // four TTLs
+      const fences = await locks.withLock(name, { ttlMs: 600 }, async (lease, signal) => {
+        await new Promise((resolve) => setTimeout(resolve, 2000)); // over three TTLs
         assert.equal(signal.aborted, false);
         const info = await locks.inspect(name);
         assert.ok(info.held);
@@ -87,23 +87,21 @@ Deno.test("the Deno entry serves the API to the typed client over real HTTP", as
 });
 
 Deno.test("deno task dev starts redis-server, bridge and service, and Ctrl-C stops them all", async () => {
-  const port = freePort();
-  const dev = await spawnDeno(["run", "-A", "dev/server.ts"], {
-    PORT: String(port),
-    PATH: Deno.env.get("PATH") ?? "",
-  }, /edgelock on http/);
-  let redisPort = 0;
+  // Wait for every line the test reads, each up to its newline: the key is printed last.
+  const dev = await spawnDeno(
+    ["run", "-A", "dev/server.ts"],
+    { PORT: "0", PATH: Deno.env.get("PATH") ?? "" },
+    /redis-server on redis:\/\/127\.0\.0\.1:(\d+)[^]*edgelock on http:\/\/127\.0\.0\.1:(\d+)\n[^]*Dev API key \(tenant "dev"\): (\S+)\n/,
+  );
+  const [, redisPort, port, key] = dev.ready.map(String);
   try {
-    redisPort = Number(/redis-server on redis:\/\/127\.0\.0\.1:(\d+)/.exec(dev.output())?.[1]);
-    const key = /Dev API key \(tenant "dev"\): (\S+)/.exec(dev.output())?.[1];
-    assert.ok(redisPort > 0 && key, dev.output());
-    const locks = createClient({ baseUrl: `http://127.0.0.1:${port}`, apiKey: key });
+    const locks = createClient({ baseUrl: `http://127.0.0.1:${port}`, apiKey: key! });
     const result = await locks.acquire("dev-demo");
     assert.ok(result.acquired);
   } finally {
     const status = await dev.stop("SIGINT");
     assert.equal(status.code, 0, dev.output());
   }
-  await assert.rejects(Deno.connect({ hostname: "127.0.0.1", port }), "the service stopped");
-  await assert.rejects(Deno.connect({ hostname: "127.0.0.1", port: redisPort }), "redis stopped");
+  await assert.rejects(Deno.connect({ hostname: "127.0.0.1", port: Number(port) }), "stopped");
+  await assert.rejects(Deno.connect({ hostname: "127.0.0.1", port: Number(redisPort) }), "redis");
 });

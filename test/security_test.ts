@@ -1,9 +1,8 @@
 import assert from "node:assert/strict";
 import { createApp } from "../src/app.ts";
 import { findTenant, parseApiKeys, sha256 } from "../src/auth.ts";
-import { freePort } from "../dev/redis_server.ts";
 import { keygen, startBackend } from "./_backend.ts";
-import { spawnDeno } from "./_process.ts";
+import { LISTENING, spawnDeno } from "./_process.ts";
 
 const A = "security-secret-a-0123456789";
 const B = "security-secret-b-0123456789";
@@ -174,14 +173,13 @@ Deno.test("security", async (t) => {
     });
 
     await t.step("secrets never appear in the service's logs", async () => {
-      const port = freePort();
       const service = await spawnDeno(["run", "-A", "worker/deno.ts"], {
-        PORT: String(port),
+        PORT: "0",
         UPSTASH_REDIS_REST_URL: backend.bridge.url,
         UPSTASH_REDIS_REST_TOKEN: backend.token,
         LOCK_API_KEYS: `a:${A}`,
-      }, /Listening on/);
-      const url = `http://127.0.0.1:${port}`;
+      }, LISTENING);
+      const url = `http://127.0.0.1:${service.ready[1]}`;
       try {
         const requests = [
           fetch(`${url}/v1/locks/x/acquire`, {

@@ -40,8 +40,8 @@ Deno.test("withLock", async (t) => {
       "withLock() renews the lease across several TTLs while the routine runs",
       async () => {
         const name = keygen();
-        const fence = await locks.withLock(name, { ttlMs: 300 }, async (lease, signal) => {
-          await new Promise((resolve) => setTimeout(resolve, 1000)); // over three TTLs
+        const fence = await locks.withLock(name, { ttlMs: 600 }, async (lease, signal) => {
+          await new Promise((resolve) => setTimeout(resolve, 2000)); // over three TTLs
           assert.equal(signal.aborted, false);
           const info = await locks.inspect(name);
           assert.ok(info.held && info.fence === lease.fence);
