@@ -276,7 +276,15 @@ Deno.test("the HTTP service", async (t) => {
         await Deno.writeTextFile(file, JSON.stringify(r.body));
         const lint = await new Deno.Command(Deno.execPath(), {
           // --cached-only: `deno install` (part of `deno task test`) fetched it; tests stay offline.
-          args: ["run", "-A", "--cached-only", "npm:@redocly/cli", "lint", file, "--format=summary"],
+          args: [
+            "run",
+            "-A",
+            "--cached-only",
+            "npm:@redocly/cli",
+            "lint",
+            file,
+            "--format=summary",
+          ],
           env: { NO_COLOR: "1", REDOCLY_TELEMETRY: "off", REDOCLY_SUPPRESS_UPDATE_NOTICE: "true" },
           stdout: "piped",
           stderr: "piped",
