@@ -2,30 +2,105 @@ import type { Redis } from "@upstash/redis";
 import { EdgelockError } from "./errors.ts";
 import type { Script } from "./scripts.ts";
 
-/** The smallest part of an `@upstash/redis` client that edgelock needs. */
-export type RedisLike = Pick<Redis, "evalsha" | "eval">;
+/**
+ * The smallest part of an `@upstash/redis` client that edgelock needs; `pipeline` (for batches
+ * in one request) is optional.
+ */
+export type RedisLike = Pick<Redis, "evalsha" | "eval"> & Partial<Pick<Redis, "pipeline">>;
+
+/** How long one Redis request may take before it counts as failed, by default. */
+export const DEFAULT_REDIS_TIMEOUT_MS = 2000;
+
+/** One script call of a batch. */
+export interface ScriptCall {
+  keys: string[];
+  args: (string | number)[];
+}
 
 /**
  * Runs a script in one request: EVALSHA, and EVAL only when Redis answers NOSCRIPT (after a
- * restart, failover or SCRIPT FLUSH). Any other failure becomes `backend_unavailable`.
+ * restart, failover or SCRIPT FLUSH). Any other failure, and no answer within `timeoutMs`,
+ * becomes `backend_unavailable`.
  */
 export async function runScript(
   redis: RedisLike,
   script: Script,
   keys: string[],
   args: (string | number)[],
+  timeoutMs = DEFAULT_REDIS_TIMEOUT_MS,
 ): Promise<unknown> {
   const sha1 = await script.sha1();
   try {
-    return await redis.evalsha(sha1, keys, args);
+    return await deadline(redis.evalsha(sha1, keys, args), script, timeoutMs);
   } catch (error) {
     if (!isNoScript(error)) throw unavailable(script, error);
   }
   try {
-    return await redis.eval(script.source, keys, args);
+    return await deadline(redis.eval(script.source, keys, args), script, timeoutMs);
   } catch (error) {
     throw unavailable(script, error);
   }
+}
+
+/**
+ * Runs one script for each call in a single `/pipeline` request (each call atomic on its own,
+ * so the keys of different calls may live in different cluster slots). Calls that Redis answers
+ * NOSCRIPT go again as EVAL in one more request. Without `pipeline`, the calls run side by side.
+ */
+export async function runScripts(
+  redis: RedisLike,
+  script: Script,
+  calls: readonly ScriptCall[],
+  timeoutMs = DEFAULT_REDIS_TIMEOUT_MS,
+): Promise<unknown[]> {
+  if (typeof redis.pipeline !== "function") {
+    return Promise.all(
+      calls.map(({ keys, args }) => runScript(redis, script, keys, args, timeoutMs)),
+    );
+  }
+  const sha1 = await script.sha1();
+  const run = async (indexes: number[], evalsha: boolean) => {
+    const pipeline = redis.pipeline!();
+    for (const i of indexes) {
+      const { keys, args } = calls[i]!;
+      if (evalsha) pipeline.evalsha(sha1, keys, args);
+      else pipeline.eval(script.source, keys, args);
+    }
+    try {
+      return await deadline(pipeline.exec({ keepErrors: true }), script, timeoutMs);
+    } catch (error) {
+      throw unavailable(script, error);
+    }
+  };
+  const replies: unknown[] = new Array(calls.length);
+  const missing: number[] = [];
+  const first = await run(calls.map((_, i) => i), true);
+  first.forEach(({ result, error }, i) => {
+    if (error === undefined) replies[i] = result;
+    else if (/^NOSCRIPT /.test(String(error))) missing.push(i);
+    else throw unavailable(script, new Error(String(error)));
+  });
+  if (missing.length > 0) {
+    const again = await run(missing, false);
+    again.forEach(({ result, error }, j) => {
+      if (error !== undefined) throw unavailable(script, new Error(String(error)));
+      replies[missing[j]!] = result;
+    });
+  }
+  return replies;
+}
+
+// The request goes on (fetch has no way to take a command back), but the caller stops waiting.
+function deadline<T>(request: Promise<T>, script: Script, timeoutMs: number): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(
+      () => reject(new Error(`Redis did not answer the ${script.name} script in ${timeoutMs} ms`)),
+      timeoutMs,
+    );
+  });
+  request.catch(() => {}); // a late failure after the deadline is nobody's to handle
+  return Promise.race([request, timeout]).finally(() => clearTimeout(timer));
 }
 
 // @upstash/redis reports Redis errors as UpstashError with Redis's own text, e.g.
@@ -37,6 +112,7 @@ function isNoScript(error: unknown): boolean {
 }
 
 function unavailable(script: Script, cause: unknown): EdgelockError {
+  if (cause instanceof EdgelockError) return cause;
   const reason = cause instanceof Error ? cause.message : String(cause);
   return new EdgelockError(
     "backend_unavailable",
@@ -59,4 +135,25 @@ export function integers(script: Script, reply: unknown, count: number): number[
       JSON.stringify(reply)?.slice(0, 200)
     }`,
   );
+}
+
+/** Checks a timeout option: a positive integer of milliseconds, at most a minute. */
+export function checkTimeout(value: unknown): number {
+  if (value === undefined) return DEFAULT_REDIS_TIMEOUT_MS;
+  if (typeof value !== "number") throw new TypeError("timeoutMs must be a number");
+  if (!Number.isInteger(value) || value < 1 || value > 60_000) {
+    throw new RangeError("timeoutMs must be an integer from 1 to 60000 milliseconds");
+  }
+  return value;
+}
+
+// The Upstash client may already have JSON-parsed the text (automaticDeserialization).
+export function parseJsonText(raw: unknown): Record<string, unknown> | undefined {
+  if (typeof raw === "object" && raw !== null) return raw as Record<string, unknown>;
+  if (typeof raw !== "string" || raw === "") return undefined;
+  try {
+    return JSON.parse(raw);
+  } catch {
+    return undefined;
+  }
 }

@@ -3,7 +3,7 @@ import { z } from "@hono/zod-openapi";
 import { LIMITS, MAX_META_BYTES, NAME_PATTERN, TOKEN_PATTERN } from "./_validate.ts";
 
 export const Name = z.string().regex(NAME_PATTERN).openapi({
-  description: "1–200 characters of A-Z a-z 0-9 . _ : -",
+  description: "1–200 characters of A-Z a-z 0-9 . _ : -, not . or ..",
   example: "invoice:42",
 });
 export const Token = z.string().regex(TOKEN_PATTERN).openapi({

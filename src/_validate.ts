@@ -1,7 +1,10 @@
 // Argument checks shared by the library and the HTTP schemas: one definition of each limit.
 
-/** Lock names and other path segments: 1–200 characters of `A-Z a-z 0-9 . _ : -`. */
-export const NAME_PATTERN = /^[A-Za-z0-9._:-]{1,200}$/;
+/**
+ * Lock names and other path segments: 1–200 characters of `A-Z a-z 0-9 . _ : -`, but not `.`
+ * or `..`, which URLs normalise away: every name the library takes is reachable over HTTP too.
+ */
+export const NAME_PATTERN = /^(?!\.\.?$)[A-Za-z0-9._:-]{1,200}$/;
 /** Owner tokens: 16–128 characters of `A-Z a-z 0-9 _ -`. */
 export const TOKEN_PATTERN = /^[A-Za-z0-9_-]{16,128}$/;
 /** Largest `meta` object, as JSON text in UTF-8 bytes. */
@@ -21,7 +24,8 @@ export function checkName(name: unknown, what = "lock name"): string {
   if (typeof name !== "string") throw new TypeError(`The ${what} must be a string`);
   if (!NAME_PATTERN.test(name)) {
     throw new RangeError(
-      `The ${what} "${name.slice(0, 50)}" must be 1–200 characters of A-Z a-z 0-9 . _ : -`,
+      `The ${what} "${name.slice(0, 50)}" must be 1–200 characters of A-Z a-z 0-9 . _ : - ` +
+        `(and not . or ..)`,
     );
   }
   return name;
@@ -42,16 +46,18 @@ export function checkToken(token: unknown): string {
   return token;
 }
 
+/** Checks a duration against the limits of `field`; `label` names it in errors (default `field`). */
 export function checkDuration(
   value: unknown,
   field: keyof typeof LIMITS,
   fallback: number,
+  label: string = field,
 ): number {
   if (value === undefined) return fallback;
   const { min, max } = LIMITS[field];
-  if (typeof value !== "number") throw new TypeError(`${field} must be a number`);
+  if (typeof value !== "number") throw new TypeError(`${label} must be a number`);
   if (!Number.isInteger(value) || value < min || value > max) {
-    throw new RangeError(`${field} must be an integer from ${min} to ${max} milliseconds`);
+    throw new RangeError(`${label} must be an integer from ${min} to ${max} milliseconds`);
   }
   return value;
 }

@@ -5,9 +5,11 @@ import { HTTPException } from "hono/http-exception";
 import { type ApiKey, findTenant, sha256 } from "./auth.ts";
 import { EdgelockError, type ErrorCode } from "./errors.ts";
 import { Locks } from "./locks.ts";
+import { sentAtOf } from "./_granted.ts";
+import { tenantLimiter, type TenantLimits } from "./_limits.ts";
 import { Store } from "./store.ts";
 import { type AppEnv, registerUseRoutes } from "./app_uses.ts";
-import { type RedisLike, runScript } from "./_runner.ts";
+import { checkTimeout, type RedisLike, runScript } from "./_runner.ts";
 import { body, common, duration, json, Meta, Name, problemDoc, Token } from "./_schemas.ts";
 import { PING } from "./scripts.ts";
 import { problem } from "./_problem.ts";
@@ -21,17 +23,23 @@ export interface AppDeps {
   apiKeys: readonly ApiKey[];
   /** Prefix of every Redis key; each tenant's keys live under `<prefix>:<tenant>`. @default "edgelock" */
   keyPrefix?: string;
+  /** How long one Redis request may take before the reply is 503, ms. @default 2000 */
+  redisTimeoutMs?: number;
+  /** Per-tenant caps on this instance: concurrent waits and requests per second. */
+  limits?: TenantLimits;
 }
 
 /** The largest request body, in bytes. */
 export const MAX_BODY_BYTES = 64 * 1024;
 
-const STATUS: Record<ErrorCode, 400 | 401 | 404 | 409 | 413 | 422 | 500 | 503> = {
+const STATUS: Record<ErrorCode, 400 | 401 | 404 | 409 | 413 | 422 | 429 | 500 | 503> = {
   invalid_request: 400,
   unauthorized: 401,
   not_found: 404,
   payload_too_large: 413,
   lock_busy: 409,
+  queue_full: 409,
+  too_many_requests: 429,
   lock_lost: 409,
   in_progress: 409,
   lease_lost: 409,
@@ -46,6 +54,8 @@ const TITLES: Record<ErrorCode, string> = {
   not_found: "No such route",
   payload_too_large: "The request body is too large",
   lock_busy: "The lock is held by another token",
+  queue_full: "Too many callers wait for this lock already",
+  too_many_requests: "This tenant is over its request limit",
   lock_lost: "The lease is no longer held by this token",
   in_progress: "Another request with this key is in flight",
   lease_lost: "The claim is no longer held by this token",
@@ -66,7 +76,12 @@ const RenewBody = z.strictObject({
   token: Token,
   ttlMs: duration("ttlMs", "New lease length from now, ms"),
 }).openapi("RenewRequest");
-const ReleaseBody = z.strictObject({ token: Token }).openapi("ReleaseRequest");
+const ReleaseBody = z.strictObject({
+  token: Token,
+  fence: z.number().int().positive().max(Number.MAX_SAFE_INTEGER).optional().openapi({
+    description: "The lease's fence: a retried release then answers true for exactly this lease",
+  }),
+}).openapi("ReleaseRequest");
 
 const LeaseSchema = z.object({
   name: Name,
@@ -76,6 +91,12 @@ const LeaseSchema = z.object({
   expiresAt: z.number().int().openapi({ description: "Epoch ms, Redis server clock" }),
   serverTime: z.number().int().openapi({ description: "Epoch ms, Redis server clock" }),
 }).openapi("Lease");
+const AcquiredSchema = LeaseSchema.extend({
+  waitedMs: z.number().int().nonnegative().optional().openapi({
+    description: "How long the service waited before the request to Redis that granted the " +
+      "lease, ms: the lease is valid at least ttlMs from when the client sent its request plus this",
+  }),
+}).openapi("AcquiredLease");
 const LockInfoSchema = z.object({
   name: Name,
   held: z.boolean(),
@@ -94,8 +115,9 @@ const acquireRoute = createRoute({
   summary: "Acquire a lock (a retry with the holder's token returns the same fence)",
   request: { params: NameParams, body: body(AcquireBody) },
   responses: {
-    200: json(LeaseSchema, "Acquired"),
-    409: problemDoc("lock_busy, with retryAfterMs and Retry-After"),
+    200: json(AcquiredSchema, "Acquired"),
+    409: problemDoc("lock_busy or queue_full, with retryAfterMs and Retry-After"),
+    429: problemDoc("too_many_requests: this tenant's concurrent waits or request rate"),
     ...common,
   },
 });
@@ -168,15 +190,20 @@ const healthRoute = createRoute({
 
 /** The edgelock HTTP service as a Hono app; runtime-agnostic. */
 export function createApp(
-  { redis, apiKeys, keyPrefix = "edgelock" }: AppDeps,
+  { redis, apiKeys, keyPrefix = "edgelock", redisTimeoutMs, limits }: AppDeps,
 ): OpenAPIHono<AppEnv> {
   if (apiKeys.length === 0) throw new RangeError("createApp needs at least one API key");
+  const timeoutMs = checkTimeout(redisTimeoutMs);
+  const limiter = tenantLimiter(limits);
   const digests = Promise.all(
     apiKeys.map(async ({ tenant, secret }) => ({ tenant, digest: await sha256(secret) })),
   );
   const byTenant = new Map(apiKeys.map(({ tenant }) => {
     const prefix = `${keyPrefix}:${tenant}`;
-    return [tenant, { locks: new Locks(redis, { prefix }), store: new Store(redis, { prefix }) }];
+    return [tenant, {
+      locks: new Locks(redis, { prefix, timeoutMs }),
+      store: new Store(redis, { prefix, timeoutMs }),
+    }];
   }));
 
   const app = new OpenAPIHono<AppEnv>({
@@ -215,7 +242,9 @@ export function createApp(
     if (!tenant) {
       throw new EdgelockError("unauthorized", "Send Authorization: Bearer <api key>");
     }
+    limiter.admit(tenant);
     const { locks, store } = byTenant.get(tenant)!;
+    c.set("tenant", tenant);
     c.set("locks", locks);
     c.set("store", store);
     await next();
@@ -224,18 +253,26 @@ export function createApp(
   app.openapi(acquireRoute, async (c) => {
     const { name } = c.req.valid("param");
     const options = c.req.valid("json");
-    // Waiting stops when the client goes away.
+    const receivedAt = performance.now();
+    // Waiting stops when the client goes away; each tenant has a bounded number of waits.
     const signal = c.req.raw.signal;
-    const result = await c.var.locks.acquire(name, { ...options, signal }).catch((error) => {
-      if (signal.aborted) return { acquired: false as const, retryAfterMs: 1 };
-      throw error;
-    });
-    if (!result.acquired) {
-      throw new EdgelockError("lock_busy", `Lock "${name}" is held by another token`, {
-        retryAfterMs: result.retryAfterMs,
+    const acquire = () =>
+      c.var.locks.acquire(name, { ...options, signal }).catch((error) => {
+        if (signal.aborted) return { acquired: false as const, retryAfterMs: 1, reason: "busy" };
+        throw error;
       });
+    const result = options.waitMs ? await limiter.wait(c.var.tenant, acquire) : await acquire();
+    if (!result.acquired) {
+      throw result.reason === "queue_full"
+        ? new EdgelockError("queue_full", `Too many callers wait for lock "${name}" already`, {
+          retryAfterMs: result.retryAfterMs,
+        })
+        : new EdgelockError("lock_busy", `Lock "${name}" is held by another token`, {
+          retryAfterMs: result.retryAfterMs,
+        });
     }
-    return c.json(leaseBody(result.lease), 200);
+    const waitedMs = Math.max(0, Math.floor((sentAtOf(result.lease) ?? receivedAt) - receivedAt));
+    return c.json({ ...leaseBody(result.lease), waitedMs }, 200);
   });
 
   app.openapi(renewRoute, async (c) => {
@@ -265,8 +302,8 @@ export function createApp(
 
   app.openapi(releaseRoute, async (c) => {
     const { name } = c.req.valid("param");
-    const { token } = c.req.valid("json");
-    return c.json({ released: await c.var.locks.release({ name, token }) }, 200);
+    const { token, fence } = c.req.valid("json");
+    return c.json({ released: await c.var.locks.release({ name, token, fence }) }, 200);
   });
 
   app.openapi(inspectRoute, async (c) => {
@@ -275,7 +312,7 @@ export function createApp(
   });
 
   app.openapi(healthRoute, async (c) => {
-    await runScript(redis, PING, [], []);
+    await runScript(redis, PING, [], [], timeoutMs);
     return c.json({ ok: true as const }, 200);
   });
 
@@ -333,7 +370,11 @@ function problemResponse(c: Context, error: EdgelockError): Response {
   const extra: Record<string, unknown> = {};
   if (error.retryAfterMs !== undefined) extra.retryAfterMs = error.retryAfterMs;
   if (error.code === "invalid_request" && Array.isArray(error.cause)) extra.errors = error.cause;
-  return problem(STATUS[error.code], error.code, error.message, {
+  // The library's message names the script and carries the upstream error: not for clients.
+  const detail = error.code === "backend_unavailable"
+    ? "Redis did not answer in time or could not be reached; try again shortly"
+    : error.message;
+  return problem(STATUS[error.code], error.code, detail, {
     title: TITLES[error.code],
     headers,
     extra,

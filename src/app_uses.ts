@@ -7,7 +7,7 @@ import { MAX_RESPONSE_BYTES, recordId, type Store } from "./store.ts";
 import { DEDUPE_RETENTION_MS } from "./dedupe.ts";
 
 /** The variables the auth middleware sets for each request: the tenant's own stores. */
-export type AppEnv = { Variables: { locks: Locks; store: Store } };
+export type AppEnv = { Variables: { tenant: string; locks: Locks; store: Store } };
 
 const ScopeKey = z.object({ scope: nameParam("scope"), key: nameParam("key") });
 const NamespaceId = z.object({ namespace: nameParam("namespace"), id: nameParam("id") });

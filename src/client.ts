@@ -13,6 +13,7 @@ import type {
   WithLockOptions,
 } from "./types.ts";
 import { withLock } from "./with_lock.ts";
+import { noteSentAt } from "./_granted.ts";
 
 /** Options for {@linkcode createClient}. */
 export interface ClientOptions {
@@ -57,11 +58,12 @@ export function createClient(options: ClientOptions): LockClient {
     path: string,
     body?: unknown,
     signal?: AbortSignal,
-  ): Promise<{ status: number; data: Record<string, unknown> }> {
+  ): Promise<{ status: number; data: Record<string, unknown>; sentAt: number }> {
     for (let attempt = 0;; attempt++) {
       let data: Record<string, unknown> | undefined;
       let status = 0;
       let failure: unknown;
+      const sentAt = performance.now();
       try {
         const response = await fetchFn(new URL(path, base), {
           method,
@@ -81,7 +83,7 @@ export function createClient(options: ClientOptions): LockClient {
         if (signal?.aborted) throw signal.reason;
         failure = error;
       }
-      if (data && status !== 503) return { status, data };
+      if (data && status !== 503) return { status, data, sentAt };
       if (attempt >= retries) {
         throw new EdgelockError(
           "backend_unavailable",
@@ -105,10 +107,23 @@ export function createClient(options: ClientOptions): LockClient {
         token: opts.token === undefined ? newToken() : checkToken(opts.token),
         ...(opts.meta !== undefined && { meta: JSON.parse(checkMeta(opts.meta)) }),
       };
-      const { status, data } = await call("POST", lockPath(name, "acquire"), body, opts.signal);
-      if (status === 200) return { acquired: true, lease: toLease(data) };
-      if (data.code === "lock_busy") {
-        return { acquired: false, retryAfterMs: Number(data.retryAfterMs) || 1 };
+      const { status, data, sentAt } = await call(
+        "POST",
+        lockPath(name, "acquire"),
+        body,
+        opts.signal,
+      );
+      if (status === 200) {
+        // The service waited waitedMs before the grant: the lease runs from then at the earliest.
+        const waitedMs = Number.isSafeInteger(data.waitedMs) ? data.waitedMs as number : 0;
+        return { acquired: true, lease: noteSentAt(toLease(data), sentAt + waitedMs) };
+      }
+      if (data.code === "lock_busy" || data.code === "queue_full") {
+        return {
+          acquired: false,
+          retryAfterMs: Number(data.retryAfterMs) || 1,
+          reason: data.code === "queue_full" ? "queue_full" : "busy",
+        };
       }
       throw fromProblem(status, data);
     },
@@ -145,7 +160,10 @@ export function createClient(options: ClientOptions): LockClient {
 
     async release(lease: LeaseRef): Promise<boolean> {
       checkName(lease?.name);
-      const body = { token: checkToken(lease.token) };
+      const body = {
+        token: checkToken(lease.token),
+        ...(Number.isSafeInteger(lease.fence) && { fence: lease.fence }),
+      };
       const { status, data } = await call("POST", lockPath(lease.name, "release"), body);
       if (status === 200) return data.released === true;
       throw fromProblem(status, data);
@@ -185,5 +203,11 @@ function toLease(data: Record<string, unknown>): Lease {
 function fromProblem(status: number, data: Record<string, unknown>): EdgelockError {
   const code = typeof data.code === "string" ? data.code as ErrorCode : "internal_error";
   const detail = typeof data.detail === "string" ? data.detail : `HTTP ${status}`;
-  return new EdgelockError(code, detail, { cause: data });
+  const retryAfterMs = Number.isSafeInteger(data.retryAfterMs)
+    ? data.retryAfterMs as number
+    : undefined;
+  return new EdgelockError(code, detail, {
+    cause: data,
+    ...(retryAfterMs !== undefined && { retryAfterMs }),
+  });
 }

@@ -1,4 +1,5 @@
 import { type ApiKey, parseApiKeys } from "./auth.ts";
+import type { TenantLimits } from "./_limits.ts";
 
 /** The service's settings, read from env vars or Worker bindings by each entry. */
 export interface ServiceConfig {
@@ -10,6 +11,10 @@ export interface ServiceConfig {
   apiKeys: ApiKey[];
   /** `LOCK_KEY_PREFIX` @default "edgelock" */
   keyPrefix: string;
+  /** `REDIS_TIMEOUT_MS`: how long one Redis request may take, ms. @default 2000 */
+  redisTimeoutMs?: number;
+  /** `LOCK_MAX_WAITS` and `LOCK_RATE_LIMIT`: per-tenant caps of one instance. */
+  limits: TenantLimits;
 }
 
 /** Reads and checks the configuration from a plain record; throws a RangeError naming the variable. */
@@ -28,5 +33,31 @@ export function readConfig(env: Record<string, unknown>): ServiceConfig {
   if (!/^[A-Za-z0-9._:-]{1,64}$/.test(keyPrefix)) {
     throw new RangeError("LOCK_KEY_PREFIX must be 1–64 characters of A-Z a-z 0-9 . _ : -");
   }
-  return { redisUrl, redisToken, apiKeys: parseApiKeys(text("LOCK_API_KEYS")), keyPrefix };
+  const integer = (name: string) => {
+    const value = text(name);
+    if (value === undefined) return undefined;
+    if (!/^\d{1,9}$/.test(value)) throw new RangeError(`${name} must be a whole number`);
+    return Number(value);
+  };
+  const redisTimeoutMs = integer("REDIS_TIMEOUT_MS");
+  const maxWaits = integer("LOCK_MAX_WAITS");
+  const requestsPerSecond = integer("LOCK_RATE_LIMIT");
+  return {
+    redisUrl,
+    redisToken,
+    apiKeys: parseApiKeys(text("LOCK_API_KEYS")),
+    keyPrefix,
+    ...(redisTimeoutMs !== undefined && { redisTimeoutMs }),
+    limits: {
+      ...(maxWaits !== undefined && { maxWaits }),
+      ...(requestsPerSecond !== undefined && { requestsPerSecond }),
+    },
+  };
+}
+
+/** The parts of a {@linkcode ServiceConfig} that `createApp` takes besides the Redis client. */
+export function appSettings(
+  { apiKeys, keyPrefix, redisTimeoutMs, limits }: ServiceConfig,
+): { apiKeys: ApiKey[]; keyPrefix: string; redisTimeoutMs?: number; limits: TenantLimits } {
+  return { apiKeys, keyPrefix, ...(redisTimeoutMs !== undefined && { redisTimeoutMs }), limits };
 }

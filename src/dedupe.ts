@@ -1,8 +1,6 @@
 import type { MiddlewareHandler } from "hono";
-import { sha256Hex } from "./auth.ts";
 import { problem } from "./_problem.ts";
-import { NAME_PATTERN } from "./_validate.ts";
-import { recordId, type Store } from "./store.ts";
+import { recordId, safeName, type Store } from "./store.ts";
 
 /** Options for {@linkcode dedupe}. */
 export interface DedupeOptions {
@@ -69,15 +67,6 @@ export async function dedupe(store: Store, options: DedupeOptions): Promise<Dedu
   return { state: "duplicate" };
 }
 
-/** A name as is when it fits the character set, else `h-` and its SHA-256 in hex. */
-export async function safeName(value: unknown): Promise<string> {
-  if (typeof value !== "string" || value === "") {
-    throw new TypeError("id must be a non-empty string");
-  }
-  if (NAME_PATTERN.test(value)) return value;
-  return `h-${await sha256Hex(value)}`;
-}
-
 /** Options for {@linkcode webhookDedupe}. */
 export interface WebhookDedupeOptions extends Omit<DedupeOptions, "id"> {
   store: Store;
@@ -99,8 +88,16 @@ export interface WebhookDedupeOptions extends Omit<DedupeOptions, "id"> {
 export function webhookDedupe(
   { store, secrets, toleranceSec = 300, now = Date.now, ...options }: WebhookDedupeOptions,
 ): MiddlewareHandler {
-  if (!secrets?.length) throw new TypeError("webhookDedupe needs at least one signing secret");
-  const keys = Promise.all(secrets.map(importSecret));
+  if (!Array.isArray(secrets) || secrets.length === 0) {
+    throw new TypeError("webhookDedupe needs at least one signing secret");
+  }
+  const raw = secrets.map(decodeSecret);
+  const keys = Promise.all(
+    raw.map((bytes) =>
+      crypto.subtle.importKey("raw", bytes, { name: "HMAC", hash: "SHA-256" }, false, ["verify"])
+    ),
+  );
+  keys.catch(() => {}); // a failure surfaces in the first request that awaits the keys
   return async function webhookDedupeMiddleware(c, next) {
     const id = c.req.header("webhook-id");
     const timestamp = c.req.header("webhook-timestamp");
@@ -138,17 +135,25 @@ export function webhookDedupe(
   };
 }
 
-function importSecret(secret: string): Promise<CryptoKey> {
-  const raw = secret.startsWith("whsec_") ? secret.slice(6) : secret;
+// Checked when the middleware is built, so a bad secret is a clear error at start-up rather than
+// a failure (or an unhandled rejection) at the first delivery.
+function decodeSecret(secret: unknown, index: number): Uint8Array<ArrayBuffer> {
+  if (typeof secret !== "string") {
+    throw new TypeError(`Webhook secret ${index + 1} must be a string, not ${typeof secret}`);
+  }
+  const text = secret.startsWith("whsec_") ? secret.slice(6) : secret;
   let bytes: Uint8Array<ArrayBuffer>;
   try {
-    bytes = Uint8Array.from(atob(raw), (ch) => ch.charCodeAt(0));
+    bytes = Uint8Array.from(atob(text), (ch) => ch.charCodeAt(0));
   } catch {
-    throw new TypeError("A webhook secret must be base64, optionally prefixed with whsec_");
+    throw new TypeError(
+      `Webhook secret ${index + 1} must be base64, optionally prefixed with whsec_`,
+    );
   }
-  return crypto.subtle.importKey("raw", bytes, { name: "HMAC", hash: "SHA-256" }, false, [
-    "verify",
-  ]);
+  if (bytes.length === 0) {
+    throw new RangeError(`Webhook secret ${index + 1} is empty: it needs at least one byte`);
+  }
+  return bytes;
 }
 
 async function verify(keys: CryptoKey[], content: string, header: string): Promise<boolean> {

@@ -5,6 +5,8 @@ export type ErrorCode =
   | "not_found"
   | "payload_too_large"
   | "lock_busy"
+  | "queue_full"
+  | "too_many_requests"
   | "lock_lost"
   | "in_progress"
   | "lease_lost"

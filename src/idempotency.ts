@@ -3,9 +3,8 @@ import { backoffDelay, sleep } from "./_backoff.ts";
 import { checkDuration } from "./_validate.ts";
 import { sha256Hex } from "./auth.ts";
 import { problem } from "./_problem.ts";
-import { safeName } from "./dedupe.ts";
 import { EdgelockError } from "./errors.ts";
-import { MAX_RESPONSE_BYTES, recordId, type Store } from "./store.ts";
+import { MAX_RESPONSE_BYTES, recordId, safeName, type Store } from "./store.ts";
 import { hold } from "./with_lock.ts";
 
 /** Options for {@linkcode idempotency}. */
@@ -32,8 +31,10 @@ export interface IdempotencyOptions {
 interface StoredResponse {
   status: number;
   headers: Record<string, string>;
-  /** The body, base64; absent when it was larger than the store takes. */
+  /** The body, base64; absent when it was larger than the store takes (then `omitted`). */
   body?: string;
+  /** The body was too large to keep: a replay has status and headers only, and says so. */
+  omitted?: true;
 }
 
 const DEFAULT_REPLAY_HEADERS = ["content-type", "content-language", "location", "etag"];
@@ -88,14 +89,10 @@ export function idempotency(options: IdempotencyOptions): MiddlewareHandler {
         "Idempotency-Key must be one string of 1–255 printable ASCII characters",
       );
     }
-    const body = await c.req.text();
-    const headers = fingerprintHeaders.map((h) => `${h.toLowerCase()}:${c.req.header(h) ?? ""}`);
-    const fingerprint = await sha256Hex(
-      [c.req.method, c.req.path, canonical(body), ...headers].join("\n"),
-    );
+    const fingerprint = await fingerprintOf(c, fingerprintHeaders);
     const id = recordId(
-      await safeName(await scope(c)),
-      `h-${await sha256Hex(`${c.req.method} ${c.req.path} ${key}`)}`,
+      await safeName(await scope(c), "scope"),
+      `#${await sha256Hex(`${c.req.method} ${c.req.path} ${key}`)}`,
     );
 
     try {
@@ -167,16 +164,22 @@ export function idempotency(options: IdempotencyOptions): MiddlewareHandler {
       const value = res.headers.get(name);
       if (value !== null) stored.headers[name] = value;
     }
-    const bytes = new Uint8Array(await res.clone().arrayBuffer());
-    // base64 grows 4/3; leave room for status and headers.
-    if (bytes.length * 4 / 3 < MAX_RESPONSE_BYTES - 4096) stored.body = toBase64(bytes);
-    await store.complete("idempotency", id, token, { ...stored });
+    const body = toBase64(new Uint8Array(await res.clone().arrayBuffer()));
+    // Kept whole when status, headers and the base64 body fit the store, else marked omitted.
+    const whole = { ...stored, body };
+    const fits = new TextEncoder().encode(JSON.stringify(whole)).length <= MAX_RESPONSE_BYTES;
+    await store.complete("idempotency", id, token, fits ? whole : { ...stored, omitted: true });
   }
 }
 
 function replay(stored: StoredResponse | undefined): Response {
   const headers = new Headers(stored?.headers ?? {});
   headers.set("idempotent-replayed", "true");
+  if (stored?.omitted) {
+    // Never an empty body that looks like the real one: say it was not kept.
+    for (const name of ["content-type", "content-length", "etag"]) headers.delete(name);
+    headers.set("idempotent-body", "omitted");
+  }
   const body = stored?.body ? Uint8Array.from(atob(stored.body), (ch) => ch.charCodeAt(0)) : null;
   return new Response(body, { status: stored?.status ?? 200, headers });
 }
@@ -196,16 +199,49 @@ export function parseKey(header: string): string | undefined {
   return key.length >= 1 && key.length <= 255 ? key : undefined;
 }
 
-// JSON bodies compare by meaning (key order and spacing do not matter); others byte for byte.
-function canonical(body: string): string {
+/**
+ * What makes two requests "the same payload": method, path with query string, Content-Type, the
+ * chosen headers and the body. A UTF-8 JSON body compares by meaning (key order and spacing do
+ * not matter; numbers by their exact text, so integers beyond 2^53 still differ); any other
+ * body byte for byte.
+ */
+async function fingerprintOf(c: Context, fingerprintHeaders: readonly string[]): Promise<string> {
+  const url = new URL(c.req.url);
+  const head = [
+    c.req.method,
+    `${url.pathname}${url.search}`,
+    c.req.header("content-type") ?? "",
+    ...fingerprintHeaders.map((h) => `${h.toLowerCase()}:${c.req.header(h) ?? ""}`),
+  ].map((part) => JSON.stringify(part)).join("\n");
+  const bytes = new Uint8Array(await c.req.arrayBuffer());
+  const json = canonicalJson(bytes);
+  const body = json === undefined ? bytes : new TextEncoder().encode(json);
+  const prefix = new TextEncoder().encode(`${head}\n${json === undefined ? "raw" : "json"}\n`);
+  const all = new Uint8Array(prefix.length + body.length);
+  all.set(prefix);
+  all.set(body, prefix.length);
+  return sha256Hex(all);
+}
+
+// A JSON number, kept as its source text.
+class JsonNumber {
+  constructor(readonly text: string) {}
+}
+
+function canonicalJson(bytes: Uint8Array): string | undefined {
   try {
-    return stable(JSON.parse(body));
+    const text = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true }).decode(bytes);
+    // The reviver's third argument (JSON.parse source text access) holds a number's own text.
+    const reviver = (_key: string, value: unknown, context?: { source?: string }) =>
+      typeof value === "number" ? new JsonNumber(context?.source ?? String(value)) : value;
+    return stable(JSON.parse(text, reviver as (key: string, value: unknown) => unknown));
   } catch {
-    return body;
+    return undefined;
   }
 }
 
 function stable(value: unknown): string {
+  if (value instanceof JsonNumber) return value.text;
   if (Array.isArray(value)) return `[${value.map(stable).join(",")}]`;
   if (value && typeof value === "object") {
     const entries = Object.entries(value).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));

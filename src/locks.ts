@@ -1,5 +1,13 @@
 import { sleep } from "./_backoff.ts";
-import { integers, type RedisLike, runScript } from "./_runner.ts";
+import {
+  checkTimeout,
+  integers,
+  parseJsonText,
+  type RedisLike,
+  runScript,
+  runScripts,
+} from "./_runner.ts";
+import { noteSentAt } from "./_granted.ts";
 import {
   checkDuration,
   checkMeta,
@@ -16,7 +24,6 @@ import {
   LEAVE_QUEUE,
   RELEASE,
   RENEW,
-  RENEW_MANY,
   type Script,
 } from "./scripts.ts";
 import type {
@@ -36,7 +43,20 @@ import { withLock } from "./with_lock.ts";
 export interface LocksOptions {
   /** Prefix of every Redis key, e.g. per tenant or per app. @default "edgelock" */
   prefix?: string;
+  /**
+   * The most waiters one name queues, 1–1000; a waiter beyond them is told `queue_full`.
+   * @default 128
+   */
+  maxWaiters?: number;
+  /**
+   * How long one Redis request may take, 1–60000 ms; then the call fails with
+   * `backend_unavailable` (a paused or unreachable Redis never hangs a caller). @default 2000
+   */
+  timeoutMs?: number;
 }
+
+/** The default bound on waiters per name. */
+export const DEFAULT_MAX_WAITERS = 128;
 
 /** The most leases one `renewMany` call takes. */
 export const MAX_BATCH = 1000;
@@ -70,14 +90,28 @@ export const DEFAULT_TTL_MS = 10_000;
 export class Locks implements LockClient {
   readonly #redis: RedisLike;
   readonly #prefix: string;
+  readonly #maxWaiters: number;
+  readonly #timeoutMs: number;
 
-  constructor(redis: RedisLike, { prefix = "edgelock" }: LocksOptions = {}) {
+  constructor(
+    redis: RedisLike,
+    { prefix = "edgelock", maxWaiters = DEFAULT_MAX_WAITERS, timeoutMs }: LocksOptions = {},
+  ) {
     if (typeof redis?.evalsha !== "function" || typeof redis?.eval !== "function") {
       throw new TypeError("Locks needs a Redis client with evalsha and eval (@upstash/redis)");
     }
     checkPrefix(prefix);
+    if (!Number.isInteger(maxWaiters) || maxWaiters < 1 || maxWaiters > 1000) {
+      throw new RangeError("maxWaiters must be an integer from 1 to 1000");
+    }
     this.#redis = redis;
     this.#prefix = prefix;
+    this.#maxWaiters = maxWaiters;
+    this.#timeoutMs = checkTimeout(timeoutMs);
+  }
+
+  #run(script: Script, keys: string[], args: (string | number)[]): Promise<unknown> {
+    return runScript(this.#redis, script, keys, args, this.#timeoutMs);
   }
 
   /**
@@ -100,18 +134,24 @@ export class Locks implements LockClient {
       const left = deadline - performance.now();
       // A waiter holds a FIFO ticket that outlives its next look by a margin.
       const ticketMs = left > 0 ? Math.ceil(Math.min(left, MAX_POLL_MS) + TICKET_MARGIN_MS) : 0;
-      const args = [token, ttlMs, meta, FENCE_GRACE_MS, ticketMs];
+      const args = [token, ttlMs, meta, FENCE_GRACE_MS, ticketMs, this.#maxWaiters];
       queued ||= ticketMs > 0;
-      const reply = await runScript(this.#redis, ACQUIRE, keys, args);
+      const sentAt = performance.now();
+      const reply = await this.#run(ACQUIRE, keys, args);
       if (integers(ACQUIRE, reply, 1)[0] === 1) {
-        return { acquired: true, lease: toLease(name, token, ACQUIRE, reply) };
+        return { acquired: true, lease: noteSentAt(toLease(name, token, ACQUIRE, reply), sentAt) };
       }
-      const retryAfterMs = Math.max(1, integers(ACQUIRE, reply, 2)[1]!);
+      const [, hint, , position] = integers(ACQUIRE, reply, 4);
+      const retryAfterMs = Math.max(1, hint!);
+      if (position === QUEUE_FULL) {
+        if (queued) await this.#leaveQueue(keys, token);
+        return { acquired: false, retryAfterMs, reason: "queue_full" };
+      }
       const remaining = deadline - performance.now();
       if (remaining <= 0 || signal?.aborted) {
         if (queued) await this.#leaveQueue(keys, token);
         signal?.throwIfAborted();
-        return { acquired: false, retryAfterMs };
+        return { acquired: false, retryAfterMs, reason: "busy" };
       }
       // Look again when the server expects our turn, with ±10 % jitter so waiters spread out.
       const delay = Math.min(remaining, MAX_POLL_MS, retryAfterMs * (0.9 + Math.random() * 0.2));
@@ -126,7 +166,7 @@ export class Locks implements LockClient {
 
   async #leaveQueue(keys: string[], token: string): Promise<void> {
     // Best effort: a ticket left behind lapses by itself within MAX_POLL_MS + TICKET_MARGIN_MS.
-    await runScript(this.#redis, LEAVE_QUEUE, [keys[2]!], [token]).catch(() => {});
+    await this.#run(LEAVE_QUEUE, keys.slice(2), [token]).catch(() => {});
   }
 
   /** Extends a lease still held by its token; the fence stays the same. */
@@ -134,14 +174,14 @@ export class Locks implements LockClient {
     const { name, token } = checkLease(lease);
     const ttlMs = checkDuration(options.ttlMs, "ttlMs", lease.ttlMs ?? DEFAULT_TTL_MS);
     const args = [token, ttlMs, FENCE_GRACE_MS];
-    const reply = await runScript(this.#redis, RENEW, this.#keys(name), args);
-    if (integers(RENEW, reply, 1)[0] !== 1) return { renewed: false };
-    return { renewed: true, lease: toLease(name, token, RENEW, reply) };
+    const reply = await this.#run(RENEW, this.#keys(name).slice(0, 2), args);
+    return toRenewal(name, token, reply);
   }
 
   /**
-   * Renews up to 1000 leases in one script and one request, each with `ttlMs` from now (default
-   * 10000). Results come in the same order; the fence of each renewed lease stays the same.
+   * Renews up to 1000 leases in one request (one script per lease in one pipeline, so the names
+   * may live in different Redis Cluster slots), each with `ttlMs` from now (default 10000).
+   * Results come in the same order; the fence of each renewed lease stays the same.
    */
   async renewMany(leases: readonly LeaseRef[], options: RenewOptions = {}): Promise<RenewResult[]> {
     if (!Array.isArray(leases) || leases.length === 0 || leases.length > MAX_BATCH) {
@@ -149,17 +189,12 @@ export class Locks implements LockClient {
     }
     const ttlMs = checkDuration(options.ttlMs, "ttlMs", DEFAULT_TTL_MS);
     const refs = leases.map(checkLease);
-    const keys = refs.flatMap(({ name }) => this.#keys(name).slice(0, 2));
-    const args = [ttlMs, FENCE_GRACE_MS, ...refs.map((ref) => ref.token)];
-    const reply = await runScript(this.#redis, RENEW_MANY, keys, args);
-    const values = integers(RENEW_MANY, reply, refs.length + 1);
-    const serverTime = values[refs.length]!;
-    return refs.map(({ name, token }, i): RenewResult =>
-      values[i] === 0 ? { renewed: false } : {
-        renewed: true,
-        lease: { name, token, fence: values[i]!, ttlMs, expiresAt: serverTime + ttlMs, serverTime },
-      }
-    );
+    const calls = refs.map(({ name, token }) => ({
+      keys: this.#keys(name).slice(0, 2),
+      args: [token, ttlMs, FENCE_GRACE_MS],
+    }));
+    const replies = await runScripts(this.#redis, RENEW, calls, this.#timeoutMs);
+    return refs.map(({ name, token }, i) => toRenewal(name, token, replies[i]));
   }
 
   /**
@@ -168,14 +203,15 @@ export class Locks implements LockClient {
    */
   async release(lease: LeaseRef): Promise<boolean> {
     const { name, token } = checkLease(lease);
-    const reply = await runScript(this.#redis, RELEASE, this.#keys(name), [token]);
+    const args = [token, FENCE_GRACE_MS, fenceArg(lease)];
+    const reply = await this.#run(RELEASE, this.#keys(name).slice(0, 2), args);
     return integers(RELEASE, [reply], 1)[0] === 1;
   }
 
   /** Tells whether `name` is held, with its fence, remaining TTL and meta; never the token. */
   async inspect(name: string): Promise<LockInfo> {
     checkName(name);
-    const reply = await runScript(this.#redis, INSPECT, this.#keys(name), []);
+    const reply = await this.#run(INSPECT, this.#keys(name).slice(0, 1), []);
     if (integers(INSPECT, reply, 1)[0] !== 1) return { name, held: false };
     const [, fence, ttlMs, now] = integers(INSPECT, reply, 4) as [number, number, number, number];
     const meta = parseJsonText((reply as unknown[])[4]);
@@ -192,10 +228,18 @@ export class Locks implements LockClient {
   }
 
   // The name sits in a hash tag so all keys of a lock share a cluster slot.
-  #keys(name: string): [string, string, string] {
+  #keys(name: string): [string, string, string, string] {
     const base = `${this.#prefix}:lock:{${name}}`;
-    return [base, `${base}:fence`, `${base}:queue`];
+    return [base, `${base}:fence`, `${base}:queue`, `${base}:tickets`];
   }
+}
+
+// The acquire script's position when the queue was full.
+const QUEUE_FULL = -2;
+
+function toRenewal(name: string, token: string, reply: unknown): RenewResult {
+  if (integers(RENEW, reply, 1)[0] !== 1) return { renewed: false };
+  return { renewed: true, lease: toLease(name, token, RENEW, reply) };
 }
 
 export function toLease(name: string, token: string, script: Script, reply: unknown): Lease {
@@ -214,16 +258,13 @@ function checkLease(lease: LeaseRef): LeaseRef {
   }
   checkName(lease.name);
   checkToken(lease.token);
+  if (lease.fence !== undefined && !(Number.isSafeInteger(lease.fence) && lease.fence > 0)) {
+    throw new RangeError("The lease's fence must be a positive integer");
+  }
   return lease;
 }
 
-// The Upstash client may already have JSON-parsed the text (automaticDeserialization).
-export function parseJsonText(raw: unknown): Record<string, unknown> | undefined {
-  if (typeof raw === "object" && raw !== null) return raw as Record<string, unknown>;
-  if (typeof raw !== "string" || raw === "") return undefined;
-  try {
-    return JSON.parse(raw);
-  } catch {
-    return undefined;
-  }
+// The fence as the release script takes it: '' when the caller has only name and token.
+function fenceArg(lease: LeaseRef): string {
+  return lease.fence === undefined ? "" : String(lease.fence);
 }

@@ -1,20 +1,28 @@
 /**
  * Every lock decision as one Lua script, run atomically on the Redis primary. Each script reads
  * the server clock with TIME, so no decision depends on a client's clock. Written for Redis 6.2
- * semantics (Upstash) and Redis 7.x.
+ * semantics (Upstash) and Redis 7.x. Every key a script touches is passed in `KEYS`, and every
+ * key a script writes carries a TTL.
  *
- * Keys per lock name: `KEYS[1]` the lock hash (`token`, `fence`, `meta`), whose TTL is the lease;
- * `KEYS[2]` the fence floor hash (`fence`: the last fence issued; `released`: the token that last
- * released the lock, so a retried release answers the same), which outlives the lease by `graceMs`.
+ * Keys per lock name, all in one hash slot: `KEYS[1]` the lock hash (`token`, `fence`, `at`,
+ * `meta`), whose TTL is the lease; `KEYS[2]` the fence floor hash (`fence`: the last fence issued;
+ * `released`: `token:fence` of the last release, so a retried release answers the same; `holdMs`:
+ * recent hold times; `seq`: the queue's arrival counter), which outlives the lease by `graceMs`;
+ * `KEYS[3]` the wait queue (tokens by arrival) and `KEYS[4]` its tickets (tokens by deadline).
  *
  * @module
  */
+
+import { LIMITS } from "./_validate.ts";
 
 /**
  * How long a fence floor outlives its lease: fences keep increasing across this window even if
  * the server clock steps back within it. One hour.
  */
 export const FENCE_GRACE_MS = 3_600_000;
+
+/** A busy reply never asks a caller to look again sooner than this, in milliseconds. */
+export const MIN_RETRY_MS = 5;
 
 /** A Lua script with its SHA-1, computed once with Web Crypto. */
 export interface Script {
@@ -40,60 +48,86 @@ async function digest(source: string): Promise<string> {
 
 // Shared preamble: the server clock in microseconds and milliseconds. Microseconds since the
 // epoch are about 1.8e15, well inside the 2^53 that Lua doubles and JSON numbers hold exactly.
+// ttlOrSet: a key's TTL; one without a TTL (a PERSIST, a restore, a hand repair) would hold its
+// name forever, so it gets `ms` now. Only for keys that exist.
 const NOW = `
 local time  = redis.call('TIME')
 local nowUs = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local nowMs = math.floor(nowUs / 1000)
+local function ttlOrSet(key, ms)
+  local pttl = redis.call('PTTL', key)
+  if pttl >= 0 then return pttl end
+  redis.call('PEXPIRE', key, ms)
+  return ms
+end
+`;
+
+// A lock's fence floor outlives the lease by graceMs. A floor that was lost (evicted) is written
+// again from the lease's fence, so it never lives without a TTL and never falls below that fence.
+const KEEP_FLOOR = `
+local function keepFloor(fenceKey, fence, ms)
+  if redis.call('PEXPIRE', fenceKey, ms) == 0 then
+    redis.call('HSET', fenceKey, 'fence', fence)
+    redis.call('PEXPIRE', fenceKey, ms)
+  end
+end
+`;
+
+// Hold times feed busy replies' hints. A server clock that steps between grant and release gives
+// a sample outside any real hold; each sample and the average stay within 1 ms and the longest TTL.
+const MAX_HOLD_MS = LIMITS.ttlMs.max;
+const CLAMP = `
+local function clamp(value, low, high) return math.min(math.max(value, low), high) end
 `;
 
 /**
- * Acquire, with a fair queue of waiters. Returns `{1, fence, ttlMs, nowMs}` when acquired (or
- * re-acquired by the same token, keeping its fence), `{0, retryAfterMs, nowMs, position}` when
- * busy. A new fence is max(now in µs, floor + 1): strictly increasing while the floor lives, and
- * past its expiry or a data loss still above every earlier fence unless the server clock stepped
- * back.
+ * Acquire, with a fair, bounded queue of waiters. Returns `{1, fence, ttlMs, nowMs}` when
+ * acquired (or re-acquired by the same token, keeping its fence), `{0, retryAfterMs, nowMs,
+ * position}` when busy: position 0 is the head of the queue, -1 not queued, -2 the queue was full.
+ * A new fence is max(now in µs, floor + 1): strictly increasing while the floor lives, and past its
+ * expiry or a data loss still above every earlier fence unless the server clock stepped back.
  *
  * Waiters (`ticketMs` > 0) take a FIFO ticket; a free lock goes to the head of the queue only,
  * and everyone else (waiting or not) is busy until it takes it or its ticket lapses. A ticket
- * lives `ticketMs` from each call, so a waiter that gave up or crashed blocks nobody for longer.
+ * lives `ticketMs` from each call, so a waiter that gave up or crashed blocks nobody for longer;
+ * each call drops every lapsed ticket (at most `maxWaiters`, the queue's bound), wherever it is.
  * `retryAfterMs` is when to look again: the holder's expected time left from recent hold times,
- * one more hold time per place further back, never past the holder's TTL.
+ * one more hold time per place further back, never past the holder's TTL (or, with no holder,
+ * the head's ticket), never under MIN_RETRY_MS.
  */
 export const ACQUIRE = defineScript(
   "acquire",
   `
-local lockKey  = KEYS[1]
-local fenceKey = KEYS[2]
-local queueKey = KEYS[3]           -- sorted set: waiting tokens by arrival
-local token    = ARGV[1]
-local ttlMs    = tonumber(ARGV[2]) -- milliseconds
-local meta     = ARGV[3]           -- JSON object text, or '' for none
-local graceMs  = tonumber(ARGV[4]) -- how long the fence floor outlives the lease
-local ticketMs = tonumber(ARGV[5]) -- milliseconds a waiter's ticket lives; 0: do not queue
-${NOW}
+local lockKey    = KEYS[1]
+local fenceKey   = KEYS[2]
+local queueKey   = KEYS[3]           -- sorted set: waiting tokens by arrival
+local ticketsKey = KEYS[4]           -- sorted set: waiting tokens by ticket deadline, ms
+local token      = ARGV[1]
+local ttlMs      = tonumber(ARGV[2]) -- milliseconds
+local meta       = ARGV[3]           -- JSON object text, or '' for none
+local graceMs    = tonumber(ARGV[4]) -- how long the fence floor outlives the lease
+local ticketMs   = tonumber(ARGV[5]) -- milliseconds a waiter's ticket lives; 0: do not queue
+local maxWaiters = tonumber(ARGV[6]) -- the queue's bound
+${NOW}${KEEP_FLOOR}${CLAMP}
 local holder = redis.call('HGET', lockKey, 'token')
 if holder == token then
   local fence = redis.call('HGET', lockKey, 'fence')
   redis.call('PEXPIRE', lockKey, ttlMs)
-  redis.call('PEXPIRE', fenceKey, ttlMs + graceMs)
+  keepFloor(fenceKey, fence, ttlMs + graceMs)
   return {1, tonumber(fence), ttlMs, nowMs}
 end
--- Drop lapsed tickets at the head (the score's fraction is not used: deadlines live in the hash).
-local head
-while true do
-  head = redis.call('ZRANGE', queueKey, 0, 0)[1]
-  if not head then break end
-  local deadline = tonumber(redis.call('HGET', queueKey .. ':deadline', head) or '0')
-  if deadline > nowMs then break end
-  redis.call('ZREM', queueKey, head)
-  redis.call('HDEL', queueKey .. ':deadline', head)
+local lapsed = redis.call('ZRANGEBYSCORE', ticketsKey, '-inf', nowMs, 'LIMIT', 0, maxWaiters)
+if #lapsed > 0 then
+  redis.call('ZREM', queueKey, unpack(lapsed))
+  redis.call('ZREM', ticketsKey, unpack(lapsed))
 end
+local head = redis.call('ZRANGE', queueKey, 0, 0)[1]
 if not holder and (not head or head == token) then
   if head then
     redis.call('ZREM', queueKey, token)
-    redis.call('HDEL', queueKey .. ':deadline', token)
+    redis.call('ZREM', ticketsKey, token)
   end
-  local floor = tonumber(redis.call('HGET', fenceKey, 'fence') or '0')
+  local floor = tonumber(redis.call('HGET', fenceKey, 'fence') or '0') or 0
   local fence = string.format('%.0f', math.max(nowUs, floor + 1))
   redis.call('HSET', lockKey, 'token', token, 'fence', fence, 'at', nowMs)
   if meta ~= '' then redis.call('HSET', lockKey, 'meta', meta) end
@@ -103,30 +137,42 @@ if not holder and (not head or head == token) then
   return {1, tonumber(fence), ttlMs, nowMs}
 end
 local pttl = 0
-if holder then pttl = redis.call('PTTL', lockKey) end
+if holder then pttl = ttlOrSet(lockKey, ${LIMITS.ttlMs.max}) end
 local position = -1
 if ticketMs > 0 then
-  if not redis.call('ZSCORE', queueKey, token) then
+  if redis.call('ZSCORE', queueKey, token) then
+    position = 0
+  elseif redis.call('ZCARD', queueKey) >= maxWaiters then
+    position = -2
+  else
     redis.call('ZADD', queueKey, redis.call('HINCRBY', fenceKey, 'seq', 1), token)
+    redis.call('PEXPIRE', fenceKey, pttl + graceMs)
+    position = 0
   end
-  redis.call('HSET', queueKey .. ':deadline', token, nowMs + ticketMs)
-  redis.call('PEXPIRE', queueKey, ttlMs + ticketMs)
-  redis.call('PEXPIRE', queueKey .. ':deadline', ttlMs + ticketMs)
-  position = redis.call('ZRANK', queueKey, token)
+  if position == 0 then
+    redis.call('ZADD', ticketsKey, nowMs + ticketMs, token)
+    redis.call('PEXPIRE', queueKey, ttlMs + ticketMs)
+    redis.call('PEXPIRE', ticketsKey, ttlMs + ticketMs)
+    position = redis.call('ZRANK', queueKey, token)
+  end
 end
-local holdMs = tonumber(redis.call('HGET', fenceKey, 'holdMs') or '20')
+local holdMs = clamp(tonumber(redis.call('HGET', fenceKey, 'holdMs') or '20') or 20, 1, ${MAX_HOLD_MS})
 -- The holder's expected time left, then one hold per waiter ahead. A holder past the usual hold
 -- time may hold much longer: look again after half the time it has held so far (backoff).
 local left = holdMs
+local cap
 if holder then
-  local held = nowMs - tonumber(redis.call('HGET', lockKey, 'at') or nowMs)
-  left = math.min(math.max(holdMs - held, held / 2, 1), pttl)
+  local held = clamp(nowMs - (tonumber(redis.call('HGET', lockKey, 'at') or nowMs) or nowMs), 0, ${MAX_HOLD_MS})
+  left = math.max(holdMs - held, held / 2, 1)
+  cap = pttl
+else
+  -- Free, but kept for the head: it takes the lock or its ticket lapses by then.
+  cap = (tonumber(redis.call('ZSCORE', ticketsKey, head)) or nowMs) - nowMs
 end
 -- The head looks twice per usual hold: the hand-off waits for its next look.
 if position == 0 then left = math.min(left, math.max(holdMs / 2, 1)) end
-local retryAfter = left + holdMs * math.max(position, 0)
-if holder then retryAfter = math.min(retryAfter, pttl) end
-return {0, math.max(1, math.floor(retryAfter)), nowMs, position}
+local retryAfter = math.min(left + holdMs * math.max(position, 0), cap)
+return {0, math.floor(math.max(${MIN_RETRY_MS}, retryAfter)), nowMs, position}
 `,
 );
 
@@ -134,9 +180,10 @@ return {0, math.max(1, math.floor(retryAfter)), nowMs, position}
 export const LEAVE_QUEUE = defineScript(
   "leave_queue",
   `
-local queueKey = KEYS[1]
-local token    = ARGV[1]
-redis.call('HDEL', queueKey .. ':deadline', token)
+local queueKey   = KEYS[1]
+local ticketsKey = KEYS[2]
+local token      = ARGV[1]
+redis.call('ZREM', ticketsKey, token)
 return redis.call('ZREM', queueKey, token)
 `,
 );
@@ -150,46 +197,23 @@ local fenceKey = KEYS[2]
 local token    = ARGV[1]
 local ttlMs    = tonumber(ARGV[2]) -- milliseconds
 local graceMs  = tonumber(ARGV[3])
-${NOW}
-if redis.call('HGET', lockKey, 'token') ~= token then
+${NOW}${KEEP_FLOOR}
+local lock = redis.call('HMGET', lockKey, 'token', 'fence')
+if lock[1] ~= token then
   return {0, nowMs}
 end
-local fence = redis.call('HGET', lockKey, 'fence')
 redis.call('PEXPIRE', lockKey, ttlMs)
-redis.call('PEXPIRE', fenceKey, ttlMs + graceMs)
-return {1, tonumber(fence), ttlMs, nowMs}
+keepFloor(fenceKey, lock[2], ttlMs + graceMs)
+return {1, tonumber(lock[2]), ttlMs, nowMs}
 `,
 );
 
 /**
- * Renew many leases in one request. KEYS are (lock, fence floor) pairs, ARGV[3..] the tokens in
- * the same order. Returns each lease's fence, or 0 where the token no longer holds it, then nowMs.
- */
-export const RENEW_MANY = defineScript(
-  "renew_many",
-  `
-local ttlMs   = tonumber(ARGV[1]) -- milliseconds
-local graceMs = tonumber(ARGV[2])
-${NOW}
-local fences = {}
-for i = 1, #KEYS / 2 do
-  local lockKey, fenceKey, token = KEYS[2 * i - 1], KEYS[2 * i], ARGV[i + 2]
-  if redis.call('HGET', lockKey, 'token') == token then
-    redis.call('PEXPIRE', lockKey, ttlMs)
-    redis.call('PEXPIRE', fenceKey, ttlMs + graceMs)
-    fences[i] = tonumber(redis.call('HGET', lockKey, 'fence'))
-  else
-    fences[i] = 0
-  end
-end
-fences[#fences + 1] = nowMs
-return fences
-`,
-);
-
-/**
- * Release. Returns 1 when the token held the lock and it is now free, also when this token's
- * release already freed it (a retried or duplicated request), else 0.
+ * Release. Returns 1 when the token held the lock and it is now free, also when this lease's
+ * release already freed it (a retried or duplicated request), else 0. The last release is kept as
+ * `token:fence`: with the lease's fence, a retry matches exactly that lease; without it, only
+ * while no lease was granted since. So a token whose later lease was lost learns so, even though
+ * an earlier lease of the same token was released.
  */
 export const RELEASE = defineScript(
   "release",
@@ -197,21 +221,31 @@ export const RELEASE = defineScript(
 local lockKey  = KEYS[1]
 local fenceKey = KEYS[2]
 local token    = ARGV[1]
-if redis.call('HGET', lockKey, 'token') ~= token then
-  if redis.call('HGET', fenceKey, 'released') == token then return 1 end
+local graceMs  = tonumber(ARGV[2])
+local fence    = ARGV[3]           -- the lease's fence, or '' when the caller does not know it
+local lock = redis.call('HMGET', lockKey, 'token', 'fence', 'at')
+if lock[1] ~= token or (fence ~= '' and lock[2] ~= fence) then
+  local floor = redis.call('HMGET', fenceKey, 'fence', 'released')
+  if fence == '' then fence = floor[1] end
+  if fence and floor[2] == token .. ':' .. fence then return 1 end
   return 0
 end
-${NOW}
-local at = tonumber(redis.call('HGET', lockKey, 'at') or nowMs)
-local holdMs = tonumber(redis.call('HGET', fenceKey, 'holdMs') or (nowMs - at))
+${NOW}${CLAMP}
+local sample = clamp(nowMs - (tonumber(lock[3] or nowMs) or nowMs), 1, ${MAX_HOLD_MS})
+local holdMs = clamp(tonumber(redis.call('HGET', fenceKey, 'holdMs') or sample) or sample, 1, ${MAX_HOLD_MS})
 redis.call('DEL', lockKey)
--- A moving average of hold times, for waiters' retryAfterMs.
-redis.call('HSET', fenceKey, 'released', token, 'holdMs', string.format('%.1f', (holdMs + nowMs - at) / 2))
+-- The floor is written again (it may have been lost), with a moving average of hold times.
+redis.call('HSET', fenceKey, 'fence', lock[2], 'released', token .. ':' .. lock[2],
+  'holdMs', string.format('%.1f', (holdMs + sample) / 2))
+redis.call('PEXPIRE', fenceKey, graceMs)
 return 1
 `,
 );
 
-/** Inspect. Returns `{1, fence, pttl, nowMs, meta}` when held, else `{0, nowMs}`; never the token. */
+/**
+ * Inspect. Returns `{1, fence, pttl, nowMs, meta}` when held, else `{0, nowMs}`; never the token.
+ * A lock found without a TTL gets the longest lease from now (it would otherwise be held forever).
+ */
 export const INSPECT = defineScript(
   "inspect",
   `
@@ -221,7 +255,7 @@ local fields = redis.call('HMGET', lockKey, 'fence', 'meta')
 if not fields[1] then
   return {0, nowMs}
 end
-return {1, tonumber(fields[1]), redis.call('PTTL', lockKey), nowMs, fields[2] or ''}
+return {1, tonumber(fields[1]), ttlOrSet(lockKey, ${LIMITS.ttlMs.max}), nowMs, fields[2] or ''}
 `,
 );
 
@@ -255,16 +289,18 @@ if state then
     return {3, nowMs}
   end
   if state == 'completed' then
+    ttlOrSet(recordKey, tonumber(redis.call('HGET', recordKey, 'retentionMs')) or ${LIMITS.retentionMs.max})
     return {2, nowMs, record[5] or ''}
   end
-  if holder ~= token then
-    return {0, redis.call('PTTL', recordKey), nowMs}
+  -- Another token's claim, or a record this script did not write: in progress until its TTL.
+  if state ~= 'claimed' or holder ~= token or not tonumber(fence) then
+    return {0, ttlOrSet(recordKey, leaseMs), nowMs}
   end
   redis.call('PEXPIRE', recordKey, leaseMs)
   redis.call('SET', fenceKey, fence, 'PX', leaseMs + graceMs)
   return {1, tonumber(fence), leaseMs, nowMs}
 end
-local floor = tonumber(redis.call('GET', fenceKey) or '0')
+local floor = tonumber(redis.call('GET', fenceKey) or '0') or 0
 fence = string.format('%.0f', math.max(nowUs, floor + 1))
 redis.call('HSET', recordKey, 'state', 'claimed', 'token', token, 'fence', fence,
   'fingerprint', fingerprint, 'retentionMs', retentionMs)
@@ -314,8 +350,12 @@ end
 if record[1] == 'completed' then
   return 1
 end
+local retentionMs = tonumber(record[3])
+if record[1] ~= 'claimed' or not retentionMs then
+  return 0 -- not a claim this script wrote (an older layout, a hand edit): not held
+end
 redis.call('HSET', recordKey, 'state', 'completed', 'response', response)
-redis.call('PEXPIRE', recordKey, tonumber(record[3]))
+redis.call('PEXPIRE', recordKey, retentionMs)
 return 1
 `,
 );
@@ -348,9 +388,9 @@ local record = redis.call('HMGET', recordKey, 'state', 'fence', 'response')
 if not record[1] then
   return {0, nowMs}
 end
-local pttl = redis.call('PTTL', recordKey)
-if record[1] == 'claimed' then
-  return {1, nowMs, pttl, tonumber(record[2])}
+local pttl = ttlOrSet(recordKey, record[1] == 'completed' and ${LIMITS.retentionMs.max} or ${LIMITS.leaseMs.max})
+if record[1] ~= 'completed' then
+  return {1, nowMs, pttl, tonumber(record[2]) or 0}
 end
 return {2, nowMs, pttl, record[3] or ''}
 `,
@@ -379,15 +419,15 @@ local graceMs      = tonumber(ARGV[5])
 local hasTick      = ARGV[6] == '1'
 ${NOW}
 if hasTick and redis.call('EXISTS', tickKey) == 1 then
-  return {0, 3, math.max(1, redis.call('PTTL', tickKey)), nowMs}
+  return {0, 3, math.max(1, ttlOrSet(tickKey, tickKeepMs)), nowMs}
 end
 local job = redis.call('HMGET', jobKey, 'token', 'finished')
 if job[1] then
   local reason = 2
   if job[2] ~= '1' then reason = 1 end
-  return {0, reason, math.max(1, redis.call('PTTL', jobKey)), nowMs}
+  return {0, reason, math.max(1, ttlOrSet(jobKey, math.max(atMostMs, atLeastMs))), nowMs}
 end
-local floor = tonumber(redis.call('GET', fenceKey) or '0')
+local floor = tonumber(redis.call('GET', fenceKey) or '0') or 0
 local fence = string.format('%.0f', math.max(nowUs, floor + 1))
 redis.call('HSET', jobKey, 'token', token, 'fence', fence, 'finished', '0',
   'notBefore', string.format('%.0f', nowMs + atLeastMs))
@@ -411,8 +451,8 @@ local atMostMs = tonumber(ARGV[2]) -- milliseconds from now
 local graceMs  = tonumber(ARGV[3])
 ${NOW}
 local job = redis.call('HMGET', jobKey, 'token', 'finished', 'fence', 'notBefore')
-if job[1] ~= token or job[2] ~= '0' then
-  return {0, nowMs}
+if job[1] ~= token or job[2] ~= '0' or not tonumber(job[3]) or not tonumber(job[4]) then
+  return {0, nowMs} -- not this token's run, or not a run this script wrote: not held
 end
 local ttl = math.max(atMostMs, tonumber(job[4]) - nowMs)
 redis.call('PEXPIRE', jobKey, ttl)
@@ -437,6 +477,9 @@ if job[1] ~= token then
 end
 if job[2] == '1' then
   return 1
+end
+if not tonumber(job[3]) then
+  return 0 -- not a run this script wrote: not held
 end
 local left = tonumber(job[3]) - nowMs
 if left > 0 then

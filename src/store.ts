@@ -1,7 +1,20 @@
-import { integers, type RedisLike, runScript } from "./_runner.ts";
+import {
+  checkTimeout,
+  integers,
+  parseJsonText,
+  type RedisLike,
+  runScript as runWithTimeout,
+} from "./_runner.ts";
 import { EdgelockError } from "./errors.ts";
-import { checkDuration, checkName, checkPrefix, checkToken, newToken } from "./_validate.ts";
-import { parseJsonText } from "./locks.ts";
+import {
+  checkDuration,
+  checkName,
+  checkPrefix,
+  checkToken,
+  NAME_PATTERN,
+  newToken,
+} from "./_validate.ts";
+import { sha256Hex } from "./auth.ts";
 import {
   CLAIM,
   COMPLETE,
@@ -11,8 +24,17 @@ import {
   GET_RECORD,
   RELEASE_CLAIM,
   RENEW_CLAIM,
+  type Script,
   START_JOB,
 } from "./scripts.ts";
+
+/** Options for {@linkcode Store}. */
+export interface StoreOptions {
+  /** Prefix of every Redis key. @default "edgelock" */
+  prefix?: string;
+  /** How long one Redis request may take, 1–60000 ms, then `backend_unavailable`. @default 2000 */
+  timeoutMs?: number;
+}
 
 /** Record kinds; each has its own key space. */
 export type RecordKind = "idempotency" | "dedupe";
@@ -67,15 +89,36 @@ const DEFAULT_TICK_RETENTION_MS = 7 * 86_400_000;
 const MAX_FINGERPRINT = 128;
 /** Largest stored response, as JSON text. */
 export const MAX_RESPONSE_BYTES = 48 * 1024;
-const RECORD_ID = /^[A-Za-z0-9._:-]{1,200}(\/[A-Za-z0-9._:-]{1,200})?$/;
+// A record id is one segment or scope/segment; a segment is a name or a hashed value (`#` and a
+// SHA-256 in hex). Names never hold `#` or `/`, so no two inputs share an id.
+const SEGMENT = "(?:(?!\\.\\.?(?:/|$))[A-Za-z0-9._:-]{1,200}|#[0-9a-f]{64})";
+const RECORD_ID = new RegExp(`^${SEGMENT}(?:/${SEGMENT})?$`);
+const HASHED = /^#[0-9a-f]{64}$/;
 const JOB_REASONS = { 1: "running", 2: "too_soon", 3: "tick_done" } as const;
 
 /**
- * The id of a record keyed by a scope (e.g. a user id) and a key. `/` cannot occur in either
- * name, so no two pairs share an id.
+ * The id of a record keyed by a scope (e.g. a user id) and a key, each a name or a value hashed
+ * by {@linkcode safeName}. `/` cannot occur in either, so no two pairs share an id.
  */
 export function recordId(scope: string, key: string): string {
-  return `${checkName(scope, "scope")}/${checkName(key, "key")}`;
+  return `${checkSegment(scope, "scope")}/${checkSegment(key, "key")}`;
+}
+
+/**
+ * A value as a record id segment: as is when it is a name (1–200 characters of
+ * `A-Z a-z 0-9 . _ : -`), else `#` and its SHA-256 in hex. A name never starts with `#`, so
+ * two different values never share a segment.
+ */
+export async function safeName(value: unknown, what = "id"): Promise<string> {
+  if (typeof value !== "string" || value === "") {
+    throw new TypeError(`${what} must be a non-empty string`);
+  }
+  if (NAME_PATTERN.test(value)) return value;
+  return `#${await sha256Hex(value)}`;
+}
+
+function checkSegment(value: unknown, what: string): string {
+  return typeof value === "string" && HASHED.test(value) ? value : checkName(value, what);
 }
 
 /**
@@ -87,13 +130,15 @@ export function recordId(scope: string, key: string): string {
 export class Store {
   readonly #redis: RedisLike;
   readonly #prefix: string;
+  readonly #timeoutMs: number;
 
-  constructor(redis: RedisLike, { prefix = "edgelock" }: { prefix?: string } = {}) {
+  constructor(redis: RedisLike, { prefix = "edgelock", timeoutMs }: StoreOptions = {}) {
     if (typeof redis?.evalsha !== "function" || typeof redis?.eval !== "function") {
       throw new TypeError("Store needs a Redis client with evalsha and eval (@upstash/redis)");
     }
     this.#prefix = checkPrefix(prefix);
     this.#redis = redis;
+    this.#timeoutMs = checkTimeout(timeoutMs);
   }
 
   /** Claims `kind`/`id` for one worker, or says why not. */
@@ -106,7 +151,7 @@ export class Store {
     if (typeof fingerprint !== "string" || fingerprint.length > MAX_FINGERPRINT) {
       throw new RangeError(`fingerprint must be a string of at most ${MAX_FINGERPRINT} characters`);
     }
-    const reply = await runScript(this.#redis, CLAIM, keys, [
+    const reply = await this.#run(CLAIM, keys, [
       token,
       leaseMs,
       retentionMs,
@@ -137,7 +182,7 @@ export class Store {
   ): Promise<{ renewed: true; leaseExpiresAt: number } | { renewed: false }> {
     const keys = this.#recordKeys(kind, id);
     const args = [checkToken(token), checkDuration(leaseMs, "leaseMs", 0), FENCE_GRACE_MS];
-    const reply = await runScript(this.#redis, RENEW_CLAIM, keys, args);
+    const reply = await this.#run(RENEW_CLAIM, keys, args);
     if (integers(RENEW_CLAIM, reply, 2)[0] !== 1) return { renewed: false };
     const [, , granted, now] = integers(RENEW_CLAIM, reply, 4) as number[];
     return { renewed: true, leaseExpiresAt: now! + granted! };
@@ -161,20 +206,20 @@ export class Store {
     if (new TextEncoder().encode(text).length > MAX_RESPONSE_BYTES) {
       throw new RangeError(`response must be at most ${MAX_RESPONSE_BYTES} bytes as JSON`);
     }
-    const reply = await runScript(this.#redis, COMPLETE, keys, [checkToken(token), text]);
+    const reply = await this.#run(COMPLETE, keys, [checkToken(token), text]);
     return integers(COMPLETE, [reply], 1)[0] === 1;
   }
 
   /** Gives up `token`'s claim (the work failed cleanly, so a retry may redo it). */
   async release(kind: RecordKind, id: string, token: string): Promise<boolean> {
     const keys = this.#recordKeys(kind, id);
-    const reply = await runScript(this.#redis, RELEASE_CLAIM, keys, [checkToken(token)]);
+    const reply = await this.#run(RELEASE_CLAIM, keys, [checkToken(token)]);
     return integers(RELEASE_CLAIM, [reply], 1)[0] === 1;
   }
 
   /** Reads a record's state on the primary; never its token. */
   async get(kind: RecordKind, id: string): Promise<RecordState> {
-    const reply = await runScript(this.#redis, GET_RECORD, this.#recordKeys(kind, id), []);
+    const reply = await this.#run(GET_RECORD, this.#recordKeys(kind, id), []);
     const [outcome] = integers(GET_RECORD, reply, 2);
     if (outcome === 0) return { state: "absent" };
     const [, now, pttl] = integers(GET_RECORD, reply, 3) as number[];
@@ -197,12 +242,12 @@ export class Store {
       options.tickRetentionMs,
       "retentionMs",
       DEFAULT_TICK_RETENTION_MS,
+      "tickRetentionMs",
     );
     const tick = options.tick === undefined ? undefined : checkName(String(options.tick), "tick");
     const token = options.token === undefined ? newToken() : checkToken(options.token);
     const [jobKey, fenceKey] = this.#jobKeys(job);
-    const reply = await runScript(
-      this.#redis,
+    const reply = await this.#run(
       START_JOB,
       [jobKey, fenceKey, `${jobKey}:tick:${tick ?? ""}`],
       [token, atMostMs, atLeastMs, tickRetentionMs, FENCE_GRACE_MS, tick === undefined ? 0 : 1],
@@ -224,7 +269,7 @@ export class Store {
   ): Promise<{ extended: true; expiresAt: number } | { extended: false }> {
     checkName(job, "job name");
     const args = [checkToken(token), checkDuration(atMostMs, "atMostMs", 0), FENCE_GRACE_MS];
-    const reply = await runScript(this.#redis, EXTEND_JOB, this.#jobKeys(job), args);
+    const reply = await this.#run(EXTEND_JOB, this.#jobKeys(job), args);
     if (integers(EXTEND_JOB, reply, 2)[0] !== 1) return { extended: false };
     const [, , granted, now] = integers(EXTEND_JOB, reply, 4) as number[];
     return { extended: true, expiresAt: now! + granted! };
@@ -233,10 +278,14 @@ export class Store {
   /** Finishes `token`'s run; the lock stays until `atLeastMs` after its start. */
   async finishJob(job: string, token: string): Promise<boolean> {
     checkName(job, "job name");
-    const reply = await runScript(this.#redis, FINISH_JOB, this.#jobKeys(job), [
+    const reply = await this.#run(FINISH_JOB, this.#jobKeys(job), [
       checkToken(token),
     ]);
     return integers(FINISH_JOB, [reply], 1)[0] === 1;
+  }
+
+  #run(script: Script, keys: string[], args: (string | number)[]): Promise<unknown> {
+    return runWithTimeout(this.#redis, script, keys, args, this.#timeoutMs);
   }
 
   // The id sits in a hash tag so a record's keys share a cluster slot.

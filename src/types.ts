@@ -14,8 +14,14 @@ export interface Lease {
   readonly serverTime: number;
 }
 
-/** What renew and release need of a lease: its name and owner token. */
-export type LeaseRef = Pick<Lease, "name" | "token"> & { readonly ttlMs?: number };
+/**
+ * What renew and release need of a lease: its name and owner token. With its `fence` too, a
+ * retried release answers `true` for exactly that lease.
+ */
+export type LeaseRef = Pick<Lease, "name" | "token"> & {
+  readonly ttlMs?: number;
+  readonly fence?: number;
+};
 
 /** Options for `acquire`. */
 export interface AcquireOptions {
@@ -35,10 +41,13 @@ export interface AcquireOptions {
   signal?: AbortSignal;
 }
 
-/** The outcome of `acquire`: a lease, or when to look again. */
+/**
+ * The outcome of `acquire`: a lease, or when to look again and why not: `busy` (another token
+ * holds it, or waiters ahead keep it) or `queue_full` (too many waiters on this name already).
+ */
 export type AcquireResult =
   | { acquired: true; lease: Lease }
-  | { acquired: false; retryAfterMs: number };
+  | { acquired: false; retryAfterMs: number; reason: "busy" | "queue_full" };
 
 /** Options for `renew`. */
 export interface RenewOptions {

@@ -1,4 +1,5 @@
 import { sleep } from "./_backoff.ts";
+import { sentAtOf } from "./_granted.ts";
 import { EdgelockError } from "./errors.ts";
 import type { Lease, LockClient, WithLockOptions } from "./types.ts";
 
@@ -20,18 +21,26 @@ export async function withLock<T>(
   const startedAt = performance.now();
   const result = await locks.acquire(name, options);
   if (!result.acquired) {
-    throw new EdgelockError(
-      "lock_busy",
-      `Cannot acquire lock "${name}": another token holds it`,
-      { retryAfterMs: result.retryAfterMs },
-    );
+    throw result.reason === "queue_full"
+      ? new EdgelockError(
+        "queue_full",
+        `Cannot acquire lock "${name}": too many callers wait for it already`,
+        { retryAfterMs: result.retryAfterMs },
+      )
+      : new EdgelockError(
+        "lock_busy",
+        `Cannot acquire lock "${name}": another token holds it`,
+        { retryAfterMs: result.retryAfterMs },
+      );
   }
   let lease = result.lease;
   try {
     return await hold({
       what: `lock "${name}"`,
       ttlMs: lease.ttlMs,
-      grantedAt: startedAt,
+      // From the request that was granted, not from before the wait; a client that cannot tell
+      // falls back to the start of the call, which is earlier and so always safe.
+      grantedAt: sentAtOf(lease) ?? startedAt,
       signal: options.signal,
       async renew() {
         const renewal = await locks.renew(lease, { ttlMs: lease.ttlMs });

@@ -63,6 +63,7 @@ Deno.test("the HTTP service", async (t) => {
         "serverTime",
         "token",
         "ttlMs",
+        "waitedMs",
       ]);
       assert.equal(r.body.name, name);
       assert.equal(r.body.ttlMs, 2000);

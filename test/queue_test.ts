@@ -15,7 +15,7 @@ async function until(what: string, check: () => Promise<boolean>, timeoutMs = 10
 }
 const keys = (name: string) => {
   const base = `edgelock:lock:{${name}}`;
-  return [base, `${base}:fence`, `${base}:queue`];
+  return [base, `${base}:fence`, `${base}:queue`, `${base}:tickets`];
 };
 
 Deno.test("the fair wait queue", async (t) => {
@@ -24,7 +24,7 @@ Deno.test("the fair wait queue", async (t) => {
   const locks = new Locks(redis);
   // Takes a ticket for `token` the way a waiter does, without polling again: a stalled waiter.
   const ticket = (name: string, token: string, ticketMs: number) =>
-    runScript(redis, ACQUIRE, keys(name), [token, 1000, "", FENCE_GRACE_MS, ticketMs]);
+    runScript(redis, ACQUIRE, keys(name), [token, 1000, "", FENCE_GRACE_MS, ticketMs, 128]);
 
   try {
     await t.step("waiters are granted the lock in the order they arrived", async () => {

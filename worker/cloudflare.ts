@@ -1,7 +1,7 @@
 // Cloudflare Workers entry: configuration from bindings (vars and secrets), one app per isolate.
 import { Redis } from "@upstash/redis/cloudflare";
 import { createApp } from "../src/app.ts";
-import { readConfig } from "../src/config.ts";
+import { appSettings, readConfig } from "../src/config.ts";
 import { Store } from "../src/store.ts";
 import { EXAMPLE_JOB, REDIS_OPTIONS, runExampleJob } from "./_shared.ts";
 
@@ -11,6 +11,9 @@ interface Env {
   UPSTASH_REDIS_REST_TOKEN: string;
   LOCK_API_KEYS: string;
   LOCK_KEY_PREFIX?: string;
+  REDIS_TIMEOUT_MS?: string;
+  LOCK_MAX_WAITS?: string;
+  LOCK_RATE_LIMIT?: string;
 }
 
 /** The parts of Cloudflare's `ExportedHandler` (from @cloudflare/workers-types) this entry uses. */
@@ -28,7 +31,7 @@ let cached: { env: Env; deps: ReturnType<typeof build> } | undefined;
 function build(env: Env) {
   const config = readConfig(env as unknown as Record<string, unknown>);
   const redis = new Redis({ url: config.redisUrl, token: config.redisToken, ...REDIS_OPTIONS });
-  const app = createApp({ redis, apiKeys: config.apiKeys, keyPrefix: config.keyPrefix });
+  const app = createApp({ redis, ...appSettings(config) });
   const prefix = `${config.keyPrefix}.worker`; // "." keeps it apart from every tenant's "prefix:tenant"
   return { app, redis, prefix, store: new Store(redis, { prefix }) };
 }

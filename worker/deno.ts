@@ -1,13 +1,13 @@
 // Deno Deploy (and plain Deno) entry: configuration from Deno.env.
 import { Redis } from "@upstash/redis";
 import { createApp } from "../src/app.ts";
-import { readConfig } from "../src/config.ts";
+import { appSettings, readConfig } from "../src/config.ts";
 import { Store } from "../src/store.ts";
 import { EXAMPLE_JOB, REDIS_OPTIONS, runExampleJob } from "./_shared.ts";
 
 const config = readConfig(Deno.env.toObject());
 const redis = new Redis({ url: config.redisUrl, token: config.redisToken, ...REDIS_OPTIONS });
-const app = createApp({ redis, apiKeys: config.apiKeys, keyPrefix: config.keyPrefix });
+const app = createApp({ redis, ...appSettings(config) });
 
 // Deno Deploy picks its own port; locally PORT (default 8000) on HOSTNAME (default 127.0.0.1).
 Deno.serve(
