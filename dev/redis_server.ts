@@ -13,7 +13,15 @@ export interface RedisServerOptions {
   dir?: string;
   /** Extra `redis-server` arguments, e.g. `["--appendonly", "yes"]`. */
   args?: string[];
+  /** Extra environment for redis-server, e.g. libfaketime's to give it a clock of its own. */
+  env?: Record<string, string>;
 }
+
+/**
+ * The persistence the README's guarantees assume of Redis: every write in the append-only file
+ * and fsync'd before the reply, so a restart forgets no lease (Upstash persists every write too).
+ */
+export const DURABLE_ARGS = ["--appendonly", "yes", "--appendfsync", "always"];
 
 /** A running redis-server. */
 export interface RedisServer {
@@ -58,6 +66,7 @@ async function startOnce(options: RedisServerOptions, port: number): Promise<Red
   let child: Deno.ChildProcess;
   try {
     child = new Deno.Command("redis-server", {
+      ...(options.env && { env: options.env }),
       args: [
         "--port",
         String(port),

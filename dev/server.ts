@@ -9,7 +9,7 @@ import { Redis } from "@upstash/redis";
 import { createApp } from "../src/app.ts";
 import { parseApiKeys } from "../src/auth.ts";
 import { type Bridge, startBridge } from "./bridge.ts";
-import { type RedisServer, startRedisServer } from "./redis_server.ts";
+import { DURABLE_ARGS, type RedisServer, startRedisServer } from "./redis_server.ts";
 
 const env = Deno.env.toObject();
 const port = Number(env.PORT ?? 8787);
@@ -28,7 +28,7 @@ try {
   if (!url) {
     let redisUrl = env.REDIS_URL;
     if (!redisUrl) {
-      server = await startRedisServer();
+      server = await startRedisServer({ args: DURABLE_ARGS }); // restarts forget no lease
       redisUrl = server.url;
       console.log(`Started redis-server on ${redisUrl} (data in ${server.dir})`);
     }

@@ -19,7 +19,7 @@ import type { Lease, LockClient } from "../src/types.ts";
 import { startBridge } from "./bridge.ts";
 import { FAULT_KINDS, type FaultKind, startFaultProxy } from "./fault_proxy.ts";
 import { check, FencedResource, type Operation, type Violation } from "./history.ts";
-import { startRedisServer } from "./redis_server.ts";
+import { DURABLE_ARGS, startRedisServer } from "./redis_server.ts";
 
 /** Options for {@linkcode runTorture}. */
 export interface TortureOptions {
@@ -78,7 +78,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     log = () => {},
   } = options;
   const server = await startRedisServer({
-    args: ["--appendonly", "yes", "--appendfsync", "always"],
+    args: DURABLE_ARGS,
   });
   const token = crypto.randomUUID();
   const bridge = await startBridge({ redisUrl: server.url, token, port: 0, poolSize: 8 });
@@ -206,7 +206,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
       const restarted = await startRedisServer({
         port: server.port,
         dir: server.dir,
-        args: ["--appendonly", "yes", "--appendfsync", "always"],
+        args: DURABLE_ARGS,
       });
       server.stop = restarted.stop;
       redisRestarts++;

@@ -161,16 +161,18 @@ local holdMs = clamp(tonumber(redis.call('HGET', fenceKey, 'holdMs') or '20') or
 -- time may hold much longer: look again after half the time it has held so far (backoff).
 local left = holdMs
 local cap
+local held = 0
 if holder then
-  local held = clamp(nowMs - (tonumber(redis.call('HGET', lockKey, 'at') or nowMs) or nowMs), 0, ${MAX_HOLD_MS})
+  held = clamp(nowMs - (tonumber(redis.call('HGET', lockKey, 'at') or nowMs) or nowMs), 0, ${MAX_HOLD_MS})
   left = math.max(holdMs - held, held / 2, 1)
   cap = pttl
 else
   -- Free, but kept for the head: it takes the lock or its ticket lapses by then.
   cap = (tonumber(redis.call('ZSCORE', ticketsKey, head)) or nowMs) - nowMs
 end
--- The head looks twice per usual hold: the hand-off waits for its next look.
-if position == 0 then left = math.min(left, math.max(holdMs / 2, 1)) end
+-- Within the usual hold the head looks twice per hold, so the hand-off waits for its next look;
+-- past it, the head backs off like everyone else.
+if position == 0 and (not holder or held <= holdMs) then left = math.min(left, math.max(holdMs / 2, 1)) end
 local retryAfter = math.min(left + holdMs * math.max(position, 0), cap)
 return {0, math.floor(math.max(${MIN_RETRY_MS}, retryAfter)), nowMs, position}
 `,
@@ -231,13 +233,18 @@ if lock[1] ~= token or (fence ~= '' and lock[2] ~= fence) then
   return 0
 end
 ${NOW}${CLAMP}
-local sample = clamp(nowMs - (tonumber(lock[3] or nowMs) or nowMs), 1, ${MAX_HOLD_MS})
-local holdMs = clamp(tonumber(redis.call('HGET', fenceKey, 'holdMs') or sample) or sample, 1, ${MAX_HOLD_MS})
 redis.call('DEL', lockKey)
--- The floor is written again (it may have been lost), with a moving average of hold times.
-redis.call('HSET', fenceKey, 'fence', lock[2], 'released', token .. ':' .. lock[2],
-  'holdMs', string.format('%.1f', (holdMs + sample) / 2))
+-- The floor is written again (it may have been lost).
+redis.call('HSET', fenceKey, 'fence', lock[2], 'released', token .. ':' .. lock[2])
 redis.call('PEXPIRE', fenceKey, graceMs)
+-- A moving average of hold times, for waiters' hints. A negative hold means the server clock
+-- stepped back: no sample. A forward step counts as at most the longest lease.
+local sample = nowMs - (tonumber(lock[3]) or nowMs)
+if sample >= 0 then
+  sample = clamp(sample, 1, ${MAX_HOLD_MS})
+  local holdMs = clamp(tonumber(redis.call('HGET', fenceKey, 'holdMs')) or sample, 1, ${MAX_HOLD_MS})
+  redis.call('HSET', fenceKey, 'holdMs', string.format('%.1f', (holdMs + sample) / 2))
+end
 return 1
 `,
 );

@@ -16,8 +16,12 @@ export interface Backend {
   stop(): Promise<void>;
 }
 
-export async function startBackend(redisArgs: string[] = []): Promise<Backend> {
-  const server = await startRedisServer({ args: redisArgs });
+/** Starts redis-server with `redisArgs` (or takes `server`, stopped with the backend) and a bridge. */
+export async function startBackend(
+  redisArgs: string[] = [],
+  server?: RedisServer,
+): Promise<Backend> {
+  server ??= await startRedisServer({ args: redisArgs });
   const token = `test-${crypto.randomUUID()}`;
   let bridge: Bridge;
   try {

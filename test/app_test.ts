@@ -2,6 +2,11 @@ import assert from "node:assert/strict";
 import fc from "fast-check";
 import { createApp } from "../src/app.ts";
 import { parseApiKeys } from "../src/auth.ts";
+import { createClient } from "../src/client.ts";
+import { DEFAULT_MAX_WAITERS, Locks } from "../src/locks.ts";
+import type { TenantLimits } from "../src/_limits.ts";
+import { runScript } from "../src/_runner.ts";
+import { ACQUIRE, FENCE_GRACE_MS } from "../src/scripts.ts";
 import { keygen, startBackend } from "./_backend.ts";
 
 const A = "tenant-a-secret-0123456789";
@@ -397,6 +402,151 @@ Deno.test("the HTTP service", async (t) => {
         }
         assert.ok(healthy, "healthz recovers once Redis is back");
         assert.equal((await acquire(keygen())).status, 200);
+      },
+    );
+  } finally {
+    await backend.stop();
+  }
+});
+
+Deno.test("the HTTP service's limits and deadlines", async (t) => {
+  const backend = await startBackend();
+  const secret = "limits-secret-0123456789";
+  const make = (limits: TenantLimits) =>
+    createApp({
+      redis: backend.redis,
+      apiKeys: [{ tenant: "l", secret }],
+      redisTimeoutMs: 300,
+      limits,
+    });
+  const post = (app: ReturnType<typeof make>, path: string, body: unknown = {}) =>
+    app.request(path, {
+      method: "POST",
+      headers: { authorization: `Bearer ${secret}`, "content-type": "application/json" },
+      body: JSON.stringify(body),
+    });
+  const problemOf = async (res: Response): Promise<Json> => ({
+    ...(await res.json() as Json),
+    status: res.status,
+    retryAfter: res.headers.get("retry-after"),
+  });
+
+  try {
+    await t.step(
+      "a tenant's concurrent waits beyond maxWaits get 429, and free up again",
+      async () => {
+        const app = make({ maxWaits: 2, requestsPerSecond: 0 });
+        const name = keygen();
+        const held = await post(app, `/v1/locks/${name}/acquire`, { ttlMs: 5000 });
+        const { token } = await held.json() as Json;
+        const waits = [1, 2].map(() =>
+          post(app, `/v1/locks/${name}/acquire`, { ttlMs: 5000, waitMs: 800 })
+        );
+        await new Promise((resolve) => setTimeout(resolve, 50)); // both waits are in flight
+        const third = await problemOf(
+          await post(app, `/v1/locks/${name}/acquire`, { waitMs: 800 }),
+        );
+        assert.equal(third.status, 429);
+        assert.equal(third.code, "too_many_requests");
+        assert.equal(third.retryAfter, "1");
+        const noWait = await problemOf(await post(app, `/v1/locks/${name}/acquire`, {}));
+        assert.equal(noWait.code, "lock_busy", "an acquire that does not wait is not counted");
+        for (const res of await Promise.all(waits)) assert.equal(res.status, 409);
+        await post(app, `/v1/locks/${name}/release`, { token });
+        const again = await post(app, `/v1/locks/${name}/acquire`, { waitMs: 800 });
+        assert.equal(again.status, 200, "the finished waits no longer count");
+        await again.body?.cancel();
+      },
+    );
+
+    await t.step("a tenant over requestsPerSecond gets 429 with Retry-After", async () => {
+      const app = make({ requestsPerSecond: 5 });
+      const statuses = [];
+      for (let i = 0; i < 8; i++) {
+        const res = await post(app, `/v1/locks/${keygen()}/acquire`, {});
+        statuses.push(res.status);
+        if (res.status === 429) {
+          const problem = await problemOf(res);
+          assert.equal(problem.code, "too_many_requests");
+          assert.ok(Number(problem.retryAfter) >= 1 && Number(problem.retryAfterMs) > 0);
+        } else await res.body?.cancel();
+      }
+      assert.deepEqual(statuses, [200, 200, 200, 200, 200, 429, 429, 429]);
+      assert.throws(() => make({ maxWaits: 0 }), /maxWaits must be/);
+      assert.throws(() => make({ requestsPerSecond: -1 }), /requestsPerSecond must be/);
+    });
+
+    await t.step("a full wait queue is 409 queue_full with Retry-After", async () => {
+      const app = make({});
+      const name = keygen();
+      const base = `edgelock:l:lock:{${name}}`;
+      (await post(app, `/v1/locks/${name}/acquire`, { ttlMs: 5000 })).body?.cancel();
+      for (let i = 0; i < DEFAULT_MAX_WAITERS; i++) {
+        await runScript(
+          backend.redis,
+          ACQUIRE,
+          [base, `${base}:fence`, `${base}:queue`, `${base}:tickets`],
+          [`waiter-${String(i).padStart(12, "0")}`, 1000, "", FENCE_GRACE_MS, 10_000, 128],
+        );
+      }
+      const full = await problemOf(await post(app, `/v1/locks/${name}/acquire`, { waitMs: 1000 }));
+      assert.equal(full.status, 409);
+      assert.equal(full.code, "queue_full");
+      assert.ok(Number(full.retryAfterMs) > 0 && Number(full.retryAfter) >= 1);
+    });
+
+    await t.step(
+      "a paused Redis gives 503 within the deadline, with nothing internal in the reply",
+      async () => {
+        const app = make({});
+        const info = await backend.redis.eval("return redis.call('INFO', 'server')", [], []);
+        const pid = Number(/process_id:(\d+)/.exec(String(info))![1]);
+        Deno.kill(pid, "SIGSTOP");
+        let res: Response;
+        const started = performance.now();
+        try {
+          res = await post(app, `/v1/locks/${keygen()}/acquire`, {});
+        } finally {
+          Deno.kill(pid, "SIGCONT");
+        }
+        assert.ok(performance.now() - started < 1500);
+        const text = await res.text();
+        assert.equal(res.status, 503);
+        assert.equal(JSON.parse(text).code, "backend_unavailable");
+        assert.ok(Number(res.headers.get("retry-after")) >= 1);
+        for (const secretText of ["acquire script", "300 ms", "edgelock:l:", backend.token]) {
+          assert.ok(!text.includes(secretText), `the reply names ${secretText}: ${text}`);
+        }
+      },
+    );
+
+    await t.step(
+      "the library, the service and the typed client accept exactly the same names",
+      async () => {
+        const app = make({ requestsPerSecond: 0 });
+        const locks = new Locks(backend.redis, { prefix: "edgelock:l" });
+        const remote = createClient({
+          baseUrl: "http://edgelock.test",
+          apiKey: secret,
+          fetch: async (input, init) => await app.fetch(new Request(input, init)),
+        });
+        await fc.assert(
+          fc.asyncProperty(
+            fc.oneof(
+              fc.constantFrom(".", "..", "...", "./a", "a/.", "%2e", ".%2e", "a b", ""),
+              fc.stringMatching(/^[A-Za-z0-9._:\-/%]{1,6}$/),
+            ),
+            async (name) => {
+              // Busy or acquired, it was taken as a name; a RangeError means it was refused.
+              const outcome = (r: Promise<unknown>) => r.then(() => "taken", (e) => e.name);
+              const embedded = await outcome(locks.acquire(name, { ttlMs: 100 }));
+              const overHttp = await outcome(remote.acquire(name, { ttlMs: 100 }));
+              assert.ok(["taken", "RangeError", "TypeError"].includes(embedded), embedded);
+              assert.equal(overHttp, embedded, JSON.stringify(name));
+            },
+          ),
+          { numRuns: 300 },
+        );
       },
     );
   } finally {

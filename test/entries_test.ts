@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { Redis as IORedis } from "ioredis";
 import { createClient, EdgelockError } from "../src/mod.ts";
 import { freePort } from "../dev/redis_server.ts";
 import { keygen, startBackend } from "./_backend.ts";
@@ -98,6 +99,14 @@ Deno.test("deno task dev starts redis-server, bridge and service, and Ctrl-C sto
     const locks = createClient({ baseUrl: `http://127.0.0.1:${port}`, apiKey: key! });
     const result = await locks.acquire("dev-demo");
     assert.ok(result.acquired);
+    // The README's restart guarantee assumes every write is in the AOF before the reply.
+    const redis = new IORedis(Number(redisPort), "127.0.0.1", { retryStrategy: () => null });
+    try {
+      assert.deepEqual(await redis.config("GET", "appendonly"), ["appendonly", "yes"]);
+      assert.deepEqual(await redis.config("GET", "appendfsync"), ["appendfsync", "always"]);
+    } finally {
+      redis.disconnect();
+    }
   } finally {
     const status = await dev.stop("SIGINT");
     assert.equal(status.code, 0, dev.output());

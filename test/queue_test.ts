@@ -115,6 +115,54 @@ Deno.test("the fair wait queue", async (t) => {
       },
     );
 
+    await t.step(
+      "crashed waiters anywhere in the queue are dropped: a new waiter counts only live ones",
+      async () => {
+        const name = keygen("q");
+        const holder = await locks.acquire(name, { ttlMs: 10_000 });
+        assert.ok(holder.acquired);
+        await ticket(name, "live-head-token-0000001", 10_000);
+        for (let i = 0; i < 120; i++) {
+          await ticket(name, `crashed-waiter-${String(i).padStart(8, "0")}`, 100);
+        }
+        assert.equal(await redis.zcard(keys(name)[2]!), 121);
+        // Each look of the head drops whatever lapsed; wait until the crashed ones have.
+        await until("the crashed tickets lapse", async () => {
+          await ticket(name, "live-head-token-0000001", 10_000);
+          return await redis.zcard(keys(name)[2]!) === 1;
+        });
+        const reply = await ticket(name, "new-waiter-token-000001", 1000) as number[];
+        assert.equal(reply[3], 1, "the new waiter is second, behind the live head");
+        assert.equal(await redis.zcard(keys(name)[2]!), 2, "no dead ticket is left");
+        assert.equal(await redis.zcard(keys(name)[3]!), 2);
+        assert.ok(reply[1]! <= 10_000);
+      },
+    );
+
+    await t.step(
+      "a full queue answers queue_full at once, and the waiters in it keep their places",
+      async () => {
+        const name = keygen("q");
+        const small = new Locks(redis, { maxWaiters: 3 });
+        const holder = await small.acquire(name, { ttlMs: 10_000 });
+        assert.ok(holder.acquired);
+        for (let i = 0; i < 3; i++) await ticket(name, `waiting-token-${i}-000000`, 10_000);
+        const started = performance.now();
+        const full = await small.acquire(name, { waitMs: 5000 });
+        assert.deepEqual(
+          { acquired: full.acquired, reason: !full.acquired && full.reason },
+          { acquired: false, reason: "queue_full" },
+        );
+        assert.ok(performance.now() - started < 2000, "it does not wait for a place");
+        assert.equal(await redis.zcard(keys(name)[2]!), 3);
+        assert.equal(await redis.zscore(keys(name)[2]!, "waiting-token-0-000000") !== null, true);
+        const busy = await small.acquire(name);
+        assert.ok(!busy.acquired && busy.reason === "busy", "a caller that does not wait is busy");
+        assert.throws(() => new Locks(redis, { maxWaiters: 0 }), /maxWaiters must be/);
+        assert.throws(() => new Locks(redis, { maxWaiters: 1001 }), RangeError);
+      },
+    );
+
     await t.step("busy replies estimate when to look again from recent hold times", async () => {
       const name = keygen("q");
       let longest = 0; // the longest hold as the client saw it: the server's holds are shorter

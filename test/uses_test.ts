@@ -131,6 +131,110 @@ Deno.test("the three uses", async (t) => {
       },
     );
 
+    await t.step(
+      "idempotency() never shares a record between users, whatever their scope strings",
+      async () => {
+        const app = new Hono();
+        app.post(
+          "/pay",
+          idempotency({ store, scope: (c) => c.req.header("x-user")! }),
+          (c) => c.json({ paidBy: c.req.header("x-user") }, 201),
+        );
+        const key = crypto.randomUUID();
+        const pay = (user: string) =>
+          app.request("/pay", {
+            method: "POST",
+            headers: { "idempotency-key": key, "x-user": user },
+            body: "{}",
+          });
+        const alice = "alice@example.com"; // outside the name characters: stored hashed
+        const digest = Array.from(
+          new Uint8Array(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(alice))),
+          (b) => b.toString(16).padStart(2, "0"),
+        ).join("");
+        assert.deepEqual(await jsonOf(await pay(alice)), { paidBy: alice });
+        for (const other of [`h-${digest}`, digest, `#${digest}`]) {
+          const res = await pay(other);
+          assert.equal(res.headers.get("idempotent-replayed"), null, `${other} replayed alice's`);
+          assert.deepEqual(await jsonOf(res), { paidBy: other });
+        }
+      },
+    );
+
+    await t.step(
+      "idempotency() answers 422 to any payload difference: query, bytes, big integers, type",
+      async () => {
+        const app = new Hono();
+        let runs = 0;
+        app.post("/orders", idempotency({ store, scope: () => "fp-user" }), (c) => {
+          runs++;
+          return c.json({ run: runs }, 201);
+        });
+        const send = (
+          key: string,
+          { query = "", body = "{}" as BodyInit, type = "application/json" } = {},
+        ) =>
+          app.request(`/orders${query}`, {
+            method: "POST",
+            headers: { "idempotency-key": key, "content-type": type },
+            body,
+          });
+        const pairs: [string, Parameters<typeof send>[1], Parameters<typeof send>[1]][] = [
+          ["query string", { query: "?amount=1" }, { query: "?amount=999" }],
+          ["non-UTF-8 bytes", { body: new Uint8Array([0xff]) }, { body: new Uint8Array([0xfe]) }],
+          [
+            "integers beyond 2^53",
+            { body: '{"amount":9007199254740993}' },
+            { body: '{"amount":9007199254740992}' },
+          ],
+          ["Content-Type", { type: "application/json" }, { type: "text/plain" }],
+        ];
+        for (const [what, first, second] of pairs) {
+          const key = crypto.randomUUID();
+          assert.equal((await send(key, first)).status, 201, what);
+          const replay = await send(key, first);
+          assert.equal(replay.headers.get("idempotent-replayed"), "true", `${what}: same replays`);
+          await replay.body?.cancel();
+          const res = await send(key, second);
+          assert.equal(res.status, 422, `${what}: a different payload is a mismatch`);
+          assert.equal((await jsonOf(res)).code, "fingerprint_mismatch");
+        }
+        assert.equal(runs, pairs.length);
+      },
+    );
+
+    await t.step(
+      "a reply body too large to store replays marked as omitted, never as an empty real body",
+      async () => {
+        const app = new Hono();
+        app.post("/report", idempotency({ store, scope: () => "big" }), (c) => {
+          const size = Number(c.req.query("size"));
+          return c.json({ data: "x".repeat(size) }, 200);
+        });
+        const call = (key: string, size: number) =>
+          app.request(`/report?size=${size}`, {
+            method: "POST",
+            headers: { "idempotency-key": key },
+          });
+        const small = crypto.randomUUID();
+        const first = await call(small, 36_000);
+        const text = await first.text();
+        const replay = await call(small, 36_000);
+        assert.equal(replay.headers.get("idempotent-replayed"), "true");
+        assert.equal(replay.headers.get("content-type"), "application/json");
+        assert.equal(await replay.text(), text, "36,000 bytes replay whole");
+
+        const large = crypto.randomUUID();
+        await (await call(large, 40_000)).body?.cancel();
+        const omitted = await call(large, 40_000);
+        assert.equal(omitted.status, 200);
+        assert.equal(omitted.headers.get("idempotent-replayed"), "true");
+        assert.equal(omitted.headers.get("idempotent-body"), "omitted");
+        assert.equal(omitted.headers.get("content-type"), null, "no type for a body it lacks");
+        assert.equal(await omitted.text(), "");
+      },
+    );
+
     await t.step("a 5xx or a thrown error releases the claim so a retry runs again", async () => {
       let runs = 0;
       const app = new Hono();
@@ -417,6 +521,24 @@ Deno.test("the three uses", async (t) => {
       assert.throws(
         () => webhookDedupe({ store, secrets: ["whsec_!!"], namespace: "ns" }),
         TypeError,
+      );
+      // Each would have been accepted here and then failed at the first delivery.
+      for (
+        const [secrets, message] of [
+          [[""], /secret 1 is empty/],
+          [["whsec_"], /secret 1 is empty/],
+          [[SECRET, undefined], /secret 2 must be a string/],
+          [[SECRET, 42], /secret 2 must be a string/],
+        ] as const
+      ) {
+        assert.throws(
+          () => webhookDedupe({ store, secrets: secrets as never, namespace: "ns" }),
+          message,
+        );
+      }
+      await assert.rejects(
+        store.startJob(job, { atMostMs: 1000, tickRetentionMs: 5 }),
+        { name: "RangeError", message: /^tickRetentionMs must be an integer/ },
       );
       assert.deepEqual(
         await store.startJob(job, { atMostMs: 1000 }).then((r) => r.run),

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { EdgelockError, Locks, withLock } from "../src/mod.ts";
+import { createApp, createClient, EdgelockError, Locks, withLock } from "../src/mod.ts";
 import { keygen, startBackend } from "./_backend.ts";
 
 const lockKey = (name: string) => `edgelock:lock:{${name}}`;
@@ -40,6 +40,9 @@ Deno.test("withLock", async (t) => {
       "withLock() renews the lease across several TTLs while the routine runs",
       async () => {
         const name = keygen();
+        const earlier = await locks.acquire(name);
+        assert.ok(earlier.acquired);
+        await locks.release(earlier.lease);
         const fence = await locks.withLock(name, { ttlMs: 600 }, async (lease, signal) => {
           await new Promise((resolve) => setTimeout(resolve, 2000)); // over three TTLs
           assert.equal(signal.aborted, false);
@@ -47,7 +50,7 @@ Deno.test("withLock", async (t) => {
           assert.ok(info.held && info.fence === lease.fence);
           return lease.fence;
         });
-        assert.ok(fence > 0);
+        assert.ok(fence > earlier.lease.fence, "a new lease: a later fence than the one before");
         assert.equal(await redis.exists(lockKey(name)), 0);
       },
     );
@@ -121,6 +124,38 @@ Deno.test("withLock", async (t) => {
             (error.retryAfterMs ?? 0) > 0,
         );
         assert.equal(ran, false);
+      },
+    );
+
+    await t.step(
+      "withLock() after a wait longer than the TTL times the lease from its grant, in both clients",
+      async () => {
+        const secret = "with-lock-secret-0123456789";
+        const app = createApp({ redis, apiKeys: [{ tenant: "w", secret }] });
+        const remote = createClient({
+          baseUrl: "http://edgelock.test",
+          apiKey: secret,
+          fetch: async (input, init) => await app.fetch(new Request(input, init)),
+        });
+        const direct = new Locks(redis, { prefix: "edgelock:w" }); // the tenant's own keys
+        for (const [label, client] of [["library", direct], ["HTTP client", remote]] as const) {
+          const name = keygen();
+          const holder = await direct.acquire(name, { ttlMs: 5000 });
+          assert.ok(holder.acquired);
+          setTimeout(() => direct.release(holder.lease), 1500); // busy for 1.5 TTLs
+          const started = performance.now();
+          const value = await client.withLock(
+            name,
+            { ttlMs: 1000, waitMs: 5000 },
+            async (_lease, signal) => {
+              const waited = performance.now() - started;
+              await new Promise((resolve) => setTimeout(resolve, 300));
+              assert.equal(signal.aborted, false, `${label}: aborted after a ${waited} ms wait`);
+              return waited;
+            },
+          );
+          assert.ok(value >= 1400, `${label} waited ${value} ms`);
+        }
       },
     );
 

@@ -1,0 +1,315 @@
+// The scripts' own contract, checked on a real redis-server: declared keys in one slot, a TTL on
+// every key written, SHA-1s, and sane answers under a stepped server clock, on keys that lost
+// their TTL and on records this code did not write.
+import assert from "node:assert/strict";
+import { Redis as IORedis } from "ioredis";
+import { Locks } from "../src/locks.ts";
+import { recordId, Store } from "../src/store.ts";
+import * as scripts from "../src/scripts.ts";
+import { startShiftedRedisServer } from "../dev/clock_shift.ts";
+import { type Backend, keygen, startBackend } from "./_backend.ts";
+
+const lockKey = (name: string) => `edgelock:lock:{${name}}`;
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// Redis Cluster's hash slot of a key: CRC16 (XMODEM) of the hash tag, or of the key, mod 16384.
+function slotOf(key: string): number {
+  const open = key.indexOf("{");
+  const close = open < 0 ? -1 : key.indexOf("}", open + 1);
+  const tagged = close > open + 1 ? key.slice(open + 1, close) : key;
+  let crc = 0;
+  for (const byte of new TextEncoder().encode(tagged)) {
+    crc ^= byte << 8;
+    for (let i = 0; i < 8; i++) {
+      crc = crc & 0x8000 ? ((crc << 1) ^ 0x1021) & 0xffff : (crc << 1) & 0xffff;
+    }
+  }
+  return crc % 16384;
+}
+
+/** Every script of src/scripts.ts. */
+const ALL = Object.values(scripts).filter((value): value is scripts.Script =>
+  typeof value === "object" && value !== null && "source" in value && "sha1" in value
+);
+
+/** Drives every operation of the library once, including the paths that repair bad state. */
+async function everyOperation(backend: Backend) {
+  const { redis } = backend;
+  const locks = new Locks(redis);
+  const store = new Store(redis);
+  const name = keygen();
+  const held = await locks.acquire(name, { ttlMs: 2000, meta: { by: "a" } });
+  assert.ok(held.acquired);
+  await locks.acquire(name, { ttlMs: 2000, token: held.lease.token }); // a retry
+  await locks.acquire(name); // busy
+  await redis.del(`${lockKey(name)}:fence`); // the fence floor was evicted
+  await locks.acquire(name, { waitMs: 120 }); // queues (HINCRBY seq), then leaves the queue
+  await locks.renew(held.lease);
+  await locks.renewMany([held.lease, { name: keygen(), token: "other-token-0000000001" }]);
+  await locks.inspect(name);
+  await redis.persist(lockKey(name)); // a lock without a TTL
+  await locks.acquire(name);
+  await locks.inspect(name);
+  await locks.release(held.lease);
+  await locks.release(held.lease); // a retry
+  await redis.del(`${lockKey(name)}:fence`);
+  const again = await locks.acquire(name);
+  assert.ok(again.acquired);
+  await redis.del(`${lockKey(name)}:fence`);
+  await locks.renew(again.lease); // writes the lost floor again
+  await locks.release(again.lease);
+
+  const id = recordId("user-1", keygen("k"));
+  const claim = await store.claim("idempotency", id, { fingerprint: "f1" });
+  assert.equal(claim.state, "claimed");
+  await store.claim("idempotency", id); // in progress
+  await store.claim("idempotency", id, { fingerprint: "f2" }); // mismatch
+  await store.renewClaim("idempotency", id, claim.token);
+  await store.get("idempotency", id);
+  await store.complete("idempotency", id, claim.token, { status: 201 });
+  await store.claim("idempotency", id); // replay
+  await store.get("idempotency", id);
+  const other = recordId("user-1", keygen("k"));
+  const second = await store.claim("dedupe", other);
+  assert.equal(second.state, "claimed");
+  await store.release("dedupe", other, second.token);
+
+  const job = keygen("job");
+  const start = await store.startJob(job, { atMostMs: 2000, atLeastMs: 500, tick: 1 });
+  assert.ok(start.run);
+  await store.startJob(job, { atMostMs: 2000, tick: 1 }); // tick done
+  await store.startJob(job, { atMostMs: 2000 }); // running
+  await store.extendJob(job, start.token, 2000);
+  await store.finishJob(job, start.token);
+  await store.startJob(job, { atMostMs: 2000 }); // too soon
+  await locks.withLock(keygen(), { ttlMs: 1000 }, () => "ran");
+}
+
+Deno.test("the scripts", async (t) => {
+  const backend = await startBackend();
+  const { redis } = backend;
+
+  try {
+    await t.step(
+      "every script touches only keys it declares in KEYS, all in one hash slot",
+      async () => {
+        const monitor = await new IORedis(backend.server.url, { retryStrategy: () => null })
+          .monitor();
+        const seen: { source: string; args: string[] }[] = [];
+        monitor.on("monitor", (_time: string, args: string[], source: string) => {
+          seen.push({ source, args });
+        });
+        try {
+          await everyOperation(backend);
+          await sleep(100); // MONITOR lines arrive after the replies
+        } finally {
+          monitor.disconnect();
+        }
+        const query = new IORedis(backend.server.url, { retryStrategy: () => null });
+        try {
+          let declared: string[] | undefined;
+          let scriptCalls = 0;
+          const failures: string[] = [];
+          for (const { source, args } of seen) {
+            const command = args[0]!.toLowerCase();
+            if (source !== "lua") {
+              declared = command === "eval" || command === "evalsha"
+                ? args.slice(3, 3 + Number(args[2]))
+                : undefined;
+              if (declared) {
+                scriptCalls++;
+                const slots = new Set(declared.map(slotOf));
+                if (slots.size > 1) failures.push(`${args[0]} spans ${slots.size} slots`);
+              }
+              continue;
+            }
+            const keys = await query.call("COMMAND", "GETKEYS", ...args).catch(() => []);
+            for (const key of keys as string[]) {
+              if (!declared?.includes(key)) failures.push(`${args.join(" ")}: ${key} not in KEYS`);
+            }
+          }
+          assert.ok(scriptCalls > 40, `saw ${scriptCalls} script calls`);
+          assert.deepEqual(failures, []);
+        } finally {
+          query.disconnect();
+        }
+      },
+    );
+
+    await t.step("every key the scripts write carries a TTL", async () => {
+      await everyOperation(backend);
+      const keys = await redis.keys("edgelock:*");
+      assert.ok(keys.length > 5);
+      const forever = [];
+      for (const key of keys) if (await redis.pttl(key) < 0) forever.push(key);
+      assert.deepEqual(forever, [], "keys without a TTL");
+    });
+
+    await t.step("each script's SHA-1 matches what SCRIPT LOAD returns", async () => {
+      assert.ok(ALL.length >= 14, `${ALL.length} scripts`);
+      for (const script of ALL) {
+        assert.equal(await script.sha1(), await redis.scriptLoad(script.source), script.name);
+      }
+    });
+
+    await t.step(
+      "a lock found without a TTL gets one, and busy replies and inspect stay bounded",
+      async () => {
+        const locks = new Locks(redis);
+        const name = keygen();
+        const held = await locks.acquire(name, { ttlMs: 5000 });
+        assert.ok(held.acquired);
+        await redis.persist(lockKey(name));
+        const busy = await locks.acquire(name);
+        assert.ok(!busy.acquired);
+        assert.ok(busy.retryAfterMs >= scripts.MIN_RETRY_MS, `hint ${busy.retryAfterMs}`);
+        const pttl = await redis.pttl(lockKey(name));
+        assert.ok(pttl > 0 && pttl <= 300_000, `the lock has a TTL again: ${pttl}`);
+        await redis.persist(lockKey(name));
+        const info = await locks.inspect(name);
+        assert.ok(info.held && info.ttlMs > 0 && info.ttlMs <= 300_000, JSON.stringify(info));
+        assert.ok(await redis.pttl(lockKey(name)) > 0);
+      },
+    );
+
+    await t.step(
+      "a record or job found without a TTL gets one, and callers are not told to retry at once",
+      async () => {
+        const store = new Store(redis);
+        const id = recordId("user-2", keygen("k"));
+        const claim = await store.claim("idempotency", id, { leaseMs: 5000 });
+        assert.equal(claim.state, "claimed");
+        const key = `edgelock:idempotency:{${id}}`;
+        await redis.persist(key);
+        const busy = await store.claim("idempotency", id, { leaseMs: 5000 });
+        assert.ok(busy.state === "in_progress" && busy.retryAfterMs > 1000, JSON.stringify(busy));
+        assert.ok(await redis.pttl(key) > 0);
+        await redis.persist(key);
+        const state = await store.get("idempotency", id);
+        assert.ok(state.state === "in_progress" && state.leaseExpiresAt > Date.now() - 1000);
+        assert.ok(await redis.pttl(key) > 0);
+
+        const job = keygen("job");
+        const start = await store.startJob(job, { atMostMs: 5000, tick: "t1" });
+        assert.ok(start.run);
+        await redis.persist(`edgelock:job:{${job}}`);
+        await redis.persist(`edgelock:job:{${job}}:tick:t1`);
+        const running = await store.startJob(job, { atMostMs: 5000 });
+        assert.ok(!running.run && running.retryAfterMs > 1000, JSON.stringify(running));
+        const ticked = await store.startJob(job, { atMostMs: 5000, tick: "t1" });
+        assert.ok(!ticked.run && ticked.retryAfterMs > 1000, JSON.stringify(ticked));
+        assert.ok(await redis.pttl(`edgelock:job:{${job}}`) > 0);
+        assert.ok(await redis.pttl(`edgelock:job:{${job}}:tick:t1`) > 0);
+      },
+    );
+
+    await t.step(
+      "records and jobs this code did not write answer not held, never a Redis error",
+      async () => {
+        const store = new Store(redis);
+        const token = "hand-written-token-0001";
+        const id = recordId("user-3", keygen("k"));
+        await redis.hset(`edgelock:idempotency:{${id}}`, { state: "claimed", token }); // no retentionMs
+        await redis.pexpire(`edgelock:idempotency:{${id}}`, 5000);
+        assert.equal(await store.complete("idempotency", id, token, { status: 200 }), false);
+        const job = keygen("job");
+        await redis.hset(`edgelock:job:{${job}}`, { token, finished: "0" }); // no fence, notBefore
+        await redis.pexpire(`edgelock:job:{${job}}`, 5000);
+        assert.deepEqual(await store.extendJob(job, token, 1000), { extended: false });
+        assert.equal(await store.finishJob(job, token), false);
+        const other = recordId("user-3", keygen("k"));
+        await redis.hset(`edgelock:idempotency:{${other}}`, { state: "odd", token });
+        await redis.pexpire(`edgelock:idempotency:{${other}}`, 5000);
+        const claim = await store.claim("idempotency", other, { token });
+        assert.equal(claim.state, "in_progress", "an unknown state is never handed out as a claim");
+      },
+    );
+  } finally {
+    await backend.stop();
+  }
+});
+
+Deno.test("the lock scripts under a stepped Redis clock", async (t) => {
+  const server = await startShiftedRedisServer();
+  const backend = await startBackend([], server);
+  const { redis } = backend;
+  const locks = new Locks(redis);
+
+  try {
+    await t.step(
+      "a clock step back while a lock is held does not make waiters poll hot",
+      async () => {
+        const name = keygen();
+        for (let i = 0; i < 3; i++) {
+          const lease = await locks.acquire(name);
+          assert.ok(lease.acquired);
+          await server.shift(-60_000 * (i + 1)); // the server clock steps back a minute each time
+          await locks.release(lease.lease);
+        }
+        const holder = await locks.acquire(name, { ttlMs: 10_000 });
+        assert.ok(holder.acquired);
+        const busy = await locks.acquire(name);
+        assert.ok(!busy.acquired && busy.retryAfterMs >= scripts.MIN_RETRY_MS);
+        const before = backend.requests();
+        const waited = await locks.acquire(name, { waitMs: 300 });
+        assert.equal(waited.acquired, false);
+        const polls = backend.requests() - before;
+        // With the hold time clamped, the waiter backs off as the hold goes on: about 10 looks.
+        // A negative estimate made it look every millisecond (over 100 requests).
+        assert.ok(polls <= 25, `${polls} requests in 300 ms`);
+        await locks.release(holder.lease);
+        await server.shift(0);
+      },
+    );
+
+    await t.step(
+      "a clock step forward never gives a hint past the lock's own deadlines",
+      async () => {
+        const name = keygen();
+        const lease = await locks.acquire(name);
+        assert.ok(lease.acquired);
+        await server.shift(3_600_000); // an hour ahead: the hold looks an hour long
+        await locks.release(lease.lease);
+        const holder = await locks.acquire(name, { ttlMs: 2000 });
+        assert.ok(holder.acquired);
+        const busy = await locks.acquire(name);
+        assert.ok(!busy.acquired && busy.retryAfterMs <= 2000, `hint ${JSON.stringify(busy)}`);
+        // Free, but kept for the head of the queue: the hint is bounded by the head's ticket.
+        const head = "queue-head-token-000001";
+        await scriptsAcquire(backend, name, head, 1000);
+        await locks.release(holder.lease);
+        const reserved = await locks.acquire(name);
+        assert.ok(!reserved.acquired && reserved.retryAfterMs <= 1000, JSON.stringify(reserved));
+        await server.shift(0);
+      },
+    );
+
+    await t.step("fences keep increasing when the clock steps back within the grace", async () => {
+      const name = keygen();
+      const fences: number[] = [];
+      for (const offset of [0, -30_000, -600_000, -5_000]) {
+        await server.shift(offset);
+        const lease = await locks.acquire(name, { ttlMs: 100 });
+        assert.ok(lease.acquired);
+        fences.push(lease.lease.fence);
+        await locks.release(lease.lease);
+      }
+      for (let i = 1; i < fences.length; i++) assert.ok(fences[i]! > fences[i - 1]!, `${fences}`);
+      await server.shift(0);
+    });
+  } finally {
+    await backend.stop();
+  }
+});
+
+// Takes a queue ticket for `token` the way a waiter does, without looking again.
+async function scriptsAcquire(backend: Backend, name: string, token: string, ticketMs: number) {
+  const { runScript } = await import("../src/_runner.ts");
+  const base = lockKey(name);
+  return runScript(
+    backend.redis,
+    scripts.ACQUIRE,
+    [base, `${base}:fence`, `${base}:queue`, `${base}:tickets`],
+    [token, 1000, "", scripts.FENCE_GRACE_MS, ticketMs, 128],
+  );
+}
