@@ -36,7 +36,10 @@ export async function startShiftedRedisServer(
     return {
       ...server,
       async shift(offsetMs) {
-        await Deno.writeTextFile(offsetFile, String(Math.round(offsetMs * 1000)));
+        // Replaced whole by a rename: the shim never reads a half-written (empty) file, which
+        // would be an offset of 0, a jump to real time.
+        await Deno.writeTextFile(`${offsetFile}.next`, String(Math.round(offsetMs * 1000)));
+        await Deno.rename(`${offsetFile}.next`, offsetFile);
       },
       async stop(stopOptions) {
         await server.stop(stopOptions);

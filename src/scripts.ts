@@ -7,8 +7,8 @@
  * Keys per lock name, all in one hash slot: `KEYS[1]` the lock hash (`token`, `fence`, `at`,
  * `meta`), whose TTL is the lease; `KEYS[2]` the fence floor hash (`fence`: the last fence issued;
  * `released`: `token:fence` of the last release, so a retried release answers the same; `holdMs`:
- * recent hold times; `seq`: the queue's arrival counter), which outlives the lease by `graceMs`;
- * `KEYS[3]` the wait queue (tokens by arrival) and `KEYS[4]` its tickets (tokens by deadline).
+ * recent hold times), which outlives the lease by `graceMs`; `KEYS[3]` the wait queue (tokens by
+ * arrival) and `KEYS[4]` its tickets (tokens by deadline), which live as long as the latest ticket.
  *
  * @module
  */
@@ -66,10 +66,8 @@ end
 // again from the lease's fence, so it never lives without a TTL and never falls below that fence.
 const KEEP_FLOOR = `
 local function keepFloor(fenceKey, fence, ms)
-  if redis.call('PEXPIRE', fenceKey, ms) == 0 then
-    redis.call('HSET', fenceKey, 'fence', fence)
-    redis.call('PEXPIRE', fenceKey, ms)
-  end
+  redis.call('HSETNX', fenceKey, 'fence', fence)
+  redis.call('PEXPIRE', fenceKey, ms)
 end
 `;
 
@@ -145,14 +143,17 @@ if ticketMs > 0 then
   elseif redis.call('ZCARD', queueKey) >= maxWaiters then
     position = -2
   else
-    redis.call('ZADD', queueKey, redis.call('HINCRBY', fenceKey, 'seq', 1), token)
-    redis.call('PEXPIRE', fenceKey, pttl + graceMs)
+    -- Arrival order from the queue itself: one past the last waiter's place.
+    local last = redis.call('ZRANGE', queueKey, -1, -1, 'WITHSCORES')[2]
+    redis.call('ZADD', queueKey, (tonumber(last) or 0) + 1, token)
     position = 0
   end
   if position == 0 then
     redis.call('ZADD', ticketsKey, nowMs + ticketMs, token)
-    redis.call('PEXPIRE', queueKey, ttlMs + ticketMs)
-    redis.call('PEXPIRE', ticketsKey, ttlMs + ticketMs)
+    -- The queue lives as long as its latest ticket, so no ticket dies before its deadline.
+    local latest = tonumber(redis.call('ZRANGE', ticketsKey, -1, -1, 'WITHSCORES')[2])
+    redis.call('PEXPIRE', queueKey, math.max(latest - nowMs, 1))
+    redis.call('PEXPIRE', ticketsKey, math.max(latest - nowMs, 1))
     position = redis.call('ZRANK', queueKey, token)
   end
 end
