@@ -7,6 +7,8 @@
  *
  * @module
  */
+import type { RedisLike } from "../src/_runner.ts";
+import { RELEASE } from "../src/scripts.ts";
 
 /** One operation as a client recorded it. */
 export type Operation =
@@ -226,4 +228,20 @@ export function check(
     }
   }
   return violations;
+}
+
+/**
+ * A client whose release script deletes the lock without checking the token: the broken variant
+ * that the torture checker and the model-based test must each catch.
+ */
+export function withBrokenRelease<R extends RedisLike>(redis: R): R {
+  return new Proxy(redis, {
+    get(target, property, receiver) {
+      if (property !== "evalsha") return Reflect.get(target, property, receiver);
+      return async (sha: string, keys: string[], args: unknown[]) =>
+        sha === await RELEASE.sha1()
+          ? target.eval("redis.call('DEL', KEYS[1]) return 1", keys, args)
+          : target.evalsha(sha, keys, args);
+    },
+  });
 }

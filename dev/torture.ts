@@ -14,11 +14,16 @@ import fc from "fast-check";
 import { createApp } from "../src/app.ts";
 import { createClient } from "../src/client.ts";
 import { Locks } from "../src/locks.ts";
-import { RELEASE } from "../src/scripts.ts";
 import type { Lease, LockClient } from "../src/types.ts";
 import { startBridge } from "./bridge.ts";
 import { FAULT_KINDS, type FaultKind, startFaultProxy } from "./fault_proxy.ts";
-import { check, FencedResource, type Operation, type Violation } from "./history.ts";
+import {
+  check,
+  FencedResource,
+  type Operation,
+  type Violation,
+  withBrokenRelease,
+} from "./history.ts";
 import { DURABLE_ARGS, startRedisServer } from "./redis_server.ts";
 
 /** Options for {@linkcode runTorture}. */
@@ -64,8 +69,6 @@ const FAULTS: Partial<Record<FaultKind, number>> = {
   holdResponse: 0.01,
 };
 // A release with no token check: deletes whoever holds the lock.
-const BROKEN_RELEASE = "redis.call('DEL', KEYS[1]) return 1";
-
 export async function runTorture(options: TortureOptions = {}): Promise<TortureReport> {
   const {
     clients = 64,
@@ -85,10 +88,11 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
   const toBridge = startFaultProxy({ target: bridge.url, faults: faultMix, holdMs: TTL_MS * 2 });
   const direct = new Redis({ url: bridge.url, token, enableTelemetry: false, retry: false });
   const faulty = new Redis({ url: toBridge.url, token, enableTelemetry: false, retry: false });
-  const redis = broken ? withBrokenRelease(faulty, await RELEASE.sha1()) : faulty;
+  const redis = broken ? withBrokenRelease(faulty) : faulty;
 
   const apiKeys = [{ tenant: "t", secret: SECRET }];
-  const app = createApp({ redis, apiKeys });
+  // No per-tenant rate cap here: the run measures locks under faults, not the admission limiter.
+  const app = createApp({ redis, apiKeys, limits: { requestsPerSecond: 0 } });
   const http = Deno.serve({ port: 0, hostname: "127.0.0.1", onListen() {} }, app.fetch);
   const toService = startFaultProxy({
     target: `http://127.0.0.1:${http.addr.port}`,
@@ -99,7 +103,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
   const library = new Locks(redis, { prefix: "edgelock:t" });
   const remote = createClient({ baseUrl: toService.url, apiKey: SECRET, retries: 0 });
   // The fuzzer talks to the service without faults: any 5xx it sees is a real defect.
-  const fuzzApp = createApp({ redis: direct, apiKeys });
+  const fuzzApp = createApp({ redis: direct, apiKeys, limits: { requestsPerSecond: 0 } });
 
   const history: Operation[] = [];
   const resource = new FencedResource();
@@ -296,20 +300,6 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
 }
 
 /** Routes EVALSHA of the real release script to a release without the token check. */
-function withBrokenRelease(redis: Redis, releaseSha: string): Redis {
-  return new Proxy(redis, {
-    get(target, property, receiver) {
-      if (property === "evalsha") {
-        return (sha: string, keys: string[], args: unknown[]) =>
-          sha === releaseSha
-            ? target.eval(BROKEN_RELEASE, keys, args)
-            : target.evalsha(sha, keys, args);
-      }
-      return Reflect.get(target, property, receiver);
-    },
-  });
-}
-
 function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, Math.max(0, ms)));
 }

@@ -10,7 +10,8 @@ import fc from "fast-check";
 import { Locks } from "../src/locks.ts";
 import type { Lease } from "../src/types.ts";
 import { type RedisLike, runScript } from "../src/_runner.ts";
-import { ACQUIRE, FENCE_GRACE_MS, MIN_RETRY_MS, RELEASE } from "../src/scripts.ts";
+import { ACQUIRE, FENCE_GRACE_MS, MIN_RETRY_MS } from "../src/scripts.ts";
+import { withBrokenRelease } from "../dev/history.ts";
 import { type ShiftedRedisServer, startShiftedRedisServer } from "../dev/clock_shift.ts";
 import { type Backend, keygen, startBackend } from "./_backend.ts";
 
@@ -315,23 +316,6 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
         break;
     }
   }
-}
-
-// The broken variant: the release script without its token check.
-function withBrokenRelease(redis: RedisLike): RedisLike {
-  const broken = RELEASE.source.replace(
-    "if lock[1] ~= token or (fence ~= '' and lock[2] ~= fence) then",
-    "if not lock[1] then",
-  );
-  assert.notEqual(broken, RELEASE.source);
-  return {
-    evalsha:
-      (async (sha: string, keys: string[], args: unknown[]) =>
-        sha === await RELEASE.sha1()
-          ? redis.eval(broken, keys, args)
-          : redis.evalsha(sha, keys, args)) as RedisLike["evalsha"],
-    eval: redis.eval.bind(redis) as RedisLike["eval"],
-  };
 }
 
 Deno.test("the library follows the lease rules of a reference model", async (t) => {
