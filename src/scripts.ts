@@ -114,12 +114,15 @@ if holder == token then
   keepFloor(fenceKey, fence, ttlMs + graceMs)
   return {1, tonumber(fence), ttlMs, nowMs}
 end
-local lapsed = redis.call('ZRANGEBYSCORE', ticketsKey, '-inf', nowMs, 'LIMIT', 0, maxWaiters)
-if #lapsed > 0 then
-  redis.call('ZREM', queueKey, unpack(lapsed))
-  redis.call('ZREM', ticketsKey, unpack(lapsed))
-end
 local head = redis.call('ZRANGE', queueKey, 0, 0)[1]
+if head then -- the queue and its tickets hold the same tokens: no head, no tickets
+  local lapsed = redis.call('ZRANGEBYSCORE', ticketsKey, '-inf', nowMs, 'LIMIT', 0, maxWaiters)
+  if #lapsed > 0 then
+    redis.call('ZREM', queueKey, unpack(lapsed))
+    redis.call('ZREM', ticketsKey, unpack(lapsed))
+    head = redis.call('ZRANGE', queueKey, 0, 0)[1]
+  end
+end
 if not holder and (not head or head == token) then
   if head then
     redis.call('ZREM', queueKey, token)
@@ -235,17 +238,18 @@ if lock[1] ~= token or (fence ~= '' and lock[2] ~= fence) then
 end
 ${NOW}${CLAMP}
 redis.call('DEL', lockKey)
--- The floor is written again (it may have been lost).
-redis.call('HSET', fenceKey, 'fence', lock[2], 'released', token .. ':' .. lock[2])
-redis.call('PEXPIRE', fenceKey, graceMs)
 -- A moving average of hold times, for waiters' hints. A negative hold means the server clock
 -- stepped back: no sample. A forward step counts as at most the longest lease.
 local sample = nowMs - (tonumber(lock[3]) or nowMs)
+local holdMs = tonumber(redis.call('HGET', fenceKey, 'holdMs'))
 if sample >= 0 then
   sample = clamp(sample, 1, ${MAX_HOLD_MS})
-  local holdMs = clamp(tonumber(redis.call('HGET', fenceKey, 'holdMs')) or sample, 1, ${MAX_HOLD_MS})
-  redis.call('HSET', fenceKey, 'holdMs', string.format('%.1f', (holdMs + sample) / 2))
+  holdMs = (clamp(holdMs or sample, 1, ${MAX_HOLD_MS}) + sample) / 2
 end
+-- The floor is written again (it may have been lost).
+redis.call('HSET', fenceKey, 'fence', lock[2], 'released', token .. ':' .. lock[2],
+  'holdMs', string.format('%.1f', holdMs or 20))
+redis.call('PEXPIRE', fenceKey, graceMs)
 return 1
 `,
 );

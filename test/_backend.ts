@@ -50,3 +50,12 @@ export async function startBackend(
 export function keygen(prefix = "t"): string {
   return `${prefix}:${crypto.randomUUID()}`;
 }
+
+/** Polls `check` until it holds, failing after `timeoutMs`: a wait on a condition, not a sleep. */
+export async function until(what: string, check: () => Promise<boolean>, timeoutMs = 10_000) {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`Timed out waiting until ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+}

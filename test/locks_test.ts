@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { EdgelockError, type Lease, Locks } from "../src/mod.ts";
 import { ACQUIRE, INSPECT, RELEASE, RENEW } from "../src/scripts.ts";
-import { keygen, startBackend } from "./_backend.ts";
+import { keygen, startBackend, until } from "./_backend.ts";
 
 const lockKey = (name: string) => `edgelock:lock:{${name}}`;
 const fenceKey = (name: string) => `${lockKey(name)}:fence`;
@@ -15,14 +15,6 @@ async function redisPid(url: string): Promise<number> {
     return Number(/process_id:(\d+)/.exec(info)![1]);
   } finally {
     client.disconnect();
-  }
-}
-
-async function until(what: string, check: () => Promise<boolean>, timeoutMs = 5000) {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`Timed out waiting until ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 20));
   }
 }
 

@@ -2,17 +2,10 @@ import assert from "node:assert/strict";
 import { Locks } from "../src/mod.ts";
 import { runScript } from "../src/_runner.ts";
 import { ACQUIRE, FENCE_GRACE_MS } from "../src/scripts.ts";
-import { keygen, startBackend } from "./_backend.ts";
+import { keygen, startBackend, until } from "./_backend.ts";
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
-async function until(what: string, check: () => Promise<boolean>, timeoutMs = 10_000) {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`Timed out waiting until ${what}`);
-    await sleep(5);
-  }
-}
 const keys = (name: string) => {
   const base = `edgelock:lock:{${name}}`;
   return [base, `${base}:fence`, `${base}:queue`, `${base}:tickets`];
@@ -123,8 +116,9 @@ Deno.test("the fair wait queue", async (t) => {
         assert.ok(holder.acquired);
         await ticket(name, "live-head-token-0000001", 10_000);
         for (let i = 0; i < 120; i++) {
-          await ticket(name, `crashed-waiter-${String(i).padStart(8, "0")}`, 100);
+          await ticket(name, `crashed-waiter-${String(i).padStart(8, "0")}`, 1500);
         }
+        // All queued at once (1.5 s tickets outlast the inserts, also on a loaded machine).
         assert.equal(await redis.zcard(keys(name)[2]!), 121);
         // Each look of the head drops whatever lapsed; wait until the crashed ones have.
         await until("the crashed tickets lapse", async () => {

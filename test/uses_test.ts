@@ -5,9 +5,9 @@ import { createApp } from "../src/app.ts";
 import { cronGuard } from "../src/cron.ts";
 import { dedupe, webhookDedupe } from "../src/dedupe.ts";
 import { idempotency, parseKey } from "../src/idempotency.ts";
-import { recordId, Store } from "../src/store.ts";
+import { type JobStart, recordId, Store } from "../src/store.ts";
 import { freePort } from "../dev/redis_server.ts";
-import { keygen, startBackend } from "./_backend.ts";
+import { keygen, startBackend, until } from "./_backend.ts";
 
 // Response.json() is typed unknown once Miniflare's types are loaded; tests read fields freely.
 // deno-lint-ignore no-explicit-any
@@ -301,10 +301,13 @@ Deno.test("the three uses", async (t) => {
       "a claim whose worker died frees after its lease; the late complete is refused",
       async () => {
         const id = recordId("user-9", keygen("k"));
-        const first = await store.claim("idempotency", id, { leaseMs: 150 });
+        const first = await store.claim("idempotency", id, { leaseMs: 600 });
         assert.equal(first.state, "claimed");
         assert.equal((await store.claim("idempotency", id)).state, "in_progress");
-        await sleep(250);
+        await until(
+          "the dead worker's lease ends",
+          async () => (await store.get("idempotency", id)).state === "absent",
+        );
         const second = await store.claim("idempotency", id, { leaseMs: 5000 });
         assert.ok(second.state === "claimed" && first.state === "claimed");
         assert.ok(second.fence > first.fence);
@@ -453,12 +456,16 @@ Deno.test("the three uses", async (t) => {
 
     await t.step("a crashed run frees the job after atMostMs", async () => {
       const job = keygen("job");
-      const start = await store.startJob(job, { atMostMs: 200 }); // never finished: it crashed
+      const start = await store.startJob(job, { atMostMs: 600 }); // never finished: it crashed
       assert.ok(start.run);
-      const blocked = await store.startJob(job, { atMostMs: 200 });
+      const blocked = await store.startJob(job, { atMostMs: 600 });
       assert.ok(!blocked.run && blocked.reason === "running");
-      await sleep(300);
-      const next = await store.startJob(job, { atMostMs: 200 });
+      const starts: JobStart[] = [];
+      await until("the crashed run's atMostMs ends", async () => {
+        starts.push(await store.startJob(job, { atMostMs: 600 }));
+        return starts.at(-1)!.run;
+      });
+      const next = starts.at(-1)!;
       assert.ok(next.run && next.fence > start.fence);
       assert.equal(
         await store.finishJob(job, start.token),
@@ -469,15 +476,15 @@ Deno.test("the three uses", async (t) => {
 
     await t.step("a long job is extended while it runs, past atMostMs", async () => {
       const job = keygen("job");
-      const result = await cronGuard(store, job, { atMostMs: 300 }, async (run, signal) => {
-        await sleep(1000);
+      const result = await cronGuard(store, job, { atMostMs: 600 }, async (run, signal) => {
+        await sleep(2000); // over three atMostMs
         assert.equal(signal.aborted, false);
-        const blocked = await store.startJob(job, { atMostMs: 300 });
+        const blocked = await store.startJob(job, { atMostMs: 600 });
         assert.ok(!blocked.run && blocked.reason === "running");
         return run.fence;
       });
       assert.ok(result.ran);
-      assert.ok((await store.startJob(job, { atMostMs: 300 })).run, "finished without atLeastMs");
+      assert.ok((await store.startJob(job, { atMostMs: 600 })).run, "finished without atLeastMs");
     });
 
     await t.step("the library calls of the three uses reject bad arguments precisely", async () => {
