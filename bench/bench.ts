@@ -336,6 +336,7 @@ async function startService(): Promise<string> {
       UPSTASH_REDIS_REST_URL: bridge.url,
       UPSTASH_REDIS_REST_TOKEN: token,
       LOCK_API_KEYS: `bench:${SECRET}`,
+      LOCK_RATE_LIMIT: "0", // the bench measures locks, not the per-tenant admission limit
     },
     stdout: "null",
     stderr: "null",
@@ -372,6 +373,7 @@ async function startWorker(): Promise<Miniflare> {
       UPSTASH_REDIS_REST_URL: bridge.url,
       UPSTASH_REDIS_REST_TOKEN: token,
       LOCK_API_KEYS: `bench:${SECRET}`,
+      LOCK_RATE_LIMIT: "0", // the bench measures locks, not the per-tenant admission limit
     },
   });
   cleanups.push(() => mf.dispose());

@@ -7,12 +7,12 @@ import { EdgelockError } from "./errors.ts";
 export interface TenantLimits {
   /** Concurrent acquire requests with `waitMs` > 0 per tenant, 1–10000. @default 100 */
   maxWaits?: number;
-  /** Requests per second per tenant (bursts up to one second's worth), 0 for none. @default 1000 */
+  /** Requests per second per tenant (bursts up to one second's worth), 0 for none. @default 5000 */
   requestsPerSecond?: number;
 }
 
 /** The default caps. */
-export const DEFAULT_LIMITS = { maxWaits: 100, requestsPerSecond: 1000 } as const;
+export const DEFAULT_LIMITS = { maxWaits: 100, requestsPerSecond: 5000 } as const;
 
 /** Admission control for one instance: throws `too_many_requests` (HTTP 429) over a cap. */
 export interface TenantLimiter {

@@ -2,6 +2,8 @@
 import { Redis, type RedisConfigNodejs } from "@upstash/redis";
 import { type Bridge, startBridge } from "../dev/bridge.ts";
 import { type RedisServer, startRedisServer } from "../dev/redis_server.ts";
+import { type RedisLike, runScript } from "../src/_runner.ts";
+import { ACQUIRE, FENCE_GRACE_MS } from "../src/scripts.ts";
 
 export interface Backend {
   server: RedisServer;
@@ -58,4 +60,25 @@ export async function until(what: string, check: () => Promise<boolean>, timeout
     if (Date.now() > deadline) throw new Error(`Timed out waiting until ${what}`);
     await new Promise((resolve) => setTimeout(resolve, 10));
   }
+}
+
+/** The Redis keys of lock `name`, laid out as the library does: lock, fence floor, queue, tickets. */
+export function lockKeys(name: string, prefix = "edgelock"): [string, string, string, string] {
+  const base = `${prefix}:lock:{${name}}`;
+  return [base, `${base}:fence`, `${base}:queue`, `${base}:tickets`];
+}
+
+/**
+ * Takes a queue ticket for `token` the way a waiter does, then never looks again: a waiter that
+ * vanished. Returns the acquire script's reply (`[0, retryAfterMs, nowMs, position]` when busy).
+ */
+export async function takeTicket(
+  redis: RedisLike,
+  name: string,
+  token: string,
+  ticketMs: number,
+  { prefix = "edgelock", maxWaiters = 128 } = {},
+): Promise<number[]> {
+  const args = [token, 1000, "", FENCE_GRACE_MS, ticketMs, maxWaiters];
+  return await runScript(redis, ACQUIRE, lockKeys(name, prefix), args) as number[];
 }

@@ -5,9 +5,7 @@ import { parseApiKeys } from "../src/auth.ts";
 import { createClient } from "../src/client.ts";
 import { DEFAULT_MAX_WAITERS, Locks } from "../src/locks.ts";
 import type { TenantLimits } from "../src/_limits.ts";
-import { runScript } from "../src/_runner.ts";
-import { ACQUIRE, FENCE_GRACE_MS } from "../src/scripts.ts";
-import { keygen, startBackend } from "./_backend.ts";
+import { keygen, startBackend, takeTicket } from "./_backend.ts";
 
 const A = "tenant-a-secret-0123456789";
 const B = "tenant-b-secret-0123456789";
@@ -479,15 +477,10 @@ Deno.test("the HTTP service's limits and deadlines", async (t) => {
     await t.step("a full wait queue is 409 queue_full with Retry-After", async () => {
       const app = make({});
       const name = keygen();
-      const base = `edgelock:l:lock:{${name}}`;
       (await post(app, `/v1/locks/${name}/acquire`, { ttlMs: 5000 })).body?.cancel();
       for (let i = 0; i < DEFAULT_MAX_WAITERS; i++) {
-        await runScript(
-          backend.redis,
-          ACQUIRE,
-          [base, `${base}:fence`, `${base}:queue`, `${base}:tickets`],
-          [`waiter-${String(i).padStart(12, "0")}`, 1000, "", FENCE_GRACE_MS, 10_000, 128],
-        );
+        const token = `waiter-${String(i).padStart(12, "0")}`;
+        await takeTicket(backend.redis, name, token, 10_000, { prefix: "edgelock:l" });
       }
       const full = await problemOf(await post(app, `/v1/locks/${name}/acquire`, { waitMs: 1000 }));
       assert.equal(full.status, 409);

@@ -9,11 +9,11 @@ import assert from "node:assert/strict";
 import fc from "fast-check";
 import { Locks } from "../src/locks.ts";
 import type { Lease } from "../src/types.ts";
-import { type RedisLike, runScript } from "../src/_runner.ts";
-import { ACQUIRE, FENCE_GRACE_MS, MIN_RETRY_MS } from "../src/scripts.ts";
+import type { RedisLike } from "../src/_runner.ts";
+import { MIN_RETRY_MS } from "../src/scripts.ts";
 import { withBrokenRelease } from "../dev/history.ts";
 import { type ShiftedRedisServer, startShiftedRedisServer } from "../dev/clock_shift.ts";
-import { type Backend, keygen, startBackend } from "./_backend.ts";
+import { type Backend, keygen, lockKeys, startBackend, takeTicket } from "./_backend.ts";
 
 const RUNS = Number(Deno.env.get("MODEL_RUNS") ?? 200);
 const MAX_WAITERS = 2; // two clients, so a full queue happens often
@@ -132,8 +132,7 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
   const model = new Model();
   const name = keygen("m");
   const tokens = [0, 1, 2].map((i) => `model-token-${i}-${name.slice(-12)}`);
-  const base = `edgelock:lock:{${name}}`;
-  const keys = [base, `${base}:fence`, `${base}:queue`, `${base}:tickets`];
+  const keys = lockKeys(name);
   const seen: string[] = [];
   const fail = (message: string) => {
     throw new Error(`${message}\nafter: ${seen.join(" → ")}`);
@@ -229,14 +228,9 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
       case "vanish": { // a waiter takes a ticket and is never heard of again
         const token = tokens[cmd.who]!;
         const expected = decide(token, 1000, cmd.ticketMs, t);
-        const reply = await runScript(ctx.redis, ACQUIRE, keys, [
-          token,
-          1000,
-          "",
-          FENCE_GRACE_MS,
-          cmd.ticketMs,
-          MAX_WAITERS,
-        ]) as number[];
+        const reply = await takeTicket(ctx.redis, name, token, cmd.ticketMs, {
+          maxWaiters: MAX_WAITERS,
+        });
         if ((reply[0] === 1) !== expected.acquired) {
           fail(`vanish: ${reply}, model ${expected.acquired}`);
         }

@@ -1,23 +1,17 @@
 import assert from "node:assert/strict";
 import { Locks } from "../src/mod.ts";
-import { runScript } from "../src/_runner.ts";
-import { ACQUIRE, FENCE_GRACE_MS } from "../src/scripts.ts";
-import { keygen, startBackend, until } from "./_backend.ts";
+import { keygen, lockKeys, startBackend, takeTicket, until } from "./_backend.ts";
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
-const keys = (name: string) => {
-  const base = `edgelock:lock:{${name}}`;
-  return [base, `${base}:fence`, `${base}:queue`, `${base}:tickets`];
-};
+const keys = (name: string) => lockKeys(name);
 
 Deno.test("the fair wait queue", async (t) => {
   const backend = await startBackend();
   const { redis } = backend;
   const locks = new Locks(redis);
-  // Takes a ticket for `token` the way a waiter does, without polling again: a stalled waiter.
   const ticket = (name: string, token: string, ticketMs: number) =>
-    runScript(redis, ACQUIRE, keys(name), [token, 1000, "", FENCE_GRACE_MS, ticketMs, 128]);
+    takeTicket(redis, name, token, ticketMs);
 
   try {
     await t.step("waiters are granted the lock in the order they arrived", async () => {
@@ -125,7 +119,7 @@ Deno.test("the fair wait queue", async (t) => {
           await ticket(name, "live-head-token-0000001", 10_000);
           return await redis.zcard(keys(name)[2]!) === 1;
         });
-        const reply = await ticket(name, "new-waiter-token-000001", 1000) as number[];
+        const reply = await ticket(name, "new-waiter-token-000001", 1000);
         assert.equal(reply[3], 1, "the new waiter is second, behind the live head");
         assert.equal(await redis.zcard(keys(name)[2]!), 2, "no dead ticket is left");
         assert.equal(await redis.zcard(keys(name)[3]!), 2);

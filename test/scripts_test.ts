@@ -7,7 +7,7 @@ import { Locks } from "../src/locks.ts";
 import { recordId, Store } from "../src/store.ts";
 import * as scripts from "../src/scripts.ts";
 import { startShiftedRedisServer } from "../dev/clock_shift.ts";
-import { type Backend, keygen, startBackend } from "./_backend.ts";
+import { type Backend, keygen, startBackend, takeTicket } from "./_backend.ts";
 
 const lockKey = (name: string) => `edgelock:lock:{${name}}`;
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -276,7 +276,7 @@ Deno.test("the lock scripts under a stepped Redis clock", async (t) => {
         assert.ok(!busy.acquired && busy.retryAfterMs <= 2000, `hint ${JSON.stringify(busy)}`);
         // Free, but kept for the head of the queue: the hint is bounded by the head's ticket.
         const head = "queue-head-token-000001";
-        await scriptsAcquire(backend, name, head, 1000);
+        await takeTicket(redis, name, head, 1000);
         await locks.release(holder.lease);
         const reserved = await locks.acquire(name);
         assert.ok(!reserved.acquired && reserved.retryAfterMs <= 1000, JSON.stringify(reserved));
@@ -301,15 +301,3 @@ Deno.test("the lock scripts under a stepped Redis clock", async (t) => {
     await backend.stop();
   }
 });
-
-// Takes a queue ticket for `token` the way a waiter does, without looking again.
-async function scriptsAcquire(backend: Backend, name: string, token: string, ticketMs: number) {
-  const { runScript } = await import("../src/_runner.ts");
-  const base = lockKey(name);
-  return runScript(
-    backend.redis,
-    scripts.ACQUIRE,
-    [base, `${base}:fence`, `${base}:queue`, `${base}:tickets`],
-    [token, 1000, "", scripts.FENCE_GRACE_MS, ticketMs, 128],
-  );
-}
