@@ -19,7 +19,7 @@
  *
  * @module
  */
-export { Locks, type LocksOptions } from "./locks.ts";
+export { DEFAULT_MAX_WAITERS, Locks, type LocksOptions } from "./locks.ts";
 export { withLock } from "./with_lock.ts";
 export { EdgelockError, type EdgelockErrorOptions, type ErrorCode } from "./errors.ts";
 export type { RedisLike } from "./_runner.ts";
@@ -35,9 +35,10 @@ export type {
   WithLockOptions,
 } from "./types.ts";
 export { type AppDeps, createApp, MAX_BODY_BYTES } from "./app.ts";
+export { DEFAULT_LIMITS, type TenantLimits } from "./_limits.ts";
 export { type ApiKey, parseApiKeys } from "./auth.ts";
 export { type ClientOptions, createClient } from "./client.ts";
-export { readConfig, type ServiceConfig } from "./config.ts";
+export { appSettings, readConfig, type ServiceConfig } from "./config.ts";
 export {
   type ClaimOptions,
   type ClaimResult,
@@ -45,8 +46,10 @@ export {
   recordId,
   type RecordKind,
   type RecordState,
+  safeName,
   type StartJobOptions,
   Store,
+  type StoreOptions,
 } from "./store.ts";
 export { cronGuard, type CronResult, type JobRun } from "./cron.ts";
 export {
