@@ -5,7 +5,7 @@ import { parseApiKeys } from "../src/auth.ts";
 import { createClient } from "../src/client.ts";
 import { DEFAULT_MAX_WAITERS, Locks } from "../src/locks.ts";
 import type { TenantLimits } from "../src/_limits.ts";
-import { keygen, startBackend, takeTicket } from "./_backend.ts";
+import { keygen, lockKeys, startBackend, takeTicket, until } from "./_backend.ts";
 
 const A = "tenant-a-secret-0123456789";
 const B = "tenant-b-secret-0123456789";
@@ -438,9 +438,10 @@ Deno.test("the HTTP service's limits and deadlines", async (t) => {
         const held = await post(app, `/v1/locks/${name}/acquire`, { ttlMs: 5000 });
         const { token } = await held.json() as Json;
         const waits = [1, 2].map(() =>
-          post(app, `/v1/locks/${name}/acquire`, { ttlMs: 5000, waitMs: 800 })
+          post(app, `/v1/locks/${name}/acquire`, { ttlMs: 5000, waitMs: 3000 })
         );
-        await new Promise((resolve) => setTimeout(resolve, 50)); // both waits are in flight
+        const queue = lockKeys(name, "edgelock:l")[2];
+        await until("both waits are in flight", async () => await backend.redis.zcard(queue) === 2);
         const third = await problemOf(
           await post(app, `/v1/locks/${name}/acquire`, { waitMs: 800 }),
         );
