@@ -4,7 +4,7 @@ import { createApp } from "../src/app.ts";
 import { parseApiKeys } from "../src/auth.ts";
 import { createClient } from "../src/client.ts";
 import { DEFAULT_MAX_WAITERS, Locks } from "../src/locks.ts";
-import type { TenantLimits } from "../src/_limits.ts";
+import { tenantLimiter, type TenantLimits } from "../src/_limits.ts";
 import { keygen, lockKeys, startBackend, takeTicket, until } from "./_backend.ts";
 
 const A = "tenant-a-secret-0123456789";
@@ -460,19 +460,57 @@ Deno.test("the HTTP service's limits and deadlines", async (t) => {
 
     await t.step("a tenant over requestsPerSecond gets 429 with Retry-After", async () => {
       const app = make({ requestsPerSecond: 5 });
-      const statuses = [];
-      for (let i = 0; i < 8; i++) {
-        const res = await post(app, `/v1/locks/${keygen()}/acquire`, {});
-        statuses.push(res.status);
-        if (res.status === 429) {
-          const problem = await problemOf(res);
-          assert.equal(problem.code, "too_many_requests");
-          assert.ok(Number(problem.retryAfter) >= 1 && Number(problem.retryAfterMs) > 0);
-        } else await res.body?.cancel();
+      // A burst of 20 at once: 5 fit the bucket, a few more may refill while it runs.
+      const replies = await Promise.all(
+        Array.from({ length: 20 }, () => post(app, `/v1/locks/${keygen()}/acquire`, {})),
+      );
+      const limited = replies.filter((res) => res.status === 429);
+      assert.ok(limited.length >= 10, `${limited.length} of 20 limited`);
+      for (const res of replies) {
+        if (res.status !== 429) {
+          assert.equal(res.status, 200);
+          await res.body?.cancel();
+          continue;
+        }
+        const problem = await problemOf(res);
+        assert.equal(problem.code, "too_many_requests");
+        assert.ok(Number(problem.retryAfter) >= 1 && Number(problem.retryAfterMs) > 0);
       }
-      assert.deepEqual(statuses, [200, 200, 200, 200, 200, 429, 429, 429]);
       assert.throws(() => make({ maxWaits: 0 }), /maxWaits must be/);
       assert.throws(() => make({ requestsPerSecond: -1 }), /requestsPerSecond must be/);
+    });
+
+    await t.step("the rate limit refills continuously, per tenant (a stepped clock)", () => {
+      let now = 0;
+      const limiter = tenantLimiter({ requestsPerSecond: 5 }, () => now);
+      const admitted = (tenant: string) => {
+        try {
+          limiter.admit(tenant);
+          return true;
+        } catch (error) {
+          assert.equal((error as { code?: string }).code, "too_many_requests");
+          return false;
+        }
+      };
+      assert.deepEqual(Array.from({ length: 6 }, () => admitted("a")), [
+        true,
+        true,
+        true,
+        true,
+        true,
+        false,
+      ]);
+      assert.equal(admitted("b"), true, "another tenant has its own bucket");
+      now = 199;
+      assert.equal(admitted("a"), false, "one token takes 200 ms");
+      now = 200;
+      assert.equal(admitted("a"), true);
+      now = 10_000;
+      assert.equal(
+        Array.from({ length: 7 }, () => admitted("a")).filter(Boolean).length,
+        5,
+        "at most one second's worth after a long pause",
+      );
     });
 
     await t.step("a full wait queue is 409 queue_full with Retry-After", async () => {
