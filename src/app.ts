@@ -3,7 +3,7 @@ import type { Context } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { HTTPException } from "hono/http-exception";
 import { type ApiKey, findTenant, sha256 } from "./auth.ts";
-import { EdgelockError, type ErrorCode } from "./errors.ts";
+import { busyError, EdgelockError, type ErrorCode } from "./errors.ts";
 import { Locks } from "./locks.ts";
 import { sentAtOf } from "./_granted.ts";
 import { tenantLimiter, type TenantLimits } from "./_limits.ts";
@@ -258,19 +258,13 @@ export function createApp(
     const signal = c.req.raw.signal;
     const acquire = () =>
       c.var.locks.acquire(name, { ...options, signal }).catch((error) => {
-        if (signal.aborted) return { acquired: false as const, retryAfterMs: 1, reason: "busy" };
+        if (signal.aborted) {
+          return { acquired: false as const, retryAfterMs: 1, reason: "busy" as const };
+        }
         throw error;
       });
     const result = options.waitMs ? await limiter.wait(c.var.tenant, acquire) : await acquire();
-    if (!result.acquired) {
-      throw result.reason === "queue_full"
-        ? new EdgelockError("queue_full", `Too many callers wait for lock "${name}" already`, {
-          retryAfterMs: result.retryAfterMs,
-        })
-        : new EdgelockError("lock_busy", `Lock "${name}" is held by another token`, {
-          retryAfterMs: result.retryAfterMs,
-        });
-    }
+    if (!result.acquired) throw busyError(name, result);
     const waitedMs = Math.max(0, Math.floor((sentAtOf(result.lease) ?? receivedAt) - receivedAt));
     return c.json({ ...leaseBody(result.lease), waitedMs }, 200);
   });

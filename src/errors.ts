@@ -32,3 +32,17 @@ export class EdgelockError extends Error {
     if (options.retryAfterMs !== undefined) this.retryAfterMs = options.retryAfterMs;
   }
 }
+
+/** The error for an acquire that stayed busy: `lock_busy`, or `queue_full` when too many wait. */
+export function busyError(
+  name: string,
+  { retryAfterMs, reason }: { retryAfterMs: number; reason: "busy" | "queue_full" },
+): EdgelockError {
+  return reason === "queue_full"
+    ? new EdgelockError("queue_full", `Too many callers wait for lock "${name}" already`, {
+      retryAfterMs,
+    })
+    : new EdgelockError("lock_busy", `Cannot acquire lock "${name}": another token holds it`, {
+      retryAfterMs,
+    });
+}

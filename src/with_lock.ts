@@ -1,6 +1,6 @@
 import { sleep } from "./_backoff.ts";
 import { sentAtOf } from "./_granted.ts";
-import { EdgelockError } from "./errors.ts";
+import { busyError, EdgelockError } from "./errors.ts";
 import type { Lease, LockClient, WithLockOptions } from "./types.ts";
 
 /**
@@ -20,19 +20,7 @@ export async function withLock<T>(
   if (typeof fn !== "function") throw new TypeError("withLock needs a function to run");
   const startedAt = performance.now();
   const result = await locks.acquire(name, options);
-  if (!result.acquired) {
-    throw result.reason === "queue_full"
-      ? new EdgelockError(
-        "queue_full",
-        `Cannot acquire lock "${name}": too many callers wait for it already`,
-        { retryAfterMs: result.retryAfterMs },
-      )
-      : new EdgelockError(
-        "lock_busy",
-        `Cannot acquire lock "${name}": another token holds it`,
-        { retryAfterMs: result.retryAfterMs },
-      );
-  }
+  if (!result.acquired) throw busyError(name, result);
   let lease = result.lease;
   try {
     return await hold({
