@@ -17,7 +17,8 @@ import { Mutex } from "redis-semaphore";
 import Redlock from "redlock";
 import { startBridge } from "../dev/bridge.ts";
 import { freePort, startRedisServer } from "../dev/redis_server.ts";
-import { createClient, type Lease, Locks } from "../src/mod.ts";
+import { createClient } from "@edgelock/edgelock/client";
+import { type Lease, Locks } from "@edgelock/edgelock";
 
 const CYCLES = Number(Deno.env.get("BENCH_CYCLES") ?? 1000);
 const CONCURRENCY = [1, 32];

@@ -7,8 +7,8 @@
  *
  * @module
  */
-import type { RedisLike } from "../src/_runner.ts";
-import { RELEASE } from "../src/scripts.ts";
+import type { RedisLike } from "../src/core/_runner.ts";
+import { RELEASE } from "../src/core/scripts.ts";
 
 /** One operation as a client recorded it. */
 export type Operation =

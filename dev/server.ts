@@ -6,8 +6,8 @@
  * @module
  */
 import { Redis } from "@upstash/redis";
-import { createApp } from "../src/app.ts";
-import { parseApiKeys } from "../src/auth.ts";
+import { createApp } from "../src/service/app.ts";
+import { parseApiKeys } from "../src/service/auth.ts";
 import { type Bridge, startBridge } from "./bridge.ts";
 import { DURABLE_ARGS, type RedisServer, startRedisServer } from "./redis_server.ts";
 

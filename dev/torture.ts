@@ -11,10 +11,10 @@
  */
 import { Redis } from "@upstash/redis";
 import fc from "fast-check";
-import { createApp } from "../src/app.ts";
-import { createClient } from "../src/client.ts";
-import { Locks } from "../src/locks.ts";
-import type { Lease, LockClient } from "../src/types.ts";
+import { createApp } from "../src/service/app.ts";
+import { createClient } from "../src/client/client.ts";
+import { Locks } from "../src/core/locks.ts";
+import type { Lease, LockClient } from "../src/core/types.ts";
 import { startBridge } from "./bridge.ts";
 import { FAULT_KINDS, type FaultKind, startFaultProxy } from "./fault_proxy.ts";
 import {

@@ -2,8 +2,8 @@
 import { Redis, type RedisConfigNodejs } from "@upstash/redis";
 import { type Bridge, startBridge } from "../dev/bridge.ts";
 import { type RedisServer, startRedisServer } from "../dev/redis_server.ts";
-import { type RedisLike, runScript } from "../src/_runner.ts";
-import { ACQUIRE, FENCE_GRACE_MS } from "../src/scripts.ts";
+import { type RedisLike, runScript } from "../src/core/_runner.ts";
+import { ACQUIRE, FENCE_GRACE_MS } from "../src/core/scripts.ts";
 
 export interface Backend {
   server: RedisServer;

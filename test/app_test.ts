@@ -1,10 +1,10 @@
 import assert from "node:assert/strict";
 import fc from "fast-check";
-import { createApp } from "../src/app.ts";
-import { parseApiKeys } from "../src/auth.ts";
-import { createClient } from "../src/client.ts";
-import { DEFAULT_MAX_WAITERS, Locks } from "../src/locks.ts";
-import { tenantLimiter, type TenantLimits } from "../src/_limits.ts";
+import { createApp } from "../src/service/app.ts";
+import { parseApiKeys } from "../src/service/auth.ts";
+import { createClient } from "../src/client/client.ts";
+import { DEFAULT_MAX_WAITERS, Locks } from "../src/core/locks.ts";
+import { tenantLimiter, type TenantLimits } from "../src/service/_limits.ts";
 import { keygen, lockKeys, startBackend, takeTicket, until } from "./_backend.ts";
 
 const A = "tenant-a-secret-0123456789";

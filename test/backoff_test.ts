@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { backoffDelay, sleep } from "../src/_backoff.ts";
+import { backoffDelay, sleep } from "../src/core/_backoff.ts";
 
 Deno.test("backoffDelay() is full jitter under a doubling ceiling, capped", () => {
   const max = () => 0.999999;

@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { Redis as IORedis } from "ioredis";
-import { createClient, EdgelockError } from "../src/mod.ts";
+import { createClient } from "@edgelock/edgelock/client";
+import { EdgelockError } from "@edgelock/edgelock";
 import { freePort } from "../dev/redis_server.ts";
 import { keygen, startBackend } from "./_backend.ts";
 import { LISTENING, spawnDeno } from "./_process.ts";

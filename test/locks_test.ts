@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { EdgelockError, type Lease, Locks } from "../src/mod.ts";
+import { EdgelockError, type Lease, Locks } from "@edgelock/edgelock";
 import { keygen, startBackend, until } from "./_backend.ts";
 
 const lockKey = (name: string) => `edgelock:lock:{${name}}`;

@@ -7,10 +7,10 @@
 // Runs: MODEL_RUNS (default 200 in the suite; `MODEL_RUNS=3000 deno test -A test/model_test.ts`).
 import assert from "node:assert/strict";
 import fc from "fast-check";
-import { Locks } from "../src/locks.ts";
-import type { Lease } from "../src/types.ts";
-import type { RedisLike } from "../src/_runner.ts";
-import { MIN_RETRY_MS } from "../src/scripts.ts";
+import { Locks } from "../src/core/locks.ts";
+import type { Lease } from "../src/core/types.ts";
+import type { RedisLike } from "../src/core/_runner.ts";
+import { MIN_RETRY_MS } from "../src/core/scripts.ts";
 import { withBrokenRelease } from "../dev/history.ts";
 import { type ShiftedRedisServer, startShiftedRedisServer } from "../dev/clock_shift.ts";
 import { type Backend, keygen, lockKeys, startBackend, takeTicket } from "./_backend.ts";

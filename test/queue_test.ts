@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { Locks } from "../src/mod.ts";
+import { Locks } from "@edgelock/edgelock";
 import { keygen, lockKeys, startBackend, takeTicket, until } from "./_backend.ts";
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));

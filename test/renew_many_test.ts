@@ -1,5 +1,7 @@
 import assert from "node:assert/strict";
-import { createApp, createClient, type Lease, Locks } from "../src/mod.ts";
+import { createApp } from "@edgelock/edgelock/service";
+import { createClient } from "@edgelock/edgelock/client";
+import { type Lease, Locks } from "@edgelock/edgelock";
 import { keygen, startBackend } from "./_backend.ts";
 
 Deno.test("batch renew", async (t) => {

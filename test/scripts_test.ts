@@ -3,9 +3,11 @@
 // their TTL and on records this code did not write.
 import assert from "node:assert/strict";
 import { Redis as IORedis } from "ioredis";
-import { Locks } from "../src/locks.ts";
-import { recordId, Store } from "../src/store.ts";
-import * as scripts from "../src/scripts.ts";
+import { Locks } from "../src/core/locks.ts";
+import { recordId, Store } from "../src/uses/store.ts";
+import * as scripts from "../src/core/scripts.ts";
+import * as useScripts from "../src/uses/scripts.ts";
+import type { Script } from "../src/core/_lua.ts";
 import { startShiftedRedisServer } from "../dev/clock_shift.ts";
 import { type Backend, keygen, startBackend, takeTicket } from "./_backend.ts";
 
@@ -27,8 +29,10 @@ function slotOf(key: string): number {
   return crc % 16384;
 }
 
-/** Every script of src/scripts.ts. */
-const ALL = Object.values(scripts).filter((value): value is scripts.Script =>
+/** Every script of both script modules. */
+const ALL = [...Object.values(scripts), ...Object.values(useScripts)].filter((
+  value,
+): value is Script =>
   typeof value === "object" && value !== null && "source" in value && "sha1" in value
 );
 

@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
-import { createApp } from "../src/app.ts";
-import { findTenant, parseApiKeys, sha256 } from "../src/auth.ts";
+import { createApp } from "../src/service/app.ts";
+import { findTenant, parseApiKeys } from "../src/service/auth.ts";
+import { sha256 } from "../src/core/_crypto.ts";
 import { keygen, startBackend } from "./_backend.ts";
 import { LISTENING, spawnDeno } from "./_process.ts";
 

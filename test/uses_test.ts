@@ -1,11 +1,12 @@
 import assert from "node:assert/strict";
 import { Hono } from "hono";
 import { Redis } from "@upstash/redis";
-import { createApp } from "../src/app.ts";
-import { cronGuard } from "../src/cron.ts";
-import { dedupe, webhookDedupe } from "../src/dedupe.ts";
-import { idempotency, parseKey } from "../src/idempotency.ts";
-import { type JobStart, recordId, Store } from "../src/store.ts";
+import { createApp } from "../src/service/app.ts";
+import { cronGuard } from "../src/uses/cron.ts";
+import { dedupe } from "../src/uses/dedupe.ts";
+import { webhookDedupe } from "../src/hono/webhook_dedupe.ts";
+import { idempotency, parseKey } from "../src/hono/idempotency.ts";
+import { type JobStart, recordId, Store } from "../src/uses/store.ts";
 import { freePort } from "../dev/redis_server.ts";
 import { keygen, startBackend, until } from "./_backend.ts";
 

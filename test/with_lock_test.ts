@@ -1,5 +1,7 @@
 import assert from "node:assert/strict";
-import { createApp, createClient, EdgelockError, Locks, withLock } from "../src/mod.ts";
+import { createApp } from "@edgelock/edgelock/service";
+import { createClient } from "@edgelock/edgelock/client";
+import { EdgelockError, Locks, withLock } from "@edgelock/edgelock";
 import { keygen, startBackend } from "./_backend.ts";
 
 const lockKey = (name: string) => `edgelock:lock:{${name}}`;

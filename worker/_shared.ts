@@ -1,7 +1,7 @@
 // What both entries share: the Redis client settings and the guarded example cron job.
 import type { Redis } from "@upstash/redis";
-import { cronGuard, type CronResult } from "../src/cron.ts";
-import type { Store } from "../src/store.ts";
+import { cronGuard, type CronResult } from "../src/uses/cron.ts";
+import type { Store } from "../src/uses/store.ts";
 
 /** Client settings for the service: no telemetry, two quick retries of network errors. */
 export const REDIS_OPTIONS = {

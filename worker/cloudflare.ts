@@ -1,8 +1,8 @@
 // Cloudflare Workers entry: configuration from bindings (vars and secrets), one app per isolate.
 import { Redis } from "@upstash/redis/cloudflare";
-import { createApp } from "../src/app.ts";
-import { appSettings, readConfig } from "../src/config.ts";
-import { Store } from "../src/store.ts";
+import { createApp } from "../src/service/app.ts";
+import { appSettings, readConfig } from "../src/service/config.ts";
+import { Store } from "../src/uses/store.ts";
 import { EXAMPLE_JOB, REDIS_OPTIONS, runExampleJob } from "./_shared.ts";
 
 /** Bindings: vars in wrangler.toml, secrets with `wrangler secret put`. */

@@ -1,8 +1,8 @@
 // Deno Deploy (and plain Deno) entry: configuration from Deno.env.
 import { Redis } from "@upstash/redis";
-import { createApp } from "../src/app.ts";
-import { appSettings, readConfig } from "../src/config.ts";
-import { Store } from "../src/store.ts";
+import { createApp } from "../src/service/app.ts";
+import { appSettings, readConfig } from "../src/service/config.ts";
+import { Store } from "../src/uses/store.ts";
 import { EXAMPLE_JOB, REDIS_OPTIONS, runExampleJob } from "./_shared.ts";
 
 const config = readConfig(Deno.env.toObject());

@@ -1,7 +1,7 @@
 // Per-tenant caps of one service instance (an isolate on the edge): concurrent server-side waits
 // and a request rate. They bound what one tenant's client can make an instance hold open and
 // send to Redis; instances do not share them.
-import { EdgelockError } from "./errors.ts";
+import { EdgelockError } from "../core/errors.ts";
 
 /** Per-tenant caps on one service instance. */
 export interface TenantLimits {

@@ -17,15 +17,8 @@ import {
   checkToken,
   newToken,
 } from "./_validate.ts";
-import {
-  ACQUIRE,
-  FENCE_GRACE_MS,
-  INSPECT,
-  LEAVE_QUEUE,
-  RELEASE,
-  RENEW,
-  type Script,
-} from "./scripts.ts";
+import { ACQUIRE, FENCE_GRACE_MS, INSPECT, LEAVE_QUEUE, RELEASE, RENEW } from "./scripts.ts";
+import { type Script } from "./_lua.ts";
 import type {
   AcquireOptions,
   AcquireResult,

@@ -1,11 +1,11 @@
 import type { Context, MiddlewareHandler } from "hono";
-import { backoffDelay, sleep } from "./_backoff.ts";
-import { checkDuration } from "./_validate.ts";
-import { sha256Hex } from "./auth.ts";
+import { backoffDelay, sleep } from "../core/_backoff.ts";
+import { checkDuration } from "../core/_validate.ts";
+import { sha256Hex } from "../core/_crypto.ts";
 import { problem } from "./_problem.ts";
-import { EdgelockError } from "./errors.ts";
-import { MAX_RESPONSE_BYTES, recordId, safeName, type Store } from "./store.ts";
-import { hold } from "./with_lock.ts";
+import { EdgelockError } from "../core/errors.ts";
+import { MAX_RESPONSE_BYTES, recordId, safeName, type Store } from "../uses/store.ts";
+import { hold } from "../core/with_lock.ts";
 
 /** Options for {@linkcode idempotency}. */
 export interface IdempotencyOptions {

@@ -1,6 +1,6 @@
 // Schema pieces shared by the route modules: they validate requests and generate /openapi.json.
 import { z } from "@hono/zod-openapi";
-import { LIMITS, MAX_META_BYTES, NAME_PATTERN, TOKEN_PATTERN } from "./_validate.ts";
+import { LIMITS, MAX_META_BYTES, NAME_PATTERN, TOKEN_PATTERN } from "../core/_validate.ts";
 
 export const Name = z.string().regex(NAME_PATTERN).openapi({
   description: "1–200 characters of A-Z a-z 0-9 . _ : -, not . or ..",

@@ -1,6 +1,6 @@
 import type { Redis } from "@upstash/redis";
 import { EdgelockError } from "./errors.ts";
-import type { Script } from "./scripts.ts";
+import type { Script } from "./_lua.ts";
 
 /**
  * The smallest part of an `@upstash/redis` client that edgelock needs; `pipeline` (for batches

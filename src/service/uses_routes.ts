@@ -1,10 +1,10 @@
 // HTTP routes for the three uses: idempotent submissions, webhook deduplication, cron jobs.
 import { createRoute, type OpenAPIHono, z } from "@hono/zod-openapi";
 import { body, common, duration, json, nameParam, problemDoc, Token } from "./_schemas.ts";
-import { EdgelockError } from "./errors.ts";
-import type { Locks } from "./locks.ts";
-import { MAX_RESPONSE_BYTES, recordId, type Store } from "./store.ts";
-import { DEDUPE_RETENTION_MS } from "./dedupe.ts";
+import { EdgelockError } from "../core/errors.ts";
+import type { Locks } from "../core/locks.ts";
+import { MAX_RESPONSE_BYTES, recordId, type Store } from "../uses/store.ts";
+import { DEDUPE_RETENTION_MS } from "../uses/dedupe.ts";
 
 /** The variables the auth middleware sets for each request: the tenant's own stores. */
 export type AppEnv = { Variables: { tenant: string; locks: Locks; store: Store } };

@@ -2,18 +2,19 @@ import { createRoute, OpenAPIHono, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { HTTPException } from "hono/http-exception";
-import { type ApiKey, findTenant, sha256 } from "./auth.ts";
-import { busyError, EdgelockError, type ErrorCode } from "./errors.ts";
-import { Locks } from "./locks.ts";
-import { sentAtOf } from "./_granted.ts";
+import { type ApiKey, findTenant } from "./auth.ts";
+import { sha256 } from "../core/_crypto.ts";
+import { busyError, EdgelockError, type ErrorCode } from "../core/errors.ts";
+import { Locks } from "../core/locks.ts";
+import { sentAtOf } from "../core/_granted.ts";
 import { tenantLimiter, type TenantLimits } from "./_limits.ts";
-import { Store } from "./store.ts";
-import { type AppEnv, registerUseRoutes } from "./app_uses.ts";
-import { checkTimeout, type RedisLike, runScript } from "./_runner.ts";
+import { Store } from "../uses/store.ts";
+import { type AppEnv, registerUseRoutes } from "./uses_routes.ts";
+import { checkTimeout, type RedisLike, runScript } from "../core/_runner.ts";
 import { body, common, duration, json, Meta, Name, problemDoc, Token } from "./_schemas.ts";
-import { PING } from "./scripts.ts";
-import { problem } from "./_problem.ts";
-import type { Lease } from "./types.ts";
+import { PING } from "../core/scripts.ts";
+import { problem } from "../hono/_problem.ts";
+import type { Lease } from "../core/types.ts";
 
 /** What {@linkcode createApp} needs; each runtime's entry builds it from its own environment. */
 export interface AppDeps {

@@ -1,6 +1,6 @@
-import { backoffDelay, sleep } from "./_backoff.ts";
-import { checkDuration, checkMeta, checkName, checkToken, newToken } from "./_validate.ts";
-import { EdgelockError, type ErrorCode } from "./errors.ts";
+import { backoffDelay, sleep } from "../core/_backoff.ts";
+import { checkDuration, checkMeta, checkName, checkToken, newToken } from "../core/_validate.ts";
+import { EdgelockError, type ErrorCode } from "../core/errors.ts";
 import type {
   AcquireOptions,
   AcquireResult,
@@ -11,9 +11,9 @@ import type {
   RenewOptions,
   RenewResult,
   WithLockOptions,
-} from "./types.ts";
-import { withLock } from "./with_lock.ts";
-import { noteSentAt } from "./_granted.ts";
+} from "../core/types.ts";
+import { withLock } from "../core/with_lock.ts";
+import { noteSentAt } from "../core/_granted.ts";
 
 /** Options for {@linkcode createClient}. */
 export interface ClientOptions {

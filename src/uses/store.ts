@@ -4,8 +4,8 @@ import {
   parseJsonText,
   type RedisLike,
   runScript as runWithTimeout,
-} from "./_runner.ts";
-import { EdgelockError } from "./errors.ts";
+} from "../core/_runner.ts";
+import { EdgelockError } from "../core/errors.ts";
 import {
   checkDuration,
   checkName,
@@ -13,20 +13,20 @@ import {
   checkToken,
   NAME_PATTERN,
   newToken,
-} from "./_validate.ts";
-import { sha256Hex } from "./auth.ts";
+} from "../core/_validate.ts";
+import { sha256Hex } from "../core/_crypto.ts";
 import {
   CLAIM,
   COMPLETE,
   EXTEND_JOB,
-  FENCE_GRACE_MS,
   FINISH_JOB,
   GET_RECORD,
   RELEASE_CLAIM,
   RENEW_CLAIM,
-  type Script,
   START_JOB,
 } from "./scripts.ts";
+import { FENCE_GRACE_MS } from "../core/scripts.ts";
+import { type Script } from "../core/_lua.ts";
 
 /** Options for {@linkcode Store}. */
 export interface StoreOptions {

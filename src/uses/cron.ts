@@ -1,5 +1,5 @@
 import type { StartJobOptions, Store } from "./store.ts";
-import { hold } from "./with_lock.ts";
+import { hold } from "../core/with_lock.ts";
 
 /** What a guarded run learns about itself. */
 export interface JobRun {

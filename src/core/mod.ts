@@ -1,0 +1,45 @@
+/**
+ * edgelock: distributed locks with fencing tokens for edge runtimes, on Redis over REST. This
+ * root entry is the lock core only (no web framework, no schema library): `Locks`, `withLock`,
+ * errors and types. The uses (`/uses`), Hono middleware (`/hono`), the HTTP service (`/service`)
+ * and the typed client (`/client`) are entries of their own.
+ *
+ * @example
+ * ```ts
+ * import { Redis } from "@upstash/redis";
+ * import { Locks } from "@edgelock/edgelock";
+ *
+ * const locks = new Locks(Redis.fromEnv());
+ * await locks.withLock("report:daily", { ttlMs: 5000 }, async (lease, signal) => {
+ *   // Long work renews the lease every third of ttlMs; signal aborts if it is lost.
+ *   await fetch("https://example.com/reports", {
+ *     method: "POST",
+ *     headers: { "x-fence": String(lease.fence) },
+ *     signal,
+ *   });
+ * });
+ * ```
+ *
+ * @module
+ */
+export {
+  DEFAULT_MAX_WAITERS,
+  DEFAULT_TTL_MS,
+  Locks,
+  type LocksOptions,
+  MAX_BATCH,
+} from "./locks.ts";
+export { withLock } from "./with_lock.ts";
+export { EdgelockError, type EdgelockErrorOptions, type ErrorCode } from "./errors.ts";
+export type { RedisLike } from "./_runner.ts";
+export type {
+  AcquireOptions,
+  AcquireResult,
+  Lease,
+  LeaseRef,
+  LockClient,
+  LockInfo,
+  RenewOptions,
+  RenewResult,
+  WithLockOptions,
+} from "./types.ts";

@@ -1,0 +1,20 @@
+/**
+ * The edgelock HTTP service as a Hono app, runtime-agnostic: each runtime's entry builds its
+ * dependencies (a Redis client, the API keys) from its own environment.
+ *
+ * @example
+ * ```ts
+ * import { Redis } from "@upstash/redis";
+ * import { appSettings, createApp, readConfig } from "@edgelock/edgelock/service";
+ *
+ * const config = readConfig(Deno.env.toObject());
+ * const redis = new Redis({ url: config.redisUrl, token: config.redisToken });
+ * Deno.serve(createApp({ redis, ...appSettings(config) }).fetch);
+ * ```
+ *
+ * @module
+ */
+export { type AppDeps, createApp, MAX_BODY_BYTES } from "./app.ts";
+export { DEFAULT_LIMITS, type TenantLimits } from "./_limits.ts";
+export { type ApiKey, parseApiKeys } from "./auth.ts";
+export { appSettings, readConfig, type ServiceConfig } from "./config.ts";

@@ -1,0 +1,66 @@
+import { recordId, safeName, type Store } from "./store.ts";
+
+/** Options for {@linkcode dedupe}. */
+export interface DedupeOptions {
+  /** Groups ids, e.g. the webhook provider: `stripe`. */
+  namespace: string;
+  /** The event's id (e.g. `webhook-id`). Ids outside the name character set are hashed. */
+  id: string;
+  /** How long a claim lasts if the worker crashes, ms. @default 30000 */
+  leaseMs?: number;
+  /**
+   * How long a processed id is remembered, ms. Providers retry failed deliveries for days
+   * (Stripe up to 3 days, Svix about 5 days), so a shorter memory lets a late retry through.
+   * @default 604800000 (7 days)
+   */
+  retentionMs?: number;
+}
+
+/** The outcome of {@linkcode dedupe}. */
+export type DedupeResult =
+  | {
+    state: "claimed";
+    token: string;
+    fence: number;
+    /** Marks the id processed, for the retention. `false` if the claim was lost meanwhile. */
+    done(): Promise<boolean>;
+    /** Gives the id back, so the provider's retry can process it. */
+    release(): Promise<boolean>;
+  }
+  | { state: "duplicate" }
+  | { state: "in_progress"; retryAfterMs: number };
+
+/** Seven days, in milliseconds. */
+export const DEDUPE_RETENTION_MS = 7 * 86_400_000;
+
+/**
+ * Claims an event id so that exactly one delivery processes it.
+ *
+ * @example
+ * ```ts
+ * const claim = await dedupe(store, { namespace: "stripe", id: event.id });
+ * if (claim.state === "claimed") {
+ *   try { await handle(event); await claim.done(); } catch (e) { await claim.release(); throw e; }
+ * }
+ * ```
+ */
+export async function dedupe(store: Store, options: DedupeOptions): Promise<DedupeResult> {
+  const { namespace, leaseMs, retentionMs = DEDUPE_RETENTION_MS } = options ?? {};
+  const id = recordId(namespace, await safeName(options?.id));
+  const claim = await store.claim("dedupe", id, {
+    ...(leaseMs !== undefined && { leaseMs }),
+    retentionMs,
+  });
+  if (claim.state === "claimed") {
+    const { token, fence } = claim;
+    return {
+      state: "claimed",
+      token,
+      fence,
+      done: () => store.complete("dedupe", id, token),
+      release: () => store.release("dedupe", id, token),
+    };
+  }
+  if (claim.state === "in_progress") return claim;
+  return { state: "duplicate" };
+}

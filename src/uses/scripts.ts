@@ -1,0 +1,238 @@
+/**
+ * The scripts of the three uses, one atomic decision each, in the style of the lock scripts
+ * (`../core/scripts.ts`): the server clock from TIME, every key in `KEYS`, a TTL on every write.
+ *
+ * @module
+ */
+import { defineScript, NOW } from "../core/_lua.ts";
+import { LIMITS } from "../core/_validate.ts";
+
+// ---- Records: absent → claimed (short lease, owner token, fence) → completed (retention) ----
+// KEYS[1] the record hash (state, token, fence, fingerprint, retentionMs, response), whose TTL
+// is the lease while claimed and the retention once completed; KEYS[2] the fence floor.
+
+/**
+ * Claim. Returns `{1, fence, leaseMs, nowMs}` when claimed (again, for the same token),
+ * `{0, pttl, nowMs}` while another token's claim is in progress, `{2, nowMs, response}` when
+ * completed, `{3, nowMs}` when the fingerprint differs from the first claim's.
+ */
+export const CLAIM = defineScript(
+  "claim",
+  `
+local recordKey   = KEYS[1]
+local fenceKey    = KEYS[2]
+local token       = ARGV[1]
+local leaseMs     = tonumber(ARGV[2]) -- milliseconds
+local retentionMs = ARGV[3]           -- milliseconds, applied on complete
+local fingerprint = ARGV[4]           -- '' for none
+local graceMs     = tonumber(ARGV[5])
+${NOW}
+local record = redis.call('HMGET', recordKey, 'state', 'token', 'fence', 'fingerprint', 'response')
+local state, holder, fence, known = record[1], record[2], record[3], record[4]
+if state then
+  if fingerprint ~= '' and known and known ~= '' and known ~= fingerprint then
+    return {3, nowMs}
+  end
+  if state == 'completed' then
+    ttlOrSet(recordKey, tonumber(redis.call('HGET', recordKey, 'retentionMs')) or ${LIMITS.retentionMs.max})
+    return {2, nowMs, record[5] or ''}
+  end
+  -- Another token's claim, or a record this script did not write: in progress until its TTL.
+  if state ~= 'claimed' or holder ~= token or not tonumber(fence) then
+    return {0, ttlOrSet(recordKey, leaseMs), nowMs}
+  end
+  redis.call('PEXPIRE', recordKey, leaseMs)
+  redis.call('SET', fenceKey, fence, 'PX', leaseMs + graceMs)
+  return {1, tonumber(fence), leaseMs, nowMs}
+end
+local floor = tonumber(redis.call('GET', fenceKey) or '0') or 0
+fence = string.format('%.0f', math.max(nowUs, floor + 1))
+redis.call('HSET', recordKey, 'state', 'claimed', 'token', token, 'fence', fence,
+  'fingerprint', fingerprint, 'retentionMs', retentionMs)
+redis.call('PEXPIRE', recordKey, leaseMs)
+redis.call('SET', fenceKey, fence, 'PX', leaseMs + graceMs)
+return {1, tonumber(fence), leaseMs, nowMs}
+`,
+);
+
+/**
+ * Renew a claim. Returns `{1, fence, leaseMs, nowMs}`, or `{0, nowMs}` when the token's claim
+ * is gone (expired, released, taken over or completed).
+ */
+export const RENEW_CLAIM = defineScript(
+  "renew_claim",
+  `
+local recordKey = KEYS[1]
+local fenceKey  = KEYS[2]
+local token     = ARGV[1]
+local leaseMs   = tonumber(ARGV[2]) -- milliseconds
+local graceMs   = tonumber(ARGV[3])
+${NOW}
+local record = redis.call('HMGET', recordKey, 'state', 'token', 'fence')
+if record[1] ~= 'claimed' or record[2] ~= token then
+  return {0, nowMs}
+end
+redis.call('PEXPIRE', recordKey, leaseMs)
+redis.call('SET', fenceKey, record[3], 'PX', leaseMs + graceMs)
+return {1, tonumber(record[3]), leaseMs, nowMs}
+`,
+);
+
+/**
+ * Complete a claim: keeps the response for the claim's retention. Returns 1, also when this
+ * token already completed it (a retry), else 0: a late worker never overwrites a newer result.
+ */
+export const COMPLETE = defineScript(
+  "complete",
+  `
+local recordKey = KEYS[1]
+local token     = ARGV[1]
+local response  = ARGV[2] -- JSON text, or ''
+local record = redis.call('HMGET', recordKey, 'state', 'token', 'retentionMs')
+if record[2] ~= token then
+  return 0
+end
+if record[1] == 'completed' then
+  return 1
+end
+local retentionMs = tonumber(record[3])
+if record[1] ~= 'claimed' or not retentionMs then
+  return 0 -- not a claim this script wrote (an older layout, a hand edit): not held
+end
+redis.call('HSET', recordKey, 'state', 'completed', 'response', response)
+redis.call('PEXPIRE', recordKey, retentionMs)
+return 1
+`,
+);
+
+/** Release a claim (the work failed cleanly). Returns 1 when this token's claim was removed. */
+export const RELEASE_CLAIM = defineScript(
+  "release_claim",
+  `
+local recordKey = KEYS[1]
+local token     = ARGV[1]
+local record = redis.call('HMGET', recordKey, 'state', 'token')
+if record[1] ~= 'claimed' or record[2] ~= token then
+  return 0
+end
+redis.call('DEL', recordKey)
+return 1
+`,
+);
+
+/**
+ * Read a record, never its token. Returns `{0, nowMs}` when absent, `{1, nowMs, pttl, fence}`
+ * while claimed, `{2, nowMs, pttl, response}` when completed.
+ */
+export const GET_RECORD = defineScript(
+  "get_record",
+  `
+local recordKey = KEYS[1]
+${NOW}
+local record = redis.call('HMGET', recordKey, 'state', 'fence', 'response')
+if not record[1] then
+  return {0, nowMs}
+end
+local pttl = ttlOrSet(recordKey, record[1] == 'completed' and ${LIMITS.retentionMs.max} or ${LIMITS.leaseMs.max})
+if record[1] ~= 'completed' then
+  return {1, nowMs, pttl, tonumber(record[2]) or 0}
+end
+return {2, nowMs, pttl, record[3] or ''}
+`,
+);
+
+// ---- Cron jobs, ShedLock semantics ----
+// KEYS[1] the job lock (token, fence, finished, notBefore), TTL atMostMs while running and the rest
+// of atLeastMs after finish; KEYS[2] the fence floor; KEYS[3] the tick marker (used with a tick).
+
+/**
+ * Start a run. Returns `{1, fence, atMostMs, nowMs}` when this caller should run the job,
+ * `{0, reason, retryAfterMs, nowMs}` when not: 1 running elsewhere, 2 too soon after the
+ * last start, 3 this tick already ran.
+ */
+export const START_JOB = defineScript(
+  "start_job",
+  `
+local jobKey       = KEYS[1]
+local fenceKey     = KEYS[2]
+local tickKey      = KEYS[3]
+local token        = ARGV[1]
+local atMostMs     = tonumber(ARGV[2]) -- milliseconds: the crash safety net
+local atLeastMs    = tonumber(ARGV[3]) -- milliseconds: held at least this long after start
+local tickKeepMs   = tonumber(ARGV[4]) -- milliseconds a tick marker is kept
+local graceMs      = tonumber(ARGV[5])
+local hasTick      = ARGV[6] == '1'
+${NOW}
+if hasTick and redis.call('EXISTS', tickKey) == 1 then
+  return {0, 3, math.max(1, ttlOrSet(tickKey, tickKeepMs)), nowMs}
+end
+local job = redis.call('HMGET', jobKey, 'token', 'finished')
+if job[1] then
+  local reason = 2
+  if job[2] ~= '1' then reason = 1 end
+  return {0, reason, math.max(1, ttlOrSet(jobKey, math.max(atMostMs, atLeastMs))), nowMs}
+end
+local floor = tonumber(redis.call('GET', fenceKey) or '0') or 0
+local fence = string.format('%.0f', math.max(nowUs, floor + 1))
+redis.call('HSET', jobKey, 'token', token, 'fence', fence, 'finished', '0',
+  'notBefore', string.format('%.0f', nowMs + atLeastMs))
+redis.call('PEXPIRE', jobKey, math.max(atMostMs, atLeastMs))
+redis.call('SET', fenceKey, fence, 'PX', math.max(atMostMs, atLeastMs) + graceMs)
+if hasTick then
+  redis.call('SET', tickKey, fence, 'PX', tickKeepMs)
+end
+return {1, tonumber(fence), atMostMs, nowMs}
+`,
+);
+
+/** Extend a running job's safety net. Returns `{1, fence, atMostMs, nowMs}` or `{0, nowMs}`. */
+export const EXTEND_JOB = defineScript(
+  "extend_job",
+  `
+local jobKey   = KEYS[1]
+local fenceKey = KEYS[2]
+local token    = ARGV[1]
+local atMostMs = tonumber(ARGV[2]) -- milliseconds from now
+local graceMs  = tonumber(ARGV[3])
+${NOW}
+local job = redis.call('HMGET', jobKey, 'token', 'finished', 'fence', 'notBefore')
+if job[1] ~= token or job[2] ~= '0' or not tonumber(job[3]) or not tonumber(job[4]) then
+  return {0, nowMs} -- not this token's run, or not a run this script wrote: not held
+end
+local ttl = math.max(atMostMs, tonumber(job[4]) - nowMs)
+redis.call('PEXPIRE', jobKey, ttl)
+redis.call('SET', fenceKey, job[3], 'PX', ttl + graceMs)
+return {1, tonumber(job[3]), atMostMs, nowMs}
+`,
+);
+
+/**
+ * Finish a run: the lock stays until atLeastMs after the start, so a trigger on a skewed clock
+ * cannot re-run the job. Returns 1 when this token's run was finished (or already was), else 0.
+ */
+export const FINISH_JOB = defineScript(
+  "finish_job",
+  `
+local jobKey = KEYS[1]
+local token  = ARGV[1]
+${NOW}
+local job = redis.call('HMGET', jobKey, 'token', 'finished', 'notBefore')
+if job[1] ~= token then
+  return 0
+end
+if job[2] == '1' then
+  return 1
+end
+if not tonumber(job[3]) then
+  return 0 -- not a run this script wrote: not held
+end
+local left = tonumber(job[3]) - nowMs
+if left > 0 then
+  redis.call('HSET', jobKey, 'finished', '1')
+  redis.call('PEXPIRE', jobKey, left)
+else
+  redis.call('DEL', jobKey)
+end
+return 1
+`,
+);
