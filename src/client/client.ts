@@ -21,7 +21,7 @@ export interface ClientOptions {
   baseUrl: string;
   /** A tenant secret from the service's `LOCK_API_KEYS`. */
   apiKey: string;
-  /** @default globalThis.fetch */
+  /** The fetch to send requests with (a runtime's own, or one for tests). @default globalThis.fetch */
   fetch?: typeof fetch;
   /**
    * Retries after a network error or a 503. Safe for every call: the token is chosen before the

@@ -1,12 +1,28 @@
-import type { Redis } from "@upstash/redis";
 import { EdgelockError } from "./errors.ts";
 import type { Script } from "./_lua.ts";
 
 /**
- * The smallest part of an `@upstash/redis` client that edgelock needs; `pipeline` (for batches
- * in one request) is optional.
+ * The smallest part of an `@upstash/redis` client that edgelock needs (an `@upstash/redis` `Redis`
+ * is one); `pipeline`, for batches in one request, is optional.
  */
-export type RedisLike = Pick<Redis, "evalsha" | "eval"> & Partial<Pick<Redis, "pipeline">>;
+export interface RedisLike {
+  /** Runs a loaded script by its SHA-1; rejects with Redis's NOSCRIPT error when it is not loaded. */
+  evalsha(sha1: string, keys: string[], args: unknown[]): Promise<unknown>;
+  /** Runs a script from its source. */
+  eval(script: string, keys: string[], args: unknown[]): Promise<unknown>;
+  /** Starts a pipeline: commands sent together in one request. */
+  pipeline?(): PipelineLike;
+}
+
+/** The part of an `@upstash/redis` pipeline that edgelock uses. */
+export interface PipelineLike {
+  /** Adds a script call by SHA-1. */
+  evalsha(sha1: string, keys: string[], args: unknown[]): unknown;
+  /** Adds a script call by source. */
+  eval(script: string, keys: string[], args: unknown[]): unknown;
+  /** Sends the commands; with `keepErrors` each result carries its own error. */
+  exec(options: { keepErrors: true }): Promise<{ result: unknown; error?: string }[]>;
+}
 
 /** How long one Redis request may take before it counts as failed, by default. */
 export const DEFAULT_REDIS_TIMEOUT_MS = 2000;

@@ -22,10 +22,14 @@ export interface EdgelockErrorOptions extends ErrorOptions {
 
 /** An error with a stable {@linkcode ErrorCode}, the same one the HTTP API returns. */
 export class EdgelockError extends Error {
+  /** Always `"EdgelockError"`. */
   override name = "EdgelockError";
+  /** The stable code, the same as the HTTP API's problem `code`. */
   readonly code: ErrorCode;
+  /** When the caller may try again, in milliseconds, where that is known. */
   readonly retryAfterMs?: number;
 
+  /** An error with `code`, a message for people, and optionally `retryAfterMs` and a `cause`. */
   constructor(code: ErrorCode, message: string, options: EdgelockErrorOptions = {}) {
     super(message, options);
     this.code = code;

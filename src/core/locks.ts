@@ -86,6 +86,7 @@ export class Locks implements LockClient {
   readonly #maxWaiters: number;
   readonly #timeoutMs: number;
 
+  /** Locks on `redis` (an `@upstash/redis` client), their keys under `prefix`. */
   constructor(
     redis: RedisLike,
     { prefix = "edgelock", maxWaiters = DEFAULT_MAX_WAITERS, timeoutMs }: LocksOptions = {},

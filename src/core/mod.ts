@@ -31,7 +31,7 @@ export {
 } from "./locks.ts";
 export { withLock } from "./with_lock.ts";
 export { EdgelockError, type EdgelockErrorOptions, type ErrorCode } from "./errors.ts";
-export type { RedisLike } from "./_runner.ts";
+export type { PipelineLike, RedisLike } from "./_runner.ts";
 export type {
   AcquireOptions,
   AcquireResult,

@@ -53,7 +53,18 @@ const SAFE_METHODS = new Set(["GET", "HEAD", "OPTIONS"]);
  *
  * @example
  * ```ts
- * app.post("/orders", idempotency({ store, scope: (c) => c.get("userId") }), createOrder);
+ * import { Hono } from "hono";
+ * import { Redis } from "@upstash/redis";
+ * import { Store } from "@edgelock/edgelock/uses";
+ * import { idempotency } from "@edgelock/edgelock/hono";
+ *
+ * const store = new Store(Redis.fromEnv());
+ * const app = new Hono();
+ * app.post(
+ *   "/orders",
+ *   idempotency({ store, scope: (c) => c.req.header("x-user-id") ?? "anonymous" }),
+ *   (c) => c.json({ orderId: crypto.randomUUID() }, 201),
+ * );
  * ```
  */
 export function idempotency(options: IdempotencyOptions): MiddlewareHandler {

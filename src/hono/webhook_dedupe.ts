@@ -5,6 +5,7 @@ import type { Store } from "../uses/store.ts";
 
 /** Options for {@linkcode webhookDedupe}. */
 export interface WebhookDedupeOptions extends Omit<DedupeOptions, "id"> {
+  /** Where the delivery ids are claimed. */
   store: Store;
   /** Signing secrets (`whsec_…` base64, as Standard Webhooks and Svix issue them); any one may match. */
   secrets: readonly string[];

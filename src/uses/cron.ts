@@ -3,7 +3,9 @@ import { hold } from "../core/with_lock.ts";
 
 /** What a guarded run learns about itself. */
 export interface JobRun {
+  /** The job's name. */
   job: string;
+  /** This run's owner token. */
   token: string;
   /** Strictly increasing per job: pass it to resources that refuse stale writers. */
   fence: number;
@@ -23,12 +25,27 @@ export type CronResult<T> =
  *
  * @example
  * ```ts
+ * import { Redis } from "@upstash/redis/cloudflare";
+ * import { cronGuard, Store } from "@edgelock/edgelock/uses";
+ *
+ * type Env = { UPSTASH_REDIS_REST_URL: string; UPSTASH_REDIS_REST_TOKEN: string };
  * export default {
- *   async scheduled(controller, env, ctx) {
+ *   scheduled(
+ *     controller: { scheduledTime: number },
+ *     env: Env,
+ *     ctx: { waitUntil(promise: Promise<unknown>): void },
+ *   ) {
  *     const store = new Store(Redis.fromEnv(env));
  *     ctx.waitUntil(cronGuard(store, "nightly-report", {
- *       atMostMs: 600_000, atLeastMs: 60_000, tick: controller.scheduledTime,
- *     }, (run, signal) => buildReport({ fence: run.fence, signal })));
+ *       atMostMs: 600_000,
+ *       atLeastMs: 60_000,
+ *       tick: controller.scheduledTime,
+ *     }, (run, signal) =>
+ *       fetch("https://reports.example.com/nightly", {
+ *         method: "POST",
+ *         headers: { "x-fence": String(run.fence) },
+ *         signal,
+ *       })));
  *   },
  * };
  * ```

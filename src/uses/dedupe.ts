@@ -38,9 +38,20 @@ export const DEDUPE_RETENTION_MS = 7 * 86_400_000;
  *
  * @example
  * ```ts
+ * import { Redis } from "@upstash/redis";
+ * import { dedupe, Store } from "@edgelock/edgelock/uses";
+ *
+ * const store = new Store(Redis.fromEnv());
+ * const event = { id: "evt_123", amount: 42 };
  * const claim = await dedupe(store, { namespace: "stripe", id: event.id });
  * if (claim.state === "claimed") {
- *   try { await handle(event); await claim.done(); } catch (e) { await claim.release(); throw e; }
+ *   try {
+ *     console.log("processing", event.amount); // your handler
+ *     await claim.done();
+ *   } catch (error) {
+ *     await claim.release();
+ *     throw error;
+ *   }
  * }
  * ```
  */

@@ -74,7 +74,7 @@ export interface StartJobOptions {
   tick?: string | number;
   /** How long a tick is remembered, ms. @default 7 days */
   tickRetentionMs?: number;
-  /** @default random */
+  /** This run's owner token. @default random */
   token?: string;
 }
 
@@ -132,6 +132,7 @@ export class Store {
   readonly #prefix: string;
   readonly #timeoutMs: number;
 
+  /** A store on `redis` (an `@upstash/redis` client), its keys under `prefix`. */
   constructor(redis: RedisLike, { prefix = "edgelock", timeoutMs }: StoreOptions = {}) {
     if (typeof redis?.evalsha !== "function" || typeof redis?.eval !== "function") {
       throw new TypeError("Store needs a Redis client with evalsha and eval (@upstash/redis)");
