@@ -92,7 +92,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
 
   const apiKeys = [{ tenant: "t", secret: SECRET }];
   // No per-tenant rate cap here: the run measures locks under faults, not the admission limiter.
-  const app = createApp({ redis, apiKeys, limits: { requestsPerSecond: 0 } });
+  const app = createApp({ redis, apiKeys, limits: { requestsPerSecond: 0 }, log: () => {} });
   const http = Deno.serve({ port: 0, hostname: "127.0.0.1", onListen() {} }, app.fetch);
   const toService = startFaultProxy({
     target: `http://127.0.0.1:${http.addr.port}`,
@@ -103,7 +103,12 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
   const library = new Locks(redis, { prefix: "edgelock:t" });
   const remote = createClient({ baseUrl: toService.url, apiKey: SECRET, retries: 0 });
   // The fuzzer talks to the service without faults: any 5xx it sees is a real defect.
-  const fuzzApp = createApp({ redis: direct, apiKeys, limits: { requestsPerSecond: 0 } });
+  const fuzzApp = createApp({
+    redis: direct,
+    apiKeys,
+    limits: { requestsPerSecond: 0 },
+    log: () => {},
+  });
 
   const history: Operation[] = [];
   const resource = new FencedResource();

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import fc from "fast-check";
-import { createApp } from "../src/service/app.ts";
+import { createApp, type RequestLog } from "../src/service/app.ts";
 import { parseApiKeys } from "../src/service/auth.ts";
 import { createClient } from "../src/client/client.ts";
 import { DEFAULT_MAX_WAITERS, Locks } from "../src/core/locks.ts";
@@ -15,7 +15,8 @@ type Json = Record<string, unknown>;
 
 Deno.test("the HTTP service", async (t) => {
   const backend = await startBackend();
-  const app = createApp({ redis: backend.redis, apiKeys });
+  const logs: RequestLog[] = [];
+  const app = createApp({ redis: backend.redis, apiKeys, log: (entry) => logs.push(entry) });
   const call = async (
     path: string,
     { secret = A, body, method, headers = {} }: {
@@ -91,6 +92,9 @@ Deno.test("the HTTP service", async (t) => {
         !JSON.stringify(r.body).includes(String(held.body.token)),
         "a busy reply never names the holder's token",
       );
+      // retryAfterMs is a poll hint; lockExpiresAt is when the holder's lease ends unrenewed.
+      assert.equal(typeof r.body.lockExpiresAt, "number");
+      assert.ok(Math.abs(Number(r.body.lockExpiresAt) - Number(held.body.expiresAt)) <= 5);
     });
 
     await t.step("acquire with waitMs waits server-side until the holder releases", async () => {
@@ -248,6 +252,104 @@ Deno.test("the HTTP service", async (t) => {
       assertProblem(await call("/elsewhere", { secret: null }), 404, "not_found");
     });
 
+    await t.step("a known path with the wrong method is 405 with Allow", async () => {
+      const wrong = await call("/v1/locks/x/acquire");
+      assertProblem(wrong, 405, "method_not_allowed");
+      assert.equal(wrong.res.headers.get("allow"), "POST");
+      const inspect = await call("/v1/locks/x", { method: "DELETE" });
+      assertProblem(inspect, 405, "method_not_allowed");
+      assert.equal(inspect.res.headers.get("allow"), "GET, HEAD");
+      assert.equal((await call("/healthz", { secret: null, method: "POST" })).status, 405);
+    });
+
+    await t.step("the Bearer scheme is case-insensitive (RFC 9110 §11.1)", async () => {
+      for (const scheme of ["bearer", "BEARER", "Bearer ", "bEaReR"]) {
+        const r = await call(`/v1/locks/${keygen()}`, {
+          secret: null,
+          headers: { authorization: `${scheme} ${A}` },
+        });
+        assert.equal(r.status, 200, scheme);
+      }
+      const basic = await call("/v1/locks/x", {
+        secret: null,
+        headers: { authorization: `Basic ${A}` },
+      });
+      assertProblem(basic, 401, "unauthorized");
+    });
+
+    await t.step(
+      "every reply carries x-request-id (the caller's if well-formed) and no-store",
+      async () => {
+        const replies = [
+          await call(`/v1/locks/${keygen()}`),
+          await call("/v1/nothing"),
+          await call("/healthz", { secret: null }),
+          await call("/openapi.json", { secret: null }),
+          await call("/elsewhere", { secret: null }),
+          await call("/v1/locks/x", { secret: "wrong-secret-0123456789" }),
+          await call("/v1/locks/x/acquire", { body: "{not json" }),
+        ];
+        const ids = new Set<string>();
+        for (const { res } of replies) {
+          assert.equal(res.headers.get("cache-control"), "no-store", res.url);
+          assert.match(res.headers.get("x-request-id") ?? "", /^[0-9a-f-]{36}$/);
+          ids.add(res.headers.get("x-request-id")!);
+        }
+        assert.equal(ids.size, replies.length, "a new id for each request");
+        const echoed = await call("/v1/nothing", { headers: { "x-request-id": "req-42.a:b" } });
+        assert.equal(echoed.res.headers.get("x-request-id"), "req-42.a:b");
+        assert.equal(echoed.body.requestId, "req-42.a:b", "problems name the request id");
+        const junk = await call("/v1/nothing", { headers: { "x-request-id": "a b\u00e9" } });
+        assert.notEqual(junk.res.headers.get("x-request-id"), "a b\u00e9");
+      },
+    );
+
+    await t.step(
+      "each request logs one JSON line: route template, status, tenant, id, code",
+      async () => {
+        const name = keygen();
+        logs.length = 0;
+        const ok = await acquire(name, { ttlMs: 2000 });
+        const busy = await acquire(name, { ttlMs: 2000 }, B);
+        const held = await acquire(name, { ttlMs: 2000 });
+        await call("/v1/nothing", { secret: "wrong-secret-0123456789" });
+        assert.equal(logs.length, 4, JSON.stringify(logs));
+        const [first, second, third, fourth] = logs as [
+          RequestLog,
+          RequestLog,
+          RequestLog,
+          RequestLog,
+        ];
+        assert.deepEqual(
+          { ...first, durationMs: 0 },
+          {
+            level: "info",
+            msg: "request",
+            requestId: ok.res.headers.get("x-request-id"),
+            method: "POST",
+            route: "/v1/locks/:name/acquire",
+            status: 200,
+            durationMs: 0,
+            tenant: "a",
+          },
+        );
+        assert.ok(first.durationMs >= 0);
+        assert.equal(busy.status, 200, "tenants have their own locks");
+        assert.deepEqual(
+          [second.tenant, third.level, third.status, third.code],
+          ["b", "warn", 409, "lock_busy"],
+        );
+        assert.equal(held.status, 409);
+        assert.deepEqual([fourth.status, fourth.code, fourth.tenant], [
+          401,
+          "unauthorized",
+          undefined,
+        ]);
+        assert.equal(fourth.route, "(none)");
+        for (const line of logs) assert.ok(!JSON.stringify(line).includes(name), "no lock names");
+      },
+    );
+
     await t.step("healthz answers 200 while Redis runs", async () => {
       const r = await call("/healthz", { secret: null });
       assert.deepEqual([r.status, r.body], [200, { ok: true }]);
@@ -387,9 +489,22 @@ Deno.test("the HTTP service", async (t) => {
         const port = backend.server.port;
         const dir = backend.server.dir;
         await backend.server.stop({ remove: false });
-        const down = await acquire(keygen());
+        logs.length = 0;
+        const name = keygen();
+        const down = await acquire(name);
         assertProblem(down, 503, "backend_unavailable");
         assert.ok(Number(down.res.headers.get("retry-after")) >= 1);
+        // None of the internals: key names or layout, script names or SHAs, upstream text.
+        const text = JSON.stringify(down.body);
+        for (const secret of [`edgelock:a`, name, "acquire", "script", "Redis did not run"]) {
+          assert.ok(!text.includes(secret), `the reply names ${secret}: ${text}`);
+        }
+        assert.doesNotMatch(text, /[0-9a-f]{40}|ECONNREFUSED|refused|fetch|Error|at /);
+        // The detail is in the log line of the same request id.
+        const line = logs.find((entry) => entry.requestId === down.body.requestId);
+        assert.equal(line?.level, "error");
+        assert.equal(line?.code, "backend_unavailable");
+        assert.match(line?.error ?? "", /Redis did not run the acquire script/);
         assertProblem(await call("/healthz", { secret: null }), 503, "backend_unavailable");
         const { startRedisServer } = await import("../dev/redis_server.ts");
         backend.server = await startRedisServer({ port, dir });
@@ -416,6 +531,7 @@ Deno.test("the HTTP service's limits and deadlines", async (t) => {
       apiKeys: [{ tenant: "l", secret }],
       redisTimeoutMs: 300,
       limits,
+      log: () => {},
     });
   const post = (app: ReturnType<typeof make>, path: string, body: unknown = {}) =>
     app.request(path, {

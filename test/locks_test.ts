@@ -1,5 +1,7 @@
 import assert from "node:assert/strict";
 import { EdgelockError, type Lease, Locks } from "@edgelock/edgelock";
+import { Redis } from "@upstash/redis";
+import { freePort } from "../dev/redis_server.ts";
 import { keygen, startBackend, until } from "./_backend.ts";
 
 const lockKey = (name: string) => `edgelock:lock:{${name}}`;
@@ -343,12 +345,28 @@ Deno.test("Locks", async (t) => {
     });
 
     await t.step(
-      "a failing backend becomes backend_unavailable, not a raw client error",
+      "a refused REST token is config_error naming the variable, with no retry hint",
       async () => {
         const broken = new Locks(backend.client({ token: "wrong-token" }));
         await assert.rejects(broken.acquire(keygen()), (error: unknown) => {
           assert.ok(error instanceof EdgelockError);
+          assert.equal(error.code, "config_error");
+          assert.match(error.message, /refused the REST token .*UPSTASH_REDIS_REST_TOKEN/);
+          assert.equal(error.retryAfterMs, undefined);
+          return true;
+        });
+      },
+    );
+
+    await t.step(
+      "an unreachable backend becomes backend_unavailable, not a raw client error",
+      async () => {
+        const url = `http://127.0.0.1:${freePort()}`;
+        const down = new Locks(new Redis({ url, token: "x", retry: false }), { timeoutMs: 1000 });
+        await assert.rejects(down.acquire(keygen()), (error: unknown) => {
+          assert.ok(error instanceof EdgelockError);
           assert.equal(error.code, "backend_unavailable");
+          assert.equal(error.retryAfterMs, 1000);
           return true;
         });
       },

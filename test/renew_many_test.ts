@@ -50,7 +50,11 @@ Deno.test("batch renew", async (t) => {
 
     await t.step("POST /v1/locks/renew and the typed client renew in one request", async () => {
       const secret = "batch-secret-0123456789";
-      const app = createApp({ redis: backend.redis, apiKeys: [{ tenant: "t", secret }] });
+      const app = createApp({
+        redis: backend.redis,
+        apiKeys: [{ tenant: "t", secret }],
+        log: () => {},
+      });
       const client = createClient({
         baseUrl: "http://edgelock.test",
         apiKey: secret,

@@ -4,7 +4,8 @@
 import assert from "node:assert/strict";
 import { Redis as IORedis } from "ioredis";
 import { Locks } from "../src/core/locks.ts";
-import { recordId, Store } from "../src/uses/store.ts";
+import { Jobs } from "../src/uses/jobs.ts";
+import { recordId, Records } from "../src/uses/records.ts";
 import * as scripts from "../src/core/scripts.ts";
 import * as useScripts from "../src/uses/scripts.ts";
 import type { Script } from "../src/core/_lua.ts";
@@ -40,7 +41,8 @@ const ALL = [...Object.values(scripts), ...Object.values(useScripts)].filter((
 async function everyOperation(backend: Backend) {
   const { redis } = backend;
   const locks = new Locks(redis);
-  const store = new Store(redis);
+  const records = new Records(redis);
+  const jobs = new Jobs(redis);
   const name = keygen();
   const held = await locks.acquire(name, { ttlMs: 2000, meta: { by: "a" } });
   assert.ok(held.acquired);
@@ -64,28 +66,28 @@ async function everyOperation(backend: Backend) {
   await locks.release(again.lease);
 
   const id = recordId("user-1", keygen("k"));
-  const claim = await store.claim("idempotency", id, { fingerprint: "f1" });
+  const claim = await records.claim("idempotency", id, { fingerprint: "f1" });
   assert.equal(claim.state, "claimed");
-  await store.claim("idempotency", id); // in progress
-  await store.claim("idempotency", id, { fingerprint: "f2" }); // mismatch
-  await store.renewClaim("idempotency", id, claim.token);
-  await store.get("idempotency", id);
-  await store.complete("idempotency", id, claim.token, { status: 201 });
-  await store.claim("idempotency", id); // replay
-  await store.get("idempotency", id);
+  await records.claim("idempotency", id); // in progress
+  await records.claim("idempotency", id, { fingerprint: "f2" }); // mismatch
+  await records.renew("idempotency", id, claim.token);
+  await records.get("idempotency", id);
+  await records.complete("idempotency", id, claim.token, { status: 201 });
+  await records.claim("idempotency", id); // replay
+  await records.get("idempotency", id);
   const other = recordId("user-1", keygen("k"));
-  const second = await store.claim("dedupe", other);
+  const second = await records.claim("dedupe", other);
   assert.equal(second.state, "claimed");
-  await store.release("dedupe", other, second.token);
+  await records.release("dedupe", other, second.token);
 
   const job = keygen("job");
-  const start = await store.startJob(job, { atMostMs: 2000, atLeastMs: 500, tick: 1 });
+  const start = await jobs.start(job, { atMostMs: 2000, atLeastMs: 500, tick: 1 });
   assert.ok(start.run);
-  await store.startJob(job, { atMostMs: 2000, tick: 1 }); // tick done
-  await store.startJob(job, { atMostMs: 2000 }); // running
-  await store.extendJob(job, start.token, 2000);
-  await store.finishJob(job, start.token);
-  await store.startJob(job, { atMostMs: 2000 }); // too soon
+  await jobs.start(job, { atMostMs: 2000, tick: 1 }); // tick done
+  await jobs.start(job, { atMostMs: 2000 }); // running
+  await jobs.extend(job, start.token, 2000);
+  await jobs.finish(job, start.token);
+  await jobs.start(job, { atMostMs: 2000 }); // too soon
   await locks.withLock(keygen(), { ttlMs: 1000 }, () => "ran");
 }
 
@@ -179,28 +181,29 @@ Deno.test("the scripts", async (t) => {
     await t.step(
       "a record or job found without a TTL gets one, and callers are not told to retry at once",
       async () => {
-        const store = new Store(redis);
+        const records = new Records(redis);
+        const jobs = new Jobs(redis);
         const id = recordId("user-2", keygen("k"));
-        const claim = await store.claim("idempotency", id, { leaseMs: 5000 });
+        const claim = await records.claim("idempotency", id, { leaseMs: 5000 });
         assert.equal(claim.state, "claimed");
         const key = `edgelock:idempotency:{${id}}`;
         await redis.persist(key);
-        const busy = await store.claim("idempotency", id, { leaseMs: 5000 });
+        const busy = await records.claim("idempotency", id, { leaseMs: 5000 });
         assert.ok(busy.state === "in_progress" && busy.retryAfterMs > 1000, JSON.stringify(busy));
         assert.ok(await redis.pttl(key) > 0);
         await redis.persist(key);
-        const state = await store.get("idempotency", id);
+        const state = await records.get("idempotency", id);
         assert.ok(state.state === "in_progress" && state.leaseExpiresAt > Date.now() - 1000);
         assert.ok(await redis.pttl(key) > 0);
 
         const job = keygen("job");
-        const start = await store.startJob(job, { atMostMs: 5000, tick: "t1" });
+        const start = await jobs.start(job, { atMostMs: 5000, tick: "t1" });
         assert.ok(start.run);
         await redis.persist(`edgelock:job:{${job}}`);
         await redis.persist(`edgelock:job:{${job}}:tick:t1`);
-        const running = await store.startJob(job, { atMostMs: 5000 });
+        const running = await jobs.start(job, { atMostMs: 5000 });
         assert.ok(!running.run && running.retryAfterMs > 1000, JSON.stringify(running));
-        const ticked = await store.startJob(job, { atMostMs: 5000, tick: "t1" });
+        const ticked = await jobs.start(job, { atMostMs: 5000, tick: "t1" });
         assert.ok(!ticked.run && ticked.retryAfterMs > 1000, JSON.stringify(ticked));
         assert.ok(await redis.pttl(`edgelock:job:{${job}}`) > 0);
         assert.ok(await redis.pttl(`edgelock:job:{${job}}:tick:t1`) > 0);
@@ -210,21 +213,22 @@ Deno.test("the scripts", async (t) => {
     await t.step(
       "records and jobs this code did not write answer not held, never a Redis error",
       async () => {
-        const store = new Store(redis);
+        const records = new Records(redis);
+        const jobs = new Jobs(redis);
         const token = "hand-written-token-0001";
         const id = recordId("user-3", keygen("k"));
         await redis.hset(`edgelock:idempotency:{${id}}`, { state: "claimed", token }); // no retentionMs
         await redis.pexpire(`edgelock:idempotency:{${id}}`, 5000);
-        assert.equal(await store.complete("idempotency", id, token, { status: 200 }), false);
+        assert.equal(await records.complete("idempotency", id, token, { status: 200 }), false);
         const job = keygen("job");
         await redis.hset(`edgelock:job:{${job}}`, { token, finished: "0" }); // no fence, notBefore
         await redis.pexpire(`edgelock:job:{${job}}`, 5000);
-        assert.deepEqual(await store.extendJob(job, token, 1000), { extended: false });
-        assert.equal(await store.finishJob(job, token), false);
+        assert.deepEqual(await jobs.extend(job, token, 1000), { extended: false });
+        assert.equal(await jobs.finish(job, token), false);
         const other = recordId("user-3", keygen("k"));
         await redis.hset(`edgelock:idempotency:{${other}}`, { state: "odd", token });
         await redis.pexpire(`edgelock:idempotency:{${other}}`, 5000);
-        const claim = await store.claim("idempotency", other, { token });
+        const claim = await records.claim("idempotency", other, { token });
         assert.equal(claim.state, "in_progress", "an unknown state is never handed out as a claim");
       },
     );

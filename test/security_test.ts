@@ -10,7 +10,11 @@ const B = "security-secret-b-0123456789";
 
 Deno.test("security", async (t) => {
   const backend = await startBackend();
-  const app = createApp({ redis: backend.redis, apiKeys: parseApiKeys(`a:${A},b:${B}`) });
+  const app = createApp({
+    redis: backend.redis,
+    apiKeys: parseApiKeys(`a:${A},b:${B}`),
+    log: () => {},
+  });
   const call = async (path: string, secret: string, body?: unknown) => {
     const res = await app.request(path, {
       method: body === undefined ? "GET" : "POST",

@@ -6,7 +6,8 @@ import { cronGuard } from "../src/uses/cron.ts";
 import { dedupe } from "../src/uses/dedupe.ts";
 import { webhookDedupe } from "../src/hono/webhook_dedupe.ts";
 import { idempotency, parseKey } from "../src/hono/idempotency.ts";
-import { type JobStart, recordId, Store } from "../src/uses/store.ts";
+import { Jobs, type JobStart } from "../src/uses/jobs.ts";
+import { recordId, Records } from "../src/uses/records.ts";
 import { freePort } from "../dev/redis_server.ts";
 import { keygen, startBackend, until } from "./_backend.ts";
 
@@ -35,7 +36,8 @@ async function sign(id: string, timestamp: number, body: string, secret = SECRET
 
 Deno.test("the three uses", async (t) => {
   const backend = await startBackend();
-  const store = new Store(backend.redis);
+  const records = new Records(backend.redis);
+  const jobs = new Jobs(backend.redis);
 
   try {
     await t.step(
@@ -43,7 +45,7 @@ Deno.test("the three uses", async (t) => {
       async () => {
         let runs = 0;
         const app = new Hono();
-        app.post("/orders", idempotency({ store, scope: () => "user-1" }), async (c) => {
+        app.post("/orders", idempotency({ records, scope: () => "user-1" }), async (c) => {
           runs++;
           await sleep(100);
           c.header("set-cookie", "session=secret");
@@ -107,7 +109,7 @@ Deno.test("the three uses", async (t) => {
         let runs = 0;
         app.post(
           "/pay",
-          idempotency({ store, scope: (c) => c.req.header("x-user") ?? "anon" }),
+          idempotency({ records, scope: (c) => c.req.header("x-user") ?? "anon" }),
           (c) => {
             runs++;
             return c.json({ ok: true });
@@ -138,7 +140,7 @@ Deno.test("the three uses", async (t) => {
         const app = new Hono();
         app.post(
           "/pay",
-          idempotency({ store, scope: (c) => c.req.header("x-user")! }),
+          idempotency({ records, scope: (c) => c.req.header("x-user")! }),
           (c) => c.json({ paidBy: c.req.header("x-user") }, 201),
         );
         const key = crypto.randomUUID();
@@ -167,7 +169,7 @@ Deno.test("the three uses", async (t) => {
       async () => {
         const app = new Hono();
         let runs = 0;
-        app.post("/orders", idempotency({ store, scope: () => "fp-user" }), (c) => {
+        app.post("/orders", idempotency({ records, scope: () => "fp-user" }), (c) => {
           runs++;
           return c.json({ run: runs }, 201);
         });
@@ -208,7 +210,7 @@ Deno.test("the three uses", async (t) => {
       "a reply body too large to store replays marked as omitted, never as an empty real body",
       async () => {
         const app = new Hono();
-        app.post("/report", idempotency({ store, scope: () => "big" }), (c) => {
+        app.post("/report", idempotency({ records, scope: () => "big" }), (c) => {
           const size = Number(c.req.query("size"));
           return c.json({ data: "x".repeat(size) }, 200);
         });
@@ -239,7 +241,7 @@ Deno.test("the three uses", async (t) => {
     await t.step("a 5xx or a thrown error releases the claim so a retry runs again", async () => {
       let runs = 0;
       const app = new Hono();
-      app.post("/flaky", idempotency({ store, scope: () => "u" }), (c) => {
+      app.post("/flaky", idempotency({ records, scope: () => "u" }), (c) => {
         runs++;
         if (runs === 1) return c.json({ error: "down" }, 503);
         if (runs === 2) throw new Error("boom");
@@ -262,7 +264,7 @@ Deno.test("the three uses", async (t) => {
     await t.step("with waitMs a retry waits for the first request and replays it", async () => {
       let runs = 0;
       const app = new Hono();
-      app.post("/slow", idempotency({ store, scope: () => "u", waitMs: 3000 }), async (c) => {
+      app.post("/slow", idempotency({ records, scope: () => "u", waitMs: 3000 }), async (c) => {
         runs++;
         await sleep(200);
         return c.text("made", 201);
@@ -279,12 +281,12 @@ Deno.test("the three uses", async (t) => {
     await t.step(
       "idempotency() answers 503 when Redis is unreachable, never passing through",
       async () => {
-        const down = new Store(
+        const down = new Records(
           new Redis({ url: `http://127.0.0.1:${freePort()}`, token: "x", retry: false }),
         );
         let runs = 0;
         const app = new Hono();
-        app.post("/x", idempotency({ store: down, scope: () => "u" }), (c) => {
+        app.post("/x", idempotency({ records: down, scope: () => "u" }), (c) => {
           runs++;
           return c.text("ran");
         });
@@ -302,29 +304,29 @@ Deno.test("the three uses", async (t) => {
       "a claim whose worker died frees after its lease; the late complete is refused",
       async () => {
         const id = recordId("user-9", keygen("k"));
-        const first = await store.claim("idempotency", id, { leaseMs: 600 });
+        const first = await records.claim("idempotency", id, { leaseMs: 600 });
         assert.equal(first.state, "claimed");
-        assert.equal((await store.claim("idempotency", id)).state, "in_progress");
+        assert.equal((await records.claim("idempotency", id)).state, "in_progress");
         await until(
           "the dead worker's lease ends",
-          async () => (await store.get("idempotency", id)).state === "absent",
+          async () => (await records.get("idempotency", id)).state === "absent",
         );
-        const second = await store.claim("idempotency", id, { leaseMs: 5000 });
+        const second = await records.claim("idempotency", id, { leaseMs: 5000 });
         assert.ok(second.state === "claimed" && first.state === "claimed");
         assert.ok(second.fence > first.fence);
         assert.equal(
-          await store.complete("idempotency", id, second.token, { status: 201, body: "new" }),
+          await records.complete("idempotency", id, second.token, { status: 201, body: "new" }),
           true,
         );
         assert.equal(
-          await store.complete("idempotency", id, first.token, { status: 500, body: "old" }),
+          await records.complete("idempotency", id, first.token, { status: 500, body: "old" }),
           false,
         );
-        assert.equal(await store.release("idempotency", id, first.token), false);
-        const record = await store.get("idempotency", id);
+        assert.equal(await records.release("idempotency", id, first.token), false);
+        const record = await records.get("idempotency", id);
         assert.ok(record.state === "completed");
         assert.deepEqual(record.response, { status: 201, body: "new" });
-        const replay = await store.claim("idempotency", id);
+        const replay = await records.claim("idempotency", id);
         assert.deepEqual(replay, { state: "completed", response: { status: 201, body: "new" } });
       },
     );
@@ -335,7 +337,7 @@ Deno.test("the three uses", async (t) => {
         const namespace = keygen("hooks").replaceAll("-", "");
         const processed = new Map<string, number>();
         const app = new Hono();
-        app.post("/hook", webhookDedupe({ store, secrets: [SECRET], namespace }), async (c) => {
+        app.post("/hook", webhookDedupe({ records, secrets: [SECRET], namespace }), async (c) => {
           const { id } = await c.req.json();
           processed.set(id, (processed.get(id) ?? 0) + 1);
           await sleep(Math.random() * 10);
@@ -379,7 +381,7 @@ Deno.test("the three uses", async (t) => {
       const namespace = "hooks-sig";
       let runs = 0;
       const app = new Hono();
-      app.post("/hook", webhookDedupe({ store, secrets: [SECRET], namespace }), (c) => {
+      app.post("/hook", webhookDedupe({ records, secrets: [SECRET], namespace }), (c) => {
         runs++;
         return c.text("ok");
       });
@@ -405,7 +407,7 @@ Deno.test("the three uses", async (t) => {
       assert.equal(await post("msg_tamper", now, await sign("msg_tamper", now, '{"a":2}')), 401);
       assert.equal(runs, 0);
       for (const id of ["msg_bad", "msg_old", "msg_garbage", "msg_tamper"]) {
-        assert.deepEqual(await store.get("dedupe", recordId(namespace, id)), { state: "absent" });
+        assert.deepEqual(await records.get("dedupe", recordId(namespace, id)), { state: "absent" });
       }
       assert.equal(await post("msg_good", now, await sign("msg_good", now, body)), 200);
       assert.equal(runs, 1);
@@ -413,11 +415,11 @@ Deno.test("the three uses", async (t) => {
 
     await t.step("dedupe() returns claimed once, then in_progress, then duplicate", async () => {
       const id = crypto.randomUUID();
-      const first = await dedupe(store, { namespace: "orders", id });
+      const first = await dedupe(records, { namespace: "orders", id });
       assert.equal(first.state, "claimed");
-      assert.equal((await dedupe(store, { namespace: "orders", id })).state, "in_progress");
+      assert.equal((await dedupe(records, { namespace: "orders", id })).state, "in_progress");
       assert.ok(first.state === "claimed" && await first.done());
-      assert.deepEqual(await dedupe(store, { namespace: "orders", id }), { state: "duplicate" });
+      assert.deepEqual(await dedupe(records, { namespace: "orders", id }), { state: "duplicate" });
     });
 
     await t.step("5 concurrent triggers of one tick run the job exactly once", async () => {
@@ -428,7 +430,7 @@ Deno.test("the three uses", async (t) => {
         Array.from(
           { length: 5 },
           () =>
-            cronGuard(store, job, { atMostMs: 5000, tick }, async () => {
+            cronGuard(jobs, job, { atMostMs: 5000, tick }, async () => {
               runs++;
               await sleep(50);
               return "done";
@@ -438,7 +440,7 @@ Deno.test("the three uses", async (t) => {
       assert.equal(runs, 1);
       assert.equal(results.filter((r) => r.ran).length, 1);
       for (const r of results) if (!r.ran) assert.ok(["running", "tick_done"].includes(r.reason));
-      const again = await cronGuard(store, job, { atMostMs: 5000, tick }, () => runs++);
+      const again = await cronGuard(jobs, job, { atMostMs: 5000, tick }, () => runs++);
       assert.deepEqual(again.ran ? "ran" : again.reason, "tick_done");
       assert.equal(runs, 1);
     });
@@ -447,9 +449,9 @@ Deno.test("the three uses", async (t) => {
       "a run closer than atLeastMs to the last start is skipped as too_soon",
       async () => {
         const job = keygen("job");
-        const first = await cronGuard(store, job, { atMostMs: 5000, atLeastMs: 2000 }, () => 1);
+        const first = await cronGuard(jobs, job, { atMostMs: 5000, atLeastMs: 2000 }, () => 1);
         assert.ok(first.ran);
-        const second = await cronGuard(store, job, { atMostMs: 5000, atLeastMs: 2000 }, () => 2);
+        const second = await cronGuard(jobs, job, { atMostMs: 5000, atLeastMs: 2000 }, () => 2);
         assert.ok(!second.ran && second.reason === "too_soon");
         assert.ok(second.retryAfterMs > 1000 && second.retryAfterMs <= 2000);
       },
@@ -457,19 +459,19 @@ Deno.test("the three uses", async (t) => {
 
     await t.step("a crashed run frees the job after atMostMs", async () => {
       const job = keygen("job");
-      const start = await store.startJob(job, { atMostMs: 600 }); // never finished: it crashed
+      const start = await jobs.start(job, { atMostMs: 600 }); // never finished: it crashed
       assert.ok(start.run);
-      const blocked = await store.startJob(job, { atMostMs: 600 });
+      const blocked = await jobs.start(job, { atMostMs: 600 });
       assert.ok(!blocked.run && blocked.reason === "running");
       const starts: JobStart[] = [];
       await until("the crashed run's atMostMs ends", async () => {
-        starts.push(await store.startJob(job, { atMostMs: 600 }));
+        starts.push(await jobs.start(job, { atMostMs: 600 }));
         return starts.at(-1)!.run;
       });
       const next = starts.at(-1)!;
       assert.ok(next.run && next.fence > start.fence);
       assert.equal(
-        await store.finishJob(job, start.token),
+        await jobs.finish(job, start.token),
         false,
         "the crashed run cannot finish the new one",
       );
@@ -477,57 +479,57 @@ Deno.test("the three uses", async (t) => {
 
     await t.step("a long job is extended while it runs, past atMostMs", async () => {
       const job = keygen("job");
-      const result = await cronGuard(store, job, { atMostMs: 600 }, async (run, signal) => {
+      const result = await cronGuard(jobs, job, { atMostMs: 600 }, async (run, signal) => {
         await sleep(2000); // over three atMostMs
         assert.equal(signal.aborted, false);
-        const blocked = await store.startJob(job, { atMostMs: 600 });
+        const blocked = await jobs.start(job, { atMostMs: 600 });
         assert.ok(!blocked.run && blocked.reason === "running");
         return run.fence;
       });
       assert.ok(result.ran);
-      assert.ok((await store.startJob(job, { atMostMs: 600 })).run, "finished without atLeastMs");
+      assert.ok((await jobs.start(job, { atMostMs: 600 })).run, "finished without atLeastMs");
     });
 
     await t.step("the library calls of the three uses reject bad arguments precisely", async () => {
       const job = keygen("job");
-      await assert.rejects(store.startJob(job, {} as never), {
+      await assert.rejects(jobs.start(job, {} as never), {
         name: "TypeError",
         message: /atMostMs is required/,
       });
       await assert.rejects(
-        store.startJob(job, { atMostMs: 99 }),
+        jobs.start(job, { atMostMs: 99 }),
         /atMostMs must be an integer from 100/,
       );
       await assert.rejects(
-        store.startJob(job, { atMostMs: 1000, atLeastMs: 2000 }),
+        jobs.start(job, { atMostMs: 1000, atLeastMs: 2000 }),
         /atLeastMs must not exceed/,
       );
-      await assert.rejects(store.startJob("a b", { atMostMs: 1000 }), /job name/);
-      await assert.rejects(store.claim("idempotency", "no spaces allowed"), RangeError);
+      await assert.rejects(jobs.start("a b", { atMostMs: 1000 }), /job name/);
+      await assert.rejects(records.claim("idempotency", "no spaces allowed"), RangeError);
       await assert.rejects(
-        store.claim("idempotency", recordId("u", "k"), { leaseMs: 50 }),
+        records.claim("idempotency", recordId("u", "k"), { leaseMs: 50 }),
         /leaseMs/,
       );
       await assert.rejects(
-        store.claim("idempotency", recordId("u", "k"), { fingerprint: "f".repeat(129) }),
+        records.claim("idempotency", recordId("u", "k"), { fingerprint: "f".repeat(129) }),
         /fingerprint/,
       );
       await assert.rejects(
-        store.complete("idempotency", recordId("u", "k"), "t".repeat(16), {
+        records.complete("idempotency", recordId("u", "k"), "t".repeat(16), {
           b: "x".repeat(50_000),
         }),
         /at most 49152 bytes/,
       );
       assert.throws(() => recordId("a/b", "k"), RangeError);
-      await assert.rejects(dedupe(store, { namespace: "ns", id: "" }), TypeError);
+      await assert.rejects(dedupe(records, { namespace: "ns", id: "" }), TypeError);
       await assert.rejects(
-        cronGuard(store, job, { atMostMs: 1000 }, undefined as never),
+        cronGuard(jobs, job, { atMostMs: 1000 }, undefined as never),
         TypeError,
       );
-      assert.throws(() => idempotency({ store, scope: undefined as never }), TypeError);
-      assert.throws(() => webhookDedupe({ store, secrets: [], namespace: "ns" }), TypeError);
+      assert.throws(() => idempotency({ records, scope: undefined as never }), TypeError);
+      assert.throws(() => webhookDedupe({ records, secrets: [], namespace: "ns" }), TypeError);
       assert.throws(
-        () => webhookDedupe({ store, secrets: ["whsec_!!"], namespace: "ns" }),
+        () => webhookDedupe({ records, secrets: ["whsec_!!"], namespace: "ns" }),
         TypeError,
       );
       // Each would have been accepted here and then failed at the first delivery.
@@ -535,21 +537,22 @@ Deno.test("the three uses", async (t) => {
         const [secrets, message] of [
           [[""], /secret 1 is empty/],
           [["whsec_"], /secret 1 is empty/],
-          [[SECRET, undefined], /secret 2 must be a string/],
-          [[SECRET, 42], /secret 2 must be a string/],
+          [["  "], /secret 1 is empty: set the endpoint's signing secret/],
+          [[SECRET, undefined], /secret 2 is undefined: set the endpoint's signing secret/],
+          [[SECRET, 42], /secret 2 is number/],
         ] as const
       ) {
         assert.throws(
-          () => webhookDedupe({ store, secrets: secrets as never, namespace: "ns" }),
+          () => webhookDedupe({ records, secrets: secrets as never, namespace: "ns" }),
           message,
         );
       }
       await assert.rejects(
-        store.startJob(job, { atMostMs: 1000, tickRetentionMs: 5 }),
+        jobs.start(job, { atMostMs: 1000, tickRetentionMs: 5 }),
         { name: "RangeError", message: /^tickRetentionMs must be an integer/ },
       );
       assert.deepEqual(
-        await store.startJob(job, { atMostMs: 1000 }).then((r) => r.run),
+        await jobs.start(job, { atMostMs: 1000 }).then((r) => r.run),
         true,
         "nothing was written before",
       );
@@ -557,7 +560,11 @@ Deno.test("the three uses", async (t) => {
 
     await t.step("the HTTP routes of the three uses follow the contract", async () => {
       const secret = "uses-secret-0123456789abc";
-      const app = createApp({ redis: backend.redis, apiKeys: [{ tenant: "t", secret }] });
+      const app = createApp({
+        redis: backend.redis,
+        apiKeys: [{ tenant: "t", secret }],
+        log: () => {},
+      });
       const call = async (path: string, body?: unknown) => {
         const res = await app.request(path, {
           method: body === undefined ? "GET" : "POST",

@@ -133,7 +133,7 @@ Deno.test("withLock", async (t) => {
       "withLock() after a wait longer than the TTL times the lease from its grant, in both clients",
       async () => {
         const secret = "with-lock-secret-0123456789";
-        const app = createApp({ redis, apiKeys: [{ tenant: "w", secret }] });
+        const app = createApp({ redis, apiKeys: [{ tenant: "w", secret }], log: () => {} });
         const remote = createClient({
           baseUrl: "http://edgelock.test",
           apiKey: secret,

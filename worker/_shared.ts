@@ -1,7 +1,7 @@
 // What both entries share: the Redis client settings and the guarded example cron job.
 import type { Redis } from "@upstash/redis";
 import { cronGuard, type CronResult } from "../src/uses/cron.ts";
-import type { Store } from "../src/uses/store.ts";
+import type { Jobs } from "../src/uses/jobs.ts";
 
 /** Client settings for the service: no telemetry, two quick retries of network errors. */
 export const REDIS_OPTIONS = {
@@ -17,13 +17,13 @@ export const EXAMPLE_JOB = "example-heartbeat";
  * the last 100 runs under `prefix`.
  */
 export function runExampleJob(
-  store: Store,
+  jobs: Jobs,
   redis: Pick<Redis, "lpush" | "ltrim">,
   prefix: string,
   tick: number,
 ): Promise<CronResult<void>> {
   return cronGuard(
-    store,
+    jobs,
     EXAMPLE_JOB,
     { atMostMs: 60_000, atLeastMs: 30_000, tick },
     async (run) => {

@@ -2,7 +2,8 @@
 import { Redis } from "@upstash/redis/cloudflare";
 import { createApp } from "../src/service/app.ts";
 import { appSettings, readConfig } from "../src/service/config.ts";
-import { Store } from "../src/uses/store.ts";
+import { Jobs } from "../src/uses/jobs.ts";
+import { problem } from "../src/hono/_problem.ts";
 import { EXAMPLE_JOB, REDIS_OPTIONS, runExampleJob } from "./_shared.ts";
 
 /** Bindings: vars in wrangler.toml, secrets with `wrangler secret put`. */
@@ -33,7 +34,7 @@ function build(env: Env) {
   const redis = new Redis({ url: config.redisUrl, token: config.redisToken, ...REDIS_OPTIONS });
   const app = createApp({ redis, ...appSettings(config) });
   const prefix = `${config.keyPrefix}.worker`; // "." keeps it apart from every tenant's "prefix:tenant"
-  return { app, redis, prefix, store: new Store(redis, { prefix }) };
+  return { app, redis, prefix, jobs: new Jobs(redis, { prefix }) };
 }
 
 function depsFor(env: Env) {
@@ -47,14 +48,13 @@ export default {
     try {
       deps = depsFor(env);
     } catch (error) {
-      console.error("edgelock: bad configuration:", (error as Error).message);
-      return Response.json({
-        type: "urn:edgelock:problem:internal_error",
+      // The message names the variable and never its value; the fix is the operator's.
+      const detail = `The service is misconfigured: ${(error as Error).message}`;
+      console.error(JSON.stringify({ level: "error", msg: "config_error", error: detail }));
+      return problem(500, "config_error", detail, {
         title: "The service is misconfigured",
-        status: 500,
-        detail: (error as Error).message,
-        code: "internal_error",
-      }, { status: 500, headers: { "content-type": "application/problem+json" } });
+        headers: { "cache-control": "no-store" },
+      });
     }
     return deps.app.fetch(request);
   },
@@ -62,8 +62,8 @@ export default {
   // The cron trigger in wrangler.toml runs the example job; each tick runs at most once, even
   // when Cloudflare fires a trigger twice.
   async scheduled(controller, env) {
-    const { redis, store, prefix } = depsFor(env);
-    const result = await runExampleJob(store, redis, prefix, controller.scheduledTime);
+    const { redis, jobs, prefix } = depsFor(env);
+    const result = await runExampleJob(jobs, redis, prefix, controller.scheduledTime);
     if (!result.ran) console.log(`${EXAMPLE_JOB}: skipped (${result.reason})`);
   },
 } satisfies ExportedHandler<Env>;

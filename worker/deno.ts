@@ -1,11 +1,17 @@
-// Deno Deploy (and plain Deno) entry: configuration from Deno.env.
+// Deno Deploy (and plain Deno) entry: configuration from Deno.env, checked before serving.
 import { Redis } from "@upstash/redis";
 import { createApp } from "../src/service/app.ts";
-import { appSettings, readConfig } from "../src/service/config.ts";
-import { Store } from "../src/uses/store.ts";
+import { appSettings, readConfig, type ServiceConfig } from "../src/service/config.ts";
+import { Jobs } from "../src/uses/jobs.ts";
 import { EXAMPLE_JOB, REDIS_OPTIONS, runExampleJob } from "./_shared.ts";
 
-const config = readConfig(Deno.env.toObject());
+let config: ServiceConfig;
+try {
+  config = readConfig(Deno.env.toObject());
+} catch (error) {
+  console.error(`edgelock: ${(error as Error).message}`);
+  Deno.exit(1);
+}
 const redis = new Redis({ url: config.redisUrl, token: config.redisToken, ...REDIS_OPTIONS });
 const app = createApp({ redis, ...appSettings(config) });
 
@@ -25,9 +31,9 @@ const cron = (Deno as unknown as {
 }).cron;
 if (typeof cron === "function") {
   const prefix = `${config.keyPrefix}.deno`; // apart from every tenant's "prefix:tenant"
-  const store = new Store(redis, { prefix });
+  const jobs = new Jobs(redis, { prefix });
   cron(EXAMPLE_JOB, "*/5 * * * *", async () => {
     const tick = Math.floor(Date.now() / 300_000) * 300_000; // the 5-minute slot
-    await runExampleJob(store, redis, prefix, tick);
+    await runExampleJob(jobs, redis, prefix, tick);
   });
 }

@@ -35,8 +35,8 @@ export interface ScriptCall {
 
 /**
  * Runs a script in one request: EVALSHA, and EVAL only when Redis answers NOSCRIPT (after a
- * restart, failover or SCRIPT FLUSH). Any other failure, and no answer within `timeoutMs`,
- * becomes `backend_unavailable`.
+ * restart, failover or SCRIPT FLUSH). A refused token becomes `config_error`; any other failure,
+ * and no answer within `timeoutMs`, `backend_unavailable`.
  */
 export async function runScript(
   redis: RedisLike,
@@ -127,8 +127,24 @@ function isNoScript(error: unknown): boolean {
     /(^|: )NOSCRIPT /.test(error.message);
 }
 
+// Upstash answers a wrong token with HTTP 401 {"error":"WRONGPASS invalid or missing auth token"}
+// (serverless-redis-http: "Unauthorized"); the client keeps only that text. Not an outage: a
+// retry cannot help.
+function isAuthFailure(error: unknown): boolean {
+  return error instanceof Error && error.name === "UpstashError" &&
+    /^(WRONGPASS|NOAUTH|Unauthorized|Invalid token)\b/i.test(error.message);
+}
+
 function unavailable(script: Script, cause: unknown): EdgelockError {
   if (cause instanceof EdgelockError) return cause;
+  if (isAuthFailure(cause)) {
+    return new EdgelockError(
+      "config_error",
+      "Redis refused the REST token (HTTP 401): check UPSTASH_REDIS_REST_TOKEN and that " +
+        "UPSTASH_REDIS_REST_URL names the same database",
+      { cause },
+    );
+  }
   const reason = cause instanceof Error ? cause.message : String(cause);
   return new EdgelockError(
     "backend_unavailable",

@@ -135,17 +135,22 @@ export class Locks implements LockClient {
       if (integers(ACQUIRE, reply, 1)[0] === 1) {
         return { acquired: true, lease: noteSentAt(toLease(name, token, ACQUIRE, reply), sentAt) };
       }
-      const [, hint, , position] = integers(ACQUIRE, reply, 4);
+      const [, hint, now, position, pttl] = integers(ACQUIRE, reply, 5);
       const retryAfterMs = Math.max(1, hint!);
+      const busy = {
+        acquired: false as const,
+        retryAfterMs,
+        ...(pttl! > 0 && { lockExpiresAt: now! + pttl! }),
+      };
       if (position === QUEUE_FULL) {
         if (queued) await this.#leaveQueue(keys, token);
-        return { acquired: false, retryAfterMs, reason: "queue_full" };
+        return { ...busy, reason: "queue_full" };
       }
       const remaining = deadline - performance.now();
       if (remaining <= 0 || signal?.aborted) {
         if (queued) await this.#leaveQueue(keys, token);
         signal?.throwIfAborted();
-        return { acquired: false, retryAfterMs, reason: "busy" };
+        return { ...busy, reason: "busy" };
       }
       // Look again when the server expects our turn, with ±10 % jitter so waiters spread out.
       const delay = Math.min(remaining, MAX_POLL_MS, retryAfterMs * (0.9 + Math.random() * 0.2));

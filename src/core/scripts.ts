@@ -44,7 +44,8 @@ local function clamp(value, low, high) return math.min(math.max(value, low), hig
 /**
  * Acquire, with a fair, bounded queue of waiters. Returns `{1, fence, ttlMs, nowMs}` when
  * acquired (or re-acquired by the same token, keeping its fence), `{0, retryAfterMs, nowMs,
- * position}` when busy: position 0 is the head of the queue, -1 not queued, -2 the queue was full.
+ * position, pttl}` when busy: position 0 is the head of the queue, -1 not queued, -2 the queue was
+ * full; pttl is the holder's lease left, ms (0 when free but kept for the head of the queue).
  * A new fence is max(now in µs, floor + 1): strictly increasing while the floor lives, and past its
  * expiry or a data loss still above every earlier fence unless the server clock stepped back.
  *
@@ -141,7 +142,7 @@ end
 -- past it, the head backs off like everyone else.
 if position == 0 and (not holder or held <= holdMs) then left = math.min(left, math.max(holdMs / 2, 1)) end
 local retryAfter = math.min(left + holdMs * math.max(position, 0), cap)
-return {0, math.floor(math.max(${MIN_RETRY_MS}, retryAfter)), nowMs, position}
+return {0, math.floor(math.max(${MIN_RETRY_MS}, retryAfter)), nowMs, position, pttl}
 `,
 );
 

@@ -42,12 +42,22 @@ export interface AcquireOptions {
 }
 
 /**
- * The outcome of `acquire`: a lease, or when to look again and why not: `busy` (another token
- * holds it, or waiters ahead keep it) or `queue_full` (too many waiters on this name already).
+ * The outcome of `acquire`: a lease, or why not: `busy` (another token holds it, or waiters
+ * ahead keep it) or `queue_full` (too many waiters on this name already).
+ *
+ * `retryAfterMs` is a poll hint, not a promise: when the holder is likely done, estimated from
+ * recent hold times on this name (and one hold per waiter ahead), never later than the holder's
+ * lease end. `lockExpiresAt` (Redis server clock, epoch ms) is when the current lease ends unless
+ * it is renewed; absent when no token holds the lock (it is kept for the head of the queue).
  */
 export type AcquireResult =
   | { acquired: true; lease: Lease }
-  | { acquired: false; retryAfterMs: number; reason: "busy" | "queue_full" };
+  | {
+    acquired: false;
+    retryAfterMs: number;
+    lockExpiresAt?: number;
+    reason: "busy" | "queue_full";
+  };
 
 /** Options for `renew`. */
 export interface RenewOptions {

@@ -4,13 +4,13 @@ import { checkDuration } from "../core/_validate.ts";
 import { sha256Hex } from "../core/_crypto.ts";
 import { problem } from "./_problem.ts";
 import { EdgelockError } from "../core/errors.ts";
-import { MAX_RESPONSE_BYTES, recordId, safeName, type Store } from "../uses/store.ts";
+import { MAX_RESPONSE_BYTES, recordId, type Records, safeName } from "../uses/records.ts";
 import { hold } from "../core/with_lock.ts";
 
 /** Options for {@linkcode idempotency}. */
 export interface IdempotencyOptions {
   /** Where claims and stored responses live. */
-  store: Store;
+  records: Records;
   /** Whose key space a request uses, typically the signed-in user's id. */
   scope: (c: Context) => string | Promise<string>;
   /** Reject requests without an `Idempotency-Key` (400). Else they pass through. @default true */
@@ -55,21 +55,21 @@ const SAFE_METHODS = new Set(["GET", "HEAD", "OPTIONS"]);
  * ```ts
  * import { Hono } from "hono";
  * import { Redis } from "@upstash/redis";
- * import { Store } from "@edgelock/edgelock/uses";
+ * import { Records } from "@edgelock/edgelock/uses";
  * import { idempotency } from "@edgelock/edgelock/hono";
  *
- * const store = new Store(Redis.fromEnv());
+ * const records = new Records(Redis.fromEnv());
  * const app = new Hono();
  * app.post(
  *   "/orders",
- *   idempotency({ store, scope: (c) => c.req.header("x-user-id") ?? "anonymous" }),
+ *   idempotency({ records, scope: (c) => c.req.header("x-user-id") ?? "anonymous" }),
  *   (c) => c.json({ orderId: crypto.randomUUID() }, 201),
  * );
  * ```
  */
 export function idempotency(options: IdempotencyOptions): MiddlewareHandler {
   const {
-    store,
+    records,
     scope,
     required = true,
     fingerprintHeaders = [],
@@ -78,7 +78,9 @@ export function idempotency(options: IdempotencyOptions): MiddlewareHandler {
     waitMs = 0,
     replayHeaders = DEFAULT_REPLAY_HEADERS,
   } = options ?? {};
-  if (typeof store?.claim !== "function") throw new TypeError("idempotency needs a store");
+  if (typeof records?.claim !== "function") {
+    throw new TypeError("idempotency needs records: new Records(redis)");
+  }
   if (typeof scope !== "function") throw new TypeError("idempotency needs a scope function");
   checkDuration(leaseMs, "leaseMs", 0);
   checkDuration(retentionMs, "retentionMs", 0);
@@ -109,7 +111,7 @@ export function idempotency(options: IdempotencyOptions): MiddlewareHandler {
     try {
       const deadline = performance.now() + waitMs;
       for (let attempt = 0;; attempt++) {
-        const claim = await store.claim("idempotency", id, { leaseMs, retentionMs, fingerprint });
+        const claim = await records.claim("idempotency", id, { leaseMs, retentionMs, fingerprint });
         if (claim.state === "mismatch") {
           return problem(
             422,
@@ -150,7 +152,7 @@ export function idempotency(options: IdempotencyOptions): MiddlewareHandler {
       what: "idempotency claim",
       ttlMs: leaseMs,
       grantedAt,
-      renew: async () => (await store.renewClaim("idempotency", id, token, leaseMs)).renewed,
+      renew: async () => (await records.renew("idempotency", id, token, leaseMs)).renewed,
     }, async () => {
       try {
         await next();
@@ -160,14 +162,14 @@ export function idempotency(options: IdempotencyOptions): MiddlewareHandler {
       }
     }).catch(async (error) => {
       if (threw) {
-        await store.release("idempotency", id, token).catch(() => false);
+        await records.release("idempotency", id, token).catch(() => false);
         throw error;
       }
       // The claim was lost while the handler ran: its reply goes out, but is not stored.
     });
     const res = c.res;
     if (c.error || res.status >= 500 || TRANSIENT.has(res.status)) {
-      await store.release("idempotency", id, token).catch(() => false);
+      await records.release("idempotency", id, token).catch(() => false);
       return;
     }
     const stored: StoredResponse = { status: res.status, headers: {} };
@@ -179,7 +181,7 @@ export function idempotency(options: IdempotencyOptions): MiddlewareHandler {
     // Kept whole when status, headers and the base64 body fit the store, else marked omitted.
     const whole = { ...stored, body };
     const fits = new TextEncoder().encode(JSON.stringify(whole)).length <= MAX_RESPONSE_BYTES;
-    await store.complete("idempotency", id, token, fits ? whole : { ...stored, omitted: true });
+    await records.complete("idempotency", id, token, fits ? whole : { ...stored, omitted: true });
   }
 }
 

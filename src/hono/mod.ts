@@ -6,12 +6,12 @@
  * ```ts
  * import { Hono } from "hono";
  * import { Redis } from "@upstash/redis";
- * import { Store } from "@edgelock/edgelock/uses";
+ * import { Records } from "@edgelock/edgelock/uses";
  * import { idempotency } from "@edgelock/edgelock/hono";
  *
- * const store = new Store(Redis.fromEnv());
+ * const records = new Records(Redis.fromEnv());
  * const app = new Hono();
- * app.post("/orders", idempotency({ store, scope: (c) => c.req.header("x-user") ?? "anonymous" }), (c) =>
+ * app.post("/orders", idempotency({ records, scope: (c) => c.req.header("x-user") ?? "anonymous" }), (c) =>
  *   c.json({ ok: true }, 201));
  * ```
  *

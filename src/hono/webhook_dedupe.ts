@@ -1,12 +1,13 @@
 import type { MiddlewareHandler } from "hono";
 import { problem } from "./_problem.ts";
 import { dedupe, type DedupeOptions } from "../uses/dedupe.ts";
-import type { Store } from "../uses/store.ts";
+import type { Records } from "../uses/records.ts";
+import { EdgelockError } from "../core/errors.ts";
 
 /** Options for {@linkcode webhookDedupe}. */
 export interface WebhookDedupeOptions extends Omit<DedupeOptions, "id"> {
   /** Where the delivery ids are claimed. */
-  store: Store;
+  records: Records;
   /** Signing secrets (`whsec_…` base64, as Standard Webhooks and Svix issue them); any one may match. */
   secrets: readonly string[];
   /** Largest clock difference accepted for `webhook-timestamp`, seconds. @default 300 */
@@ -23,10 +24,13 @@ export interface WebhookDedupeOptions extends Omit<DedupeOptions, "id"> {
  * anything else, or a thrown error, releases it for the provider's retry.
  */
 export function webhookDedupe(
-  { store, secrets, toleranceSec = 300, now = Date.now, ...options }: WebhookDedupeOptions,
+  { records, secrets, toleranceSec = 300, now = Date.now, ...options }: WebhookDedupeOptions,
 ): MiddlewareHandler {
+  if (typeof records?.claim !== "function") {
+    throw new TypeError("webhookDedupe needs records: new Records(redis)");
+  }
   if (!Array.isArray(secrets) || secrets.length === 0) {
-    throw new TypeError("webhookDedupe needs at least one signing secret");
+    throw new TypeError("webhookDedupe needs secrets: at least one signing secret");
   }
   const raw = secrets.map(decodeSecret);
   const keys = Promise.all(
@@ -53,7 +57,15 @@ export function webhookDedupe(
     if (!(await verify(await keys, `${id}.${timestamp}.${body}`, signatures))) {
       return problem(401, "unauthorized", "The webhook signature does not match");
     }
-    const claim = await dedupe(store, { ...options, id });
+    let claim;
+    try {
+      claim = await dedupe(records, { ...options, id });
+    } catch (error) {
+      if (!(error instanceof EdgelockError && error.code === "backend_unavailable")) throw error;
+      return problem(503, "backend_unavailable", "The deduplication store is unreachable", {
+        headers: { "retry-after": "1" },
+      });
+    }
     if (claim.state === "duplicate") return c.json({ duplicate: true }, 200);
     if (claim.state === "in_progress") {
       return problem(409, "in_progress", "This delivery is being processed", {
@@ -66,8 +78,11 @@ export function webhookDedupe(
       await claim.release().catch(() => false);
       throw error;
     }
-    if (c.res.status >= 200 && c.res.status < 300 && !c.error) await claim.done();
-    else await claim.release();
+    // The handler's reply stands even if Redis fails now: an unmarked id frees when its lease
+    // ends, and a redelivery after that is processed again (at least once, never lost).
+    if (c.res.status >= 200 && c.res.status < 300 && !c.error) {
+      await claim.done().catch(() => false);
+    } else await claim.release().catch(() => false);
     return undefined;
   };
 }
@@ -75,8 +90,12 @@ export function webhookDedupe(
 // Checked when the middleware is built, so a bad secret is a clear error at start-up rather than
 // a failure (or an unhandled rejection) at the first delivery.
 function decodeSecret(secret: unknown, index: number): Uint8Array<ArrayBuffer> {
-  if (typeof secret !== "string") {
-    throw new TypeError(`Webhook secret ${index + 1} must be a string, not ${typeof secret}`);
+  if (typeof secret !== "string" || secret.trim() === "") {
+    throw new TypeError(
+      `Webhook secret ${index + 1} is ${
+        typeof secret === "string" ? "empty" : typeof secret
+      }: set the endpoint's signing secret (whsec_…)`,
+    );
   }
   const text = secret.startsWith("whsec_") ? secret.slice(6) : secret;
   let bytes: Uint8Array<ArrayBuffer>;

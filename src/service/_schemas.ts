@@ -52,3 +52,34 @@ export const nameParam = (name: string) =>
     param: { name, in: "path" },
     description: "1–200 characters of A-Z a-z 0-9 . _ : -",
   });
+
+/** `{ token }`: the body of the routes that end a claim or a run. */
+export const TokenBody = z.strictObject({ token: Token }).openapi("TokenRequest");
+/** A claim's lease, ms. */
+export const leaseMs = duration("leaseMs", "Claim lease, ms (default 30000)").optional();
+/** How long a completed record is kept, ms. */
+export const retentionMs = (fallback: string) =>
+  duration("retentionMs", `How long the result is kept, ms (default ${fallback})`).optional();
+/** A granted claim. */
+export const Claimed = z.object({
+  state: z.literal("claimed"),
+  token: Token,
+  fence: z.number().int(),
+  leaseExpiresAt: z.number().int(),
+});
+/** What every route behind the API key declares. */
+export const secured = (tag: string) => ({ security: [{ bearer: [] }], tags: [tag] });
+/** A POST route with path params and a JSON body. */
+export const post = <P extends z.ZodType, B extends z.ZodType>(
+  tag: string,
+  operationId: string,
+  path: string,
+  params: P,
+  schema: B,
+) => ({
+  ...secured(tag),
+  method: "post" as const,
+  path,
+  operationId,
+  request: { params, body: body(schema) },
+});

@@ -1,20 +1,22 @@
 import { createRoute, OpenAPIHono, z } from "@hono/zod-openapi";
-import type { Context } from "hono";
 import { bodyLimit } from "hono/body-limit";
-import { HTTPException } from "hono/http-exception";
+import { matchedRoutes } from "hono/route";
 import { type ApiKey, findTenant } from "./auth.ts";
 import { sha256 } from "../core/_crypto.ts";
-import { busyError, EdgelockError, type ErrorCode } from "../core/errors.ts";
+import { EdgelockError } from "../core/errors.ts";
 import { Locks } from "../core/locks.ts";
-import { sentAtOf } from "../core/_granted.ts";
-import { tenantLimiter, type TenantLimits } from "./_limits.ts";
-import { Store } from "../uses/store.ts";
-import { type AppEnv, registerUseRoutes } from "./uses_routes.ts";
 import { checkTimeout, type RedisLike, runScript } from "../core/_runner.ts";
-import { body, common, duration, json, Meta, Name, problemDoc, Token } from "./_schemas.ts";
 import { PING } from "../core/scripts.ts";
-import { problem } from "../hono/_problem.ts";
-import type { Lease } from "../core/types.ts";
+import { Jobs } from "../uses/jobs.ts";
+import { Records } from "../uses/records.ts";
+import type { AppEnv } from "./_env.ts";
+import { problemResponse, toEdgelockError } from "./_errors.ts";
+import { tenantLimiter, type TenantLimits } from "./_limits.ts";
+import { json, problemDoc } from "./_schemas.ts";
+import { dedupeRoutes } from "./routes/dedupe.ts";
+import { idempotencyRoutes } from "./routes/idempotency.ts";
+import { jobRoutes } from "./routes/jobs.ts";
+import { lockRoutes } from "./routes/locks.ts";
 
 /** What {@linkcode createApp} needs; each runtime's entry builds it from its own environment. */
 export interface AppDeps {
@@ -28,154 +30,45 @@ export interface AppDeps {
   redisTimeoutMs?: number;
   /** Per-tenant caps on this instance: concurrent waits and requests per second. */
   limits?: TenantLimits;
+  /** Where each request's log line goes. @default one JSON line on the console */
+  log?: (entry: RequestLog) => void;
+}
+
+/**
+ * One line per request, for Workers Logs, Deno Deploy's logs or any JSON log pipeline. It names
+ * the route template, never the lock name or key, and carries the internal detail of a failure
+ * that the reply leaves out.
+ */
+export interface RequestLog {
+  /** `info` below 400, `warn` for 4xx, `error` for 5xx. */
+  level: "info" | "warn" | "error";
+  /** Always `"request"`. */
+  msg: "request";
+  /** The `x-request-id` of the reply: the caller's, or a new one. */
+  requestId: string;
+  /** The HTTP method. */
+  method: string;
+  /** The matched route's template, e.g. `/v1/locks/:name/acquire`; `(none)` when none matched. */
+  route: string;
+  /** The reply's status. */
+  status: number;
+  /** Time from the request to the reply, ms. */
+  durationMs: number;
+  /** The tenant of the API key, once known. */
+  tenant?: string;
+  /** The problem code of a failed request. */
+  code?: string;
+  /** For 5xx: what failed, as the service saw it (never sent to the client). */
+  error?: string;
 }
 
 /** The largest request body, in bytes. */
 export const MAX_BODY_BYTES = 64 * 1024;
 
-const STATUS: Record<ErrorCode, 400 | 401 | 404 | 409 | 413 | 422 | 429 | 500 | 503> = {
-  invalid_request: 400,
-  unauthorized: 401,
-  not_found: 404,
-  payload_too_large: 413,
-  lock_busy: 409,
-  queue_full: 409,
-  too_many_requests: 429,
-  lock_lost: 409,
-  in_progress: 409,
-  lease_lost: 409,
-  fingerprint_mismatch: 422,
-  backend_unavailable: 503,
-  internal_error: 500,
-};
+const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+// RFC 9110 §11.1: the scheme is case-insensitive; one or more spaces before the credentials.
+const BEARER = /^bearer +([\x21-\x7e]{1,256})$/i;
 
-const TITLES: Record<ErrorCode, string> = {
-  invalid_request: "The request is not valid",
-  unauthorized: "Missing or unknown API key",
-  not_found: "No such route",
-  payload_too_large: "The request body is too large",
-  lock_busy: "The lock is held by another token",
-  queue_full: "Too many callers wait for this lock already",
-  too_many_requests: "This tenant is over its request limit",
-  lock_lost: "The lease is no longer held by this token",
-  in_progress: "Another request with this key is in flight",
-  lease_lost: "The claim is no longer held by this token",
-  fingerprint_mismatch: "This key was used with another payload",
-  backend_unavailable: "Redis is unreachable",
-  internal_error: "An unexpected error (a bug in edgelock)",
-};
-
-const NameParams = z.object({ name: Name.openapi({ param: { name: "name", in: "path" } }) });
-const AcquireBody = z.strictObject({
-  ttlMs: duration("ttlMs", "Lease length in ms (default 10000)").optional(),
-  waitMs: duration("waitMs", "How long the server waits for a busy lock, ms (default 0)")
-    .optional(),
-  token: Token.optional().openapi({ description: "Choose it to make retries safe" }),
-  meta: Meta.optional(),
-}).openapi("AcquireRequest");
-const RenewBody = z.strictObject({
-  token: Token,
-  ttlMs: duration("ttlMs", "New lease length from now, ms"),
-}).openapi("RenewRequest");
-const ReleaseBody = z.strictObject({
-  token: Token,
-  fence: z.number().int().positive().max(Number.MAX_SAFE_INTEGER).optional().openapi({
-    description: "The lease's fence: a retried release then answers true for exactly this lease",
-  }),
-}).openapi("ReleaseRequest");
-
-const LeaseSchema = z.object({
-  name: Name,
-  token: Token,
-  fence: z.number().int().openapi({ description: "Strictly increasing per name" }),
-  ttlMs: z.number().int(),
-  expiresAt: z.number().int().openapi({ description: "Epoch ms, Redis server clock" }),
-  serverTime: z.number().int().openapi({ description: "Epoch ms, Redis server clock" }),
-}).openapi("Lease");
-const AcquiredSchema = LeaseSchema.extend({
-  waitedMs: z.number().int().nonnegative().optional().openapi({
-    description: "How long the service waited before the request to Redis that granted the " +
-      "lease, ms: the lease is valid at least ttlMs from when the client sent its request plus this",
-  }),
-}).openapi("AcquiredLease");
-const LockInfoSchema = z.object({
-  name: Name,
-  held: z.boolean(),
-  fence: z.number().int().optional(),
-  ttlMs: z.number().int().optional(),
-  expiresAt: z.number().int().optional(),
-  meta: z.record(z.string(), z.unknown()).optional(),
-}).openapi("LockInfo");
-const secured = { security: [{ bearer: [] }], tags: ["locks"] };
-
-const acquireRoute = createRoute({
-  ...secured,
-  method: "post",
-  path: "/v1/locks/{name}/acquire",
-  operationId: "acquireLock",
-  summary: "Acquire a lock (a retry with the holder's token returns the same fence)",
-  request: { params: NameParams, body: body(AcquireBody) },
-  responses: {
-    200: json(AcquiredSchema, "Acquired"),
-    409: problemDoc("lock_busy or queue_full, with retryAfterMs and Retry-After"),
-    429: problemDoc("too_many_requests: this tenant's concurrent waits or request rate"),
-    ...common,
-  },
-});
-const renewRoute = createRoute({
-  ...secured,
-  method: "post",
-  path: "/v1/locks/{name}/renew",
-  operationId: "renewLock",
-  summary: "Extend a lease held by this token; the fence stays the same",
-  request: { params: NameParams, body: body(RenewBody) },
-  responses: { 200: json(LeaseSchema, "Renewed"), 409: problemDoc("lock_lost"), ...common },
-});
-const RenewManyBody = z.strictObject({
-  ttlMs: duration("ttlMs", "New lease length from now, ms (default 10000)").optional(),
-  leases: z.array(z.strictObject({ name: Name, token: Token })).min(1).max(1000),
-}).openapi("RenewManyRequest");
-const renewManyRoute = createRoute({
-  ...secured,
-  method: "post",
-  path: "/v1/locks/renew",
-  operationId: "renewLocks",
-  summary: "Renew up to 1000 leases in one request (one script)",
-  request: { body: body(RenewManyBody) },
-  responses: {
-    200: json(
-      z.object({
-        results: z.array(z.union([
-          LeaseSchema.extend({ renewed: z.literal(true) }),
-          z.object({ name: Name, renewed: z.literal(false) }),
-        ])),
-      }).openapi("RenewManyResults"),
-      "One result per lease, in order",
-    ),
-    ...common,
-  },
-});
-const releaseRoute = createRoute({
-  ...secured,
-  method: "post",
-  path: "/v1/locks/{name}/release",
-  operationId: "releaseLock",
-  summary: "Release a lease; released is false when this token no longer held it",
-  request: { params: NameParams, body: body(ReleaseBody) },
-  responses: {
-    200: json(z.object({ released: z.boolean() }).openapi("Released"), "Done"),
-    ...common,
-  },
-});
-const inspectRoute = createRoute({
-  ...secured,
-  method: "get",
-  path: "/v1/locks/{name}",
-  operationId: "inspectLock",
-  summary: "Whether the lock is held, with fence, TTL and meta; never the token",
-  request: { params: NameParams },
-  responses: { 200: json(LockInfoSchema, "State"), ...common },
-});
 const healthRoute = createRoute({
   method: "get",
   path: "/healthz",
@@ -185,13 +78,14 @@ const healthRoute = createRoute({
   security: [],
   responses: {
     200: json(z.object({ ok: z.literal(true) }), "Healthy"),
+    500: problemDoc("config_error: Redis refuses the service's credentials"),
     503: problemDoc("backend_unavailable"),
   },
 });
 
 /** The edgelock HTTP service as a Hono app; runtime-agnostic. */
 export function createApp(
-  { redis, apiKeys, keyPrefix = "edgelock", redisTimeoutMs, limits }: AppDeps,
+  { redis, apiKeys, keyPrefix = "edgelock", redisTimeoutMs, limits, log = logLine }: AppDeps,
 ): OpenAPIHono<AppEnv> {
   if (apiKeys.length === 0) throw new RangeError("createApp needs at least one API key");
   const timeoutMs = checkTimeout(redisTimeoutMs);
@@ -200,10 +94,12 @@ export function createApp(
     apiKeys.map(async ({ tenant, secret }) => ({ tenant, digest: await sha256(secret) })),
   );
   const byTenant = new Map(apiKeys.map(({ tenant }) => {
-    const prefix = `${keyPrefix}:${tenant}`;
+    const options = { prefix: `${keyPrefix}:${tenant}`, timeoutMs };
     return [tenant, {
-      locks: new Locks(redis, { prefix, timeoutMs }),
-      store: new Store(redis, { prefix, timeoutMs }),
+      locks: new Locks(redis, options),
+      records: new Records(redis, options),
+      jobs: new Jobs(redis, options),
+      wait: <T>(fn: () => Promise<T>) => limiter.wait(tenant, fn),
     }];
   }));
 
@@ -220,9 +116,30 @@ export function createApp(
     },
   });
 
-  app.use("/v1/*", async (c, next) => {
+  // Every reply: an x-request-id, no caching, and one log line.
+  app.use("*", async (c, next) => {
+    const startedAt = performance.now();
+    const incoming = c.req.header("x-request-id");
+    const requestId = incoming && REQUEST_ID.test(incoming) ? incoming : crypto.randomUUID();
+    c.set("requestId", requestId);
     await next();
+    c.res.headers.set("x-request-id", requestId);
     c.res.headers.set("cache-control", "no-store");
+    const { status } = c.res;
+    const failure = c.get("failure");
+    const route = matchedRoutes(c).findLast((r) => r.method !== "ALL")?.path ?? "(none)";
+    log({
+      level: status >= 500 ? "error" : status >= 400 ? "warn" : "info",
+      msg: "request",
+      requestId,
+      method: c.req.method,
+      route,
+      status,
+      durationMs: Math.round((performance.now() - startedAt) * 10) / 10,
+      ...(c.get("tenant") && { tenant: c.get("tenant") }),
+      ...(failure && { code: failure.code }),
+      ...(failure && status >= 500 && { error: describe(failure) }),
+    });
   });
   app.use(
     "/v1/*",
@@ -237,81 +154,29 @@ export function createApp(
     }),
   );
   app.use("/v1/*", async (c, next) => {
-    const header = c.req.header("authorization") ?? "";
-    const match = /^Bearer ([\x21-\x7e]{1,256})$/.exec(header);
+    const match = BEARER.exec(c.req.header("authorization") ?? "");
     const tenant = match ? await findTenant(await digests, match[1]!) : undefined;
     if (!tenant) {
       throw new EdgelockError("unauthorized", "Send Authorization: Bearer <api key>");
     }
-    limiter.admit(tenant);
-    const { locks, store } = byTenant.get(tenant)!;
     c.set("tenant", tenant);
+    limiter.admit(tenant);
+    const { locks, records, jobs, wait } = byTenant.get(tenant)!;
     c.set("locks", locks);
-    c.set("store", store);
+    c.set("records", records);
+    c.set("jobs", jobs);
+    c.set("wait", wait);
     await next();
   });
 
-  app.openapi(acquireRoute, async (c) => {
-    const { name } = c.req.valid("param");
-    const options = c.req.valid("json");
-    const receivedAt = performance.now();
-    // Waiting stops when the client goes away; each tenant has a bounded number of waits.
-    const signal = c.req.raw.signal;
-    const acquire = () =>
-      c.var.locks.acquire(name, { ...options, signal }).catch((error) => {
-        if (signal.aborted) {
-          return { acquired: false as const, retryAfterMs: 1, reason: "busy" as const };
-        }
-        throw error;
-      });
-    const result = options.waitMs ? await limiter.wait(c.var.tenant, acquire) : await acquire();
-    if (!result.acquired) throw busyError(name, result);
-    const waitedMs = Math.max(0, Math.floor((sentAtOf(result.lease) ?? receivedAt) - receivedAt));
-    return c.json({ ...leaseBody(result.lease), waitedMs }, 200);
-  });
-
-  app.openapi(renewRoute, async (c) => {
-    const { name } = c.req.valid("param");
-    const { token, ttlMs } = c.req.valid("json");
-    const result = await c.var.locks.renew({ name, token }, { ttlMs });
-    if (!result.renewed) {
-      throw new EdgelockError(
-        "lock_lost",
-        `Cannot renew lock "${name}": the token does not hold it`,
-      );
-    }
-    return c.json(leaseBody(result.lease), 200);
-  });
-
-  app.openapi(renewManyRoute, async (c) => {
-    const { leases, ttlMs } = c.req.valid("json");
-    const results = await c.var.locks.renewMany(leases, { ttlMs });
-    return c.json({
-      results: results.map((result, i) =>
-        result.renewed
-          ? { ...leaseBody(result.lease), renewed: true as const }
-          : { name: leases[i]!.name, renewed: false as const }
-      ),
-    }, 200);
-  });
-
-  app.openapi(releaseRoute, async (c) => {
-    const { name } = c.req.valid("param");
-    const { token, fence } = c.req.valid("json");
-    return c.json({ released: await c.var.locks.release({ name, token, fence }) }, 200);
-  });
-
-  app.openapi(inspectRoute, async (c) => {
-    const { name } = c.req.valid("param");
-    return c.json(await c.var.locks.inspect(name), 200);
-  });
-
+  lockRoutes(app);
+  idempotencyRoutes(app);
+  dedupeRoutes(app);
+  jobRoutes(app);
   app.openapi(healthRoute, async (c) => {
     await runScript(redis, PING, [], [], timeoutMs);
     return c.json({ ok: true as const }, 200);
   });
-
-  registerUseRoutes(app);
 
   app.openAPIRegistry.registerComponent("securitySchemes", "bearer", {
     type: "http",
@@ -325,53 +190,50 @@ export function createApp(
       title: "edgelock",
       version: "1",
       description: "Distributed locks with fencing tokens for edge runtimes",
+      license: { name: "MIT", url: "https://opensource.org/license/mit" },
     },
   });
 
-  app.notFound(() => {
-    throw new EdgelockError("not_found", "No such route");
+  const allowed = methodsByPath(app);
+  app.notFound((c) => {
+    const allow = allowed(c.req.path);
+    if (allow.length > 0) {
+      c.set("failure", new EdgelockError("method_not_allowed", `Use ${allow.join(" or ")}`));
+      return problemResponse(c, c.get("failure")!, { allow: allow.join(", ") });
+    }
+    c.set("failure", new EdgelockError("not_found", "No such route"));
+    return problemResponse(c, c.get("failure")!);
   });
-  app.onError((error, c) => problemResponse(c, toEdgelockError(error)));
+  app.onError((error, c) => {
+    const failure = toEdgelockError(error);
+    c.set("failure", failure);
+    return problemResponse(c, failure);
+  });
   return app;
 }
 
-function leaseBody({ name, token, fence, ttlMs, expiresAt, serverTime }: Lease) {
-  return { name, token, fence, ttlMs, expiresAt, serverTime };
+/** For a path no route of its method matches: the methods that routes of that path take. */
+function methodsByPath(app: OpenAPIHono<AppEnv>): (path: string) => string[] {
+  let patterns: { pattern: RegExp; method: string }[] | undefined;
+  return (path) => {
+    patterns ??= app.routes.filter((route) => route.method !== "ALL").map((route) => ({
+      method: route.method,
+      pattern: new RegExp(`^${route.path.replace(/:[A-Za-z]+/g, "[^/]+")}$`),
+    }));
+    const methods = new Set(patterns.filter((p) => p.pattern.test(path)).map((p) => p.method));
+    if (methods.has("GET")) methods.add("HEAD");
+    return [...methods];
+  };
 }
 
-function toEdgelockError(error: unknown): EdgelockError {
-  if (error instanceof EdgelockError) return error;
-  // The library's own argument checks (the same limits as the schemas).
-  if (error instanceof RangeError || error instanceof TypeError) {
-    return new EdgelockError("invalid_request", error.message);
-  }
-  // Hono's validators: malformed JSON (400), a body that is not application/json (415).
-  if (error instanceof HTTPException && error.status === 415) {
-    return new EdgelockError("invalid_request", "Send the body as Content-Type: application/json");
-  }
-  if (error instanceof HTTPException && error.status < 500) {
-    return new EdgelockError("invalid_request", error.message || "Malformed request");
-  }
-  console.error("edgelock: unexpected error", error);
-  return new EdgelockError("internal_error", "The service failed unexpectedly");
+function describe(error: EdgelockError): string {
+  const cause = error.cause instanceof Error ? `: ${error.cause.message}` : "";
+  return `${error.message}${cause}`.slice(0, 2000);
 }
 
-function problemResponse(c: Context, error: EdgelockError): Response {
-  const headers: Record<string, string> = {};
-  if (c.req.path.startsWith("/v1/")) headers["cache-control"] = "no-store";
-  if (error.retryAfterMs !== undefined) {
-    headers["retry-after"] = String(Math.max(1, Math.ceil(error.retryAfterMs / 1000)));
-  }
-  const extra: Record<string, unknown> = {};
-  if (error.retryAfterMs !== undefined) extra.retryAfterMs = error.retryAfterMs;
-  if (error.code === "invalid_request" && Array.isArray(error.cause)) extra.errors = error.cause;
-  // The library's message names the script and carries the upstream error: not for clients.
-  const detail = error.code === "backend_unavailable"
-    ? "Redis did not answer in time or could not be reached; try again shortly"
-    : error.message;
-  return problem(STATUS[error.code], error.code, detail, {
-    title: TITLES[error.code],
-    headers,
-    extra,
-  });
+function logLine(entry: RequestLog): void {
+  const line = JSON.stringify(entry);
+  if (entry.level === "error") console.error(line);
+  else if (entry.level === "warn") console.warn(line);
+  else console.log(line);
 }

@@ -24,12 +24,18 @@ export function parseApiKeys(text: string | undefined): ApiKey[] {
     }
     if (!SECRET_PATTERN.test(secret) || secret.includes(",")) {
       throw new RangeError(
-        `LOCK_API_KEYS: the secret of tenant "${tenant}" must be 16–256 printable characters`,
+        `LOCK_API_KEYS: the secret of tenant "${tenant}" must be 16–256 printable characters ` +
+          "without commas",
       );
     }
     return { tenant, secret };
   });
-  if (keys.length === 0) throw new RangeError("LOCK_API_KEYS must name at least one tenant:secret");
+  if (keys.length === 0) {
+    throw new RangeError(
+      "LOCK_API_KEYS is not set: give comma-separated tenant:secret pairs, each secret 16–256 " +
+        "printable characters (e.g. from `openssl rand -base64 24`)",
+    );
+  }
   if (new Set(keys.map((key) => key.secret)).size !== keys.length) {
     throw new RangeError("LOCK_API_KEYS: two tenants share a secret");
   }

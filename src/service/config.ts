@@ -17,31 +17,64 @@ export interface ServiceConfig {
   limits: TenantLimits;
 }
 
-/** Reads and checks the configuration from a plain record; throws a RangeError naming the variable. */
+/** Every setting the service reads; any other `LOCK_*` variable is a mistake. */
+export const SETTINGS = [
+  "UPSTASH_REDIS_REST_URL",
+  "UPSTASH_REDIS_REST_TOKEN",
+  "LOCK_API_KEYS",
+  "LOCK_KEY_PREFIX",
+  "REDIS_TIMEOUT_MS",
+  "LOCK_MAX_WAITS",
+  "LOCK_RATE_LIMIT",
+] as const;
+
+/**
+ * Reads and checks the configuration from a plain record (env vars or Worker bindings); throws a
+ * RangeError whose message names the variable and what to do. Values are never echoed: they may
+ * be secrets.
+ */
 export function readConfig(env: Record<string, unknown>): ServiceConfig {
   const text = (name: string) => {
     const value = env[name];
     return typeof value === "string" && value.trim() !== "" ? value.trim() : undefined;
   };
-  const redisUrl = text("UPSTASH_REDIS_REST_URL");
-  const redisToken = text("UPSTASH_REDIS_REST_TOKEN");
-  if (!redisUrl || !URL.canParse(redisUrl)) {
-    throw new RangeError("UPSTASH_REDIS_REST_URL must be set to the database's REST URL");
+  for (const name of Object.keys(env)) {
+    if (name.startsWith("LOCK_") && !(SETTINGS as readonly string[]).includes(name)) {
+      const near = SETTINGS.find((known) => known.startsWith(name) || name.startsWith(known));
+      throw new RangeError(
+        `${name} is not an edgelock setting${near ? ` (did you mean ${near}?)` : ""}; ` +
+          `the settings are ${SETTINGS.join(", ")}`,
+      );
+    }
   }
-  if (!redisToken) throw new RangeError("UPSTASH_REDIS_REST_TOKEN must be set");
+  const redisUrl = checkRestUrl(text("UPSTASH_REDIS_REST_URL"));
+  const redisToken = text("UPSTASH_REDIS_REST_TOKEN");
+  if (!redisToken) {
+    throw new RangeError(
+      "UPSTASH_REDIS_REST_TOKEN is not set: copy the REST token from the Upstash console " +
+        "(or the one `deno task dev` prints for its bridge)",
+    );
+  }
+  if (!/^[\x21-\x7e]+$/.test(redisToken) || /^["']|["']$/.test(redisToken)) {
+    throw new RangeError(
+      "UPSTASH_REDIS_REST_TOKEN holds spaces, quotes or non-ASCII characters: paste the token alone",
+    );
+  }
   const keyPrefix = text("LOCK_KEY_PREFIX") ?? "edgelock";
   if (!/^[A-Za-z0-9._:-]{1,64}$/.test(keyPrefix)) {
     throw new RangeError("LOCK_KEY_PREFIX must be 1–64 characters of A-Z a-z 0-9 . _ : -");
   }
-  const integer = (name: string) => {
+  const integer = (name: string, min: number, max: number, unit: string) => {
     const value = text(name);
     if (value === undefined) return undefined;
-    if (!/^\d{1,9}$/.test(value)) throw new RangeError(`${name} must be a whole number`);
+    if (!/^\d{1,10}$/.test(value) || Number(value) < min || Number(value) > max) {
+      throw new RangeError(`${name} must be a whole number of ${unit} from ${min} to ${max}`);
+    }
     return Number(value);
   };
-  const redisTimeoutMs = integer("REDIS_TIMEOUT_MS");
-  const maxWaits = integer("LOCK_MAX_WAITS");
-  const requestsPerSecond = integer("LOCK_RATE_LIMIT");
+  const redisTimeoutMs = integer("REDIS_TIMEOUT_MS", 1, 60_000, "milliseconds");
+  const maxWaits = integer("LOCK_MAX_WAITS", 1, 10_000, "waits per tenant");
+  const requestsPerSecond = integer("LOCK_RATE_LIMIT", 0, 1_000_000_000, "requests a second");
   return {
     redisUrl,
     redisToken,
@@ -53,6 +86,28 @@ export function readConfig(env: Record<string, unknown>): ServiceConfig {
       ...(requestsPerSecond !== undefined && { requestsPerSecond }),
     },
   };
+}
+
+function checkRestUrl(value: string | undefined): string {
+  const name = "UPSTASH_REDIS_REST_URL";
+  if (!value) {
+    throw new RangeError(
+      `${name} is not set: copy the database's REST URL (https://….upstash.io) from the Upstash ` +
+        "console, or run `deno task dev`, which prints its bridge's URL",
+    );
+  }
+  const url = URL.canParse(value) ? new URL(value) : undefined;
+  if (url && /^rediss?:$/.test(url.protocol)) {
+    throw new RangeError(
+      `${name} is a redis:// URL: use the database's REST URL (https://….upstash.io), not its TCP URL`,
+    );
+  }
+  if (!url || !/^https?:$/.test(url.protocol) || url.username || url.password) {
+    throw new RangeError(
+      `${name} is not an http(s) URL without credentials, like https://….upstash.io`,
+    );
+  }
+  return value;
 }
 
 /** The parts of a {@linkcode ServiceConfig} that `createApp` takes besides the Redis client. */

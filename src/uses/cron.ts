@@ -1,4 +1,4 @@
-import type { StartJobOptions, Store } from "./store.ts";
+import type { Jobs, StartJobOptions } from "./jobs.ts";
 import { hold } from "../core/with_lock.ts";
 
 /** What a guarded run learns about itself. */
@@ -26,7 +26,7 @@ export type CronResult<T> =
  * @example
  * ```ts
  * import { Redis } from "@upstash/redis/cloudflare";
- * import { cronGuard, Store } from "@edgelock/edgelock/uses";
+ * import { cronGuard, Jobs } from "@edgelock/edgelock/uses";
  *
  * type Env = { UPSTASH_REDIS_REST_URL: string; UPSTASH_REDIS_REST_TOKEN: string };
  * export default {
@@ -35,8 +35,8 @@ export type CronResult<T> =
  *     env: Env,
  *     ctx: { waitUntil(promise: Promise<unknown>): void },
  *   ) {
- *     const store = new Store(Redis.fromEnv(env));
- *     ctx.waitUntil(cronGuard(store, "nightly-report", {
+ *     const jobs = new Jobs(Redis.fromEnv(env));
+ *     ctx.waitUntil(cronGuard(jobs, "nightly-report", {
  *       atMostMs: 600_000,
  *       atLeastMs: 60_000,
  *       tick: controller.scheduledTime,
@@ -51,14 +51,14 @@ export type CronResult<T> =
  * ```
  */
 export async function cronGuard<T>(
-  store: Store,
+  jobs: Jobs,
   job: string,
   options: StartJobOptions,
   fn: (run: JobRun, signal: AbortSignal) => Promise<T> | T,
 ): Promise<CronResult<T>> {
   if (typeof fn !== "function") throw new TypeError("cronGuard needs a function to run");
   const grantedAt = performance.now();
-  const start = await store.startJob(job, options);
+  const start = await jobs.start(job, options);
   if (!start.run) return { ran: false, reason: start.reason, retryAfterMs: start.retryAfterMs };
   const { token, fence } = start;
   try {
@@ -66,10 +66,10 @@ export async function cronGuard<T>(
       what: `job "${job}"`,
       ttlMs: options.atMostMs,
       grantedAt,
-      renew: async () => (await store.extendJob(job, token, options.atMostMs)).extended,
+      renew: async () => (await jobs.extend(job, token, options.atMostMs)).extended,
     }, (signal) => fn({ job, token, fence }, signal));
     return { ran: true, value };
   } finally {
-    await store.finishJob(job, token).catch(() => false);
+    await jobs.finish(job, token).catch(() => false);
   }
 }

@@ -1,4 +1,4 @@
-import { recordId, safeName, type Store } from "./store.ts";
+import { recordId, type Records, safeName } from "./records.ts";
 
 /** Options for {@linkcode dedupe}. */
 export interface DedupeOptions {
@@ -39,11 +39,11 @@ export const DEDUPE_RETENTION_MS = 7 * 86_400_000;
  * @example
  * ```ts
  * import { Redis } from "@upstash/redis";
- * import { dedupe, Store } from "@edgelock/edgelock/uses";
+ * import { dedupe, Records } from "@edgelock/edgelock/uses";
  *
- * const store = new Store(Redis.fromEnv());
+ * const records = new Records(Redis.fromEnv());
  * const event = { id: "evt_123", amount: 42 };
- * const claim = await dedupe(store, { namespace: "stripe", id: event.id });
+ * const claim = await dedupe(records, { namespace: "stripe", id: event.id });
  * if (claim.state === "claimed") {
  *   try {
  *     console.log("processing", event.amount); // your handler
@@ -55,10 +55,10 @@ export const DEDUPE_RETENTION_MS = 7 * 86_400_000;
  * }
  * ```
  */
-export async function dedupe(store: Store, options: DedupeOptions): Promise<DedupeResult> {
+export async function dedupe(records: Records, options: DedupeOptions): Promise<DedupeResult> {
   const { namespace, leaseMs, retentionMs = DEDUPE_RETENTION_MS } = options ?? {};
   const id = recordId(namespace, await safeName(options?.id));
-  const claim = await store.claim("dedupe", id, {
+  const claim = await records.claim("dedupe", id, {
     ...(leaseMs !== undefined && { leaseMs }),
     retentionMs,
   });
@@ -68,8 +68,8 @@ export async function dedupe(store: Store, options: DedupeOptions): Promise<Dedu
       state: "claimed",
       token,
       fence,
-      done: () => store.complete("dedupe", id, token),
-      release: () => store.release("dedupe", id, token),
+      done: () => records.complete("dedupe", id, token),
+      release: () => records.release("dedupe", id, token),
     };
   }
   if (claim.state === "in_progress") return claim;

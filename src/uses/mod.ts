@@ -1,14 +1,14 @@
 /**
- * The three uses on the "exactly once" state machine, without a web framework: `Store` (claims,
- * completions, cron job starts), `dedupe()` for event ids and `cronGuard()` for scheduled jobs.
+ * The three uses without a web framework: `Records` (claims and completions, for idempotency and
+ * deduplication), `dedupe()` for event ids, `Jobs` and `cronGuard()` for scheduled jobs.
  *
  * @example
  * ```ts
  * import { Redis } from "@upstash/redis";
- * import { dedupe, Store } from "@edgelock/edgelock/uses";
+ * import { dedupe, Records } from "@edgelock/edgelock/uses";
  *
- * const store = new Store(Redis.fromEnv());
- * const claim = await dedupe(store, { namespace: "stripe", id: "evt_123" });
+ * const records = new Records(Redis.fromEnv());
+ * const claim = await dedupe(records, { namespace: "stripe", id: "evt_123" });
  * if (claim.state === "claimed") {
  *   // … process the event once, then:
  *   await claim.done();
@@ -20,14 +20,14 @@
 export {
   type ClaimOptions,
   type ClaimResult,
-  type JobStart,
+  MAX_RESPONSE_BYTES,
   recordId,
   type RecordKind,
+  Records,
   type RecordState,
   safeName,
-  type StartJobOptions,
-  Store,
   type StoreOptions,
-} from "./store.ts";
+} from "./records.ts";
+export { Jobs, type JobStart, type StartJobOptions } from "./jobs.ts";
 export { cronGuard, type CronResult, type JobRun } from "./cron.ts";
 export { dedupe, DEDUPE_RETENTION_MS, type DedupeOptions, type DedupeResult } from "./dedupe.ts";

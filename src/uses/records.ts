@@ -3,9 +3,8 @@ import {
   integers,
   parseJsonText,
   type RedisLike,
-  runScript as runWithTimeout,
+  runScript,
 } from "../core/_runner.ts";
-import { EdgelockError } from "../core/errors.ts";
 import {
   checkDuration,
   checkName,
@@ -15,20 +14,11 @@ import {
   newToken,
 } from "../core/_validate.ts";
 import { sha256Hex } from "../core/_crypto.ts";
-import {
-  CLAIM,
-  COMPLETE,
-  EXTEND_JOB,
-  FINISH_JOB,
-  GET_RECORD,
-  RELEASE_CLAIM,
-  RENEW_CLAIM,
-  START_JOB,
-} from "./scripts.ts";
 import { FENCE_GRACE_MS } from "../core/scripts.ts";
-import { type Script } from "../core/_lua.ts";
+import type { Script } from "../core/_lua.ts";
+import { CLAIM, COMPLETE, GET_RECORD, RELEASE_CLAIM, RENEW_CLAIM } from "./scripts.ts";
 
-/** Options for {@linkcode Store}. */
+/** Options for {@linkcode Records} and {@linkcode Jobs}. */
 export interface StoreOptions {
   /** Prefix of every Redis key. @default "edgelock" */
   prefix?: string;
@@ -39,7 +29,7 @@ export interface StoreOptions {
 /** Record kinds; each has its own key space. */
 export type RecordKind = "idempotency" | "dedupe";
 
-/** Options for {@linkcode Store.claim}. */
+/** Options for {@linkcode Records.claim}. */
 export interface ClaimOptions {
   /** The owner token; choose it before the first attempt to make retries safe. @default random */
   token?: string;
@@ -51,7 +41,7 @@ export interface ClaimOptions {
   fingerprint?: string;
 }
 
-/** The outcome of {@linkcode Store.claim}. */
+/** The outcome of {@linkcode Records.claim}. */
 export type ClaimResult =
   | { state: "claimed"; token: string; fence: number; leaseExpiresAt: number }
   | { state: "completed"; response?: Record<string, unknown> }
@@ -64,28 +54,8 @@ export type RecordState =
   | { state: "in_progress"; fence: number; leaseExpiresAt: number }
   | { state: "completed"; expiresAt: number; response?: Record<string, unknown> };
 
-/** Options for {@linkcode Store.startJob}. */
-export interface StartJobOptions {
-  /** The crash safety net: the lock frees this long after start, 100–86400000 ms. */
-  atMostMs: number;
-  /** No other run starts until this long after this start, 0–atMostMs. @default 0 */
-  atLeastMs?: number;
-  /** A scheduled tick (e.g. `controller.scheduledTime`): each tick runs at most once. */
-  tick?: string | number;
-  /** How long a tick is remembered, ms. @default 7 days */
-  tickRetentionMs?: number;
-  /** This run's owner token. @default random */
-  token?: string;
-}
-
-/** The outcome of {@linkcode Store.startJob}. */
-export type JobStart =
-  | { run: true; token: string; fence: number; expiresAt: number }
-  | { run: false; reason: "running" | "too_soon" | "tick_done"; retryAfterMs: number };
-
 const DEFAULT_LEASE_MS = 30_000;
 const DEFAULT_RETENTION_MS = 86_400_000;
-const DEFAULT_TICK_RETENTION_MS = 7 * 86_400_000;
 const MAX_FINGERPRINT = 128;
 /** Largest stored response, as JSON text. */
 export const MAX_RESPONSE_BYTES = 48 * 1024;
@@ -94,7 +64,6 @@ export const MAX_RESPONSE_BYTES = 48 * 1024;
 const SEGMENT = "(?:(?!\\.\\.?(?:/|$))[A-Za-z0-9._:-]{1,200}|#[0-9a-f]{64})";
 const RECORD_ID = new RegExp(`^${SEGMENT}(?:/${SEGMENT})?$`);
 const HASHED = /^#[0-9a-f]{64}$/;
-const JOB_REASONS = { 1: "running", 2: "too_soon", 3: "tick_done" } as const;
 
 /**
  * The id of a record keyed by a scope (e.g. a user id) and a key, each a name or a value hashed
@@ -122,20 +91,20 @@ function checkSegment(value: unknown, what: string): string {
 }
 
 /**
- * The "exactly once" state machine behind idempotency, webhook deduplication and cron jobs:
- * absent → claimed (a short lease with an owner token and fence) → completed (kept for its
- * retention), or back to absent on release. Every transition is one script; complete and
- * release check the owner token, so a late worker can never overwrite a newer result.
+ * The "exactly once" state machine behind idempotency and webhook deduplication: absent →
+ * claimed (a short lease with an owner token and fence) → completed (kept for its retention), or
+ * back to absent on release. Every transition is one script; complete and release check the owner
+ * token, so a late worker can never overwrite a newer result.
  */
-export class Store {
+export class Records {
   readonly #redis: RedisLike;
   readonly #prefix: string;
   readonly #timeoutMs: number;
 
-  /** A store on `redis` (an `@upstash/redis` client), its keys under `prefix`. */
+  /** Records on `redis` (an `@upstash/redis` client), its keys under `prefix`. */
   constructor(redis: RedisLike, { prefix = "edgelock", timeoutMs }: StoreOptions = {}) {
     if (typeof redis?.evalsha !== "function" || typeof redis?.eval !== "function") {
-      throw new TypeError("Store needs a Redis client with evalsha and eval (@upstash/redis)");
+      throw new TypeError("Records needs a Redis client with evalsha and eval (@upstash/redis)");
     }
     this.#prefix = checkPrefix(prefix);
     this.#redis = redis;
@@ -175,7 +144,7 @@ export class Store {
   }
 
   /** Extends a claim still held by `token`. */
-  async renewClaim(
+  async renew(
     kind: RecordKind,
     id: string,
     token: string,
@@ -232,61 +201,8 @@ export class Store {
     return { state: "completed", expiresAt: now! + pttl!, ...(response && { response }) };
   }
 
-  /** Starts a run of `job` unless it runs elsewhere, ran too recently, or ran for this tick. */
-  async startJob(job: string, options: StartJobOptions): Promise<JobStart> {
-    checkName(job, "job name");
-    if (options?.atMostMs === undefined) throw new TypeError("atMostMs is required");
-    const atMostMs = checkDuration(options.atMostMs, "atMostMs", 0);
-    const atLeastMs = checkDuration(options.atLeastMs, "atLeastMs", 0);
-    if (atLeastMs > atMostMs) throw new RangeError("atLeastMs must not exceed atMostMs");
-    const tickRetentionMs = checkDuration(
-      options.tickRetentionMs,
-      "retentionMs",
-      DEFAULT_TICK_RETENTION_MS,
-      "tickRetentionMs",
-    );
-    const tick = options.tick === undefined ? undefined : checkName(String(options.tick), "tick");
-    const token = options.token === undefined ? newToken() : checkToken(options.token);
-    const [jobKey, fenceKey] = this.#jobKeys(job);
-    const reply = await this.#run(
-      START_JOB,
-      [jobKey, fenceKey, `${jobKey}:tick:${tick ?? ""}`],
-      [token, atMostMs, atLeastMs, tickRetentionMs, FENCE_GRACE_MS, tick === undefined ? 0 : 1],
-    );
-    const [run, a, b, c] = integers(START_JOB, reply, 4) as number[];
-    if (run === 1) return { run: true, token, fence: a!, expiresAt: c! + b! };
-    const reason = JOB_REASONS[a as 1 | 2 | 3];
-    if (!reason) {
-      throw new EdgelockError("backend_unavailable", `Redis answered start_job with reason ${a}`);
-    }
-    return { run: false, reason, retryAfterMs: b! };
-  }
-
-  /** Extends a running job's safety net to `atMostMs` from now. */
-  async extendJob(
-    job: string,
-    token: string,
-    atMostMs: number,
-  ): Promise<{ extended: true; expiresAt: number } | { extended: false }> {
-    checkName(job, "job name");
-    const args = [checkToken(token), checkDuration(atMostMs, "atMostMs", 0), FENCE_GRACE_MS];
-    const reply = await this.#run(EXTEND_JOB, this.#jobKeys(job), args);
-    if (integers(EXTEND_JOB, reply, 2)[0] !== 1) return { extended: false };
-    const [, , granted, now] = integers(EXTEND_JOB, reply, 4) as number[];
-    return { extended: true, expiresAt: now! + granted! };
-  }
-
-  /** Finishes `token`'s run; the lock stays until `atLeastMs` after its start. */
-  async finishJob(job: string, token: string): Promise<boolean> {
-    checkName(job, "job name");
-    const reply = await this.#run(FINISH_JOB, this.#jobKeys(job), [
-      checkToken(token),
-    ]);
-    return integers(FINISH_JOB, [reply], 1)[0] === 1;
-  }
-
   #run(script: Script, keys: string[], args: (string | number)[]): Promise<unknown> {
-    return runWithTimeout(this.#redis, script, keys, args, this.#timeoutMs);
+    return runScript(this.#redis, script, keys, args, this.#timeoutMs);
   }
 
   // The id sits in a hash tag so a record's keys share a cluster slot.
@@ -295,11 +211,6 @@ export class Store {
       throw new RangeError(`The ${kind} id must be a name or scope/key, from recordId()`);
     }
     const base = `${this.#prefix}:${kind}:{${id}}`;
-    return [base, `${base}:fence`];
-  }
-
-  #jobKeys(job: string): [string, string] {
-    const base = `${this.#prefix}:job:{${job}}`;
     return [base, `${base}:fence`];
   }
 }

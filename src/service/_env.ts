@@ -1,0 +1,24 @@
+import type { EdgelockError } from "../core/errors.ts";
+import type { Locks } from "../core/locks.ts";
+import type { Jobs } from "../uses/jobs.ts";
+import type { Records } from "../uses/records.ts";
+
+/** What the service's middleware sets for each request: the tenant and its own stores. */
+export type AppEnv = {
+  Variables: {
+    /** This request's id: the caller's `x-request-id`, or a new one. */
+    requestId: string;
+    /** The tenant the API key belongs to. */
+    tenant: string;
+    /** The tenant's locks. */
+    locks: Locks;
+    /** The tenant's idempotency and deduplication records. */
+    records: Records;
+    /** The tenant's cron jobs. */
+    jobs: Jobs;
+    /** Runs a server-side wait within the tenant's cap on concurrent waits. */
+    wait: <T>(fn: () => Promise<T>) => Promise<T>;
+    /** Why the request failed, for the request log. */
+    failure?: EdgelockError;
+  };
+};

@@ -1,0 +1,182 @@
+// The lock routes: acquire (optionally waiting in the fair queue), renew, batch renew, release,
+// inspect. Each is one script through the tenant's Locks.
+import { createRoute, type OpenAPIHono, z } from "@hono/zod-openapi";
+import { busyError, EdgelockError } from "../../core/errors.ts";
+import { sentAtOf } from "../../core/_granted.ts";
+import type { Lease } from "../../core/types.ts";
+import type { AppEnv } from "../_env.ts";
+import { body, common, duration, json, Meta, Name, problemDoc, Token } from "../_schemas.ts";
+
+const NameParams = z.object({ name: Name.openapi({ param: { name: "name", in: "path" } }) });
+const AcquireBody = z.strictObject({
+  ttlMs: duration("ttlMs", "Lease length in ms (default 10000)").optional(),
+  waitMs: duration("waitMs", "How long the server waits for a busy lock, ms (default 0)")
+    .optional(),
+  token: Token.optional().openapi({ description: "Choose it to make retries safe" }),
+  meta: Meta.optional(),
+}).openapi("AcquireRequest");
+const RenewBody = z.strictObject({
+  token: Token,
+  ttlMs: duration("ttlMs", "New lease length from now, ms"),
+}).openapi("RenewRequest");
+const ReleaseBody = z.strictObject({
+  token: Token,
+  fence: z.number().int().positive().max(Number.MAX_SAFE_INTEGER).optional().openapi({
+    description: "The lease's fence: a retried release then answers true for exactly this lease",
+  }),
+}).openapi("ReleaseRequest");
+
+const LeaseSchema = z.object({
+  name: Name,
+  token: Token,
+  fence: z.number().int().openapi({ description: "Strictly increasing per name" }),
+  ttlMs: z.number().int(),
+  expiresAt: z.number().int().openapi({ description: "Epoch ms, Redis server clock" }),
+  serverTime: z.number().int().openapi({ description: "Epoch ms, Redis server clock" }),
+}).openapi("Lease");
+const AcquiredSchema = LeaseSchema.extend({
+  waitedMs: z.number().int().nonnegative().optional().openapi({
+    description: "How long the service waited before the request to Redis that granted the " +
+      "lease, ms: the lease is valid at least ttlMs from when the client sent its request plus this",
+  }),
+}).openapi("AcquiredLease");
+const LockInfoSchema = z.object({
+  name: Name,
+  held: z.boolean(),
+  fence: z.number().int().optional(),
+  ttlMs: z.number().int().optional(),
+  expiresAt: z.number().int().optional(),
+  meta: z.record(z.string(), z.unknown()).optional(),
+}).openapi("LockInfo");
+const secured = { security: [{ bearer: [] }], tags: ["locks"] };
+
+const acquireRoute = createRoute({
+  ...secured,
+  method: "post",
+  path: "/v1/locks/{name}/acquire",
+  operationId: "acquireLock",
+  summary: "Acquire a lock (a retry with the holder's token returns the same fence)",
+  request: { params: NameParams, body: body(AcquireBody) },
+  responses: {
+    200: json(AcquiredSchema, "Acquired"),
+    409: problemDoc("lock_busy or queue_full, with retryAfterMs and Retry-After"),
+    429: problemDoc("too_many_requests: this tenant's concurrent waits or request rate"),
+    ...common,
+  },
+});
+const renewRoute = createRoute({
+  ...secured,
+  method: "post",
+  path: "/v1/locks/{name}/renew",
+  operationId: "renewLock",
+  summary: "Extend a lease held by this token; the fence stays the same",
+  request: { params: NameParams, body: body(RenewBody) },
+  responses: { 200: json(LeaseSchema, "Renewed"), 409: problemDoc("lock_lost"), ...common },
+});
+const RenewManyBody = z.strictObject({
+  ttlMs: duration("ttlMs", "New lease length from now, ms (default 10000)").optional(),
+  leases: z.array(z.strictObject({ name: Name, token: Token })).min(1).max(1000),
+}).openapi("RenewManyRequest");
+const renewManyRoute = createRoute({
+  ...secured,
+  method: "post",
+  path: "/v1/locks/renew",
+  operationId: "renewLocks",
+  summary: "Renew up to 1000 leases in one request (one script)",
+  request: { body: body(RenewManyBody) },
+  responses: {
+    200: json(
+      z.object({
+        results: z.array(z.union([
+          LeaseSchema.extend({ renewed: z.literal(true) }),
+          z.object({ name: Name, renewed: z.literal(false) }),
+        ])),
+      }).openapi("RenewManyResults"),
+      "One result per lease, in order",
+    ),
+    ...common,
+  },
+});
+const releaseRoute = createRoute({
+  ...secured,
+  method: "post",
+  path: "/v1/locks/{name}/release",
+  operationId: "releaseLock",
+  summary: "Release a lease; released is false when this token no longer held it",
+  request: { params: NameParams, body: body(ReleaseBody) },
+  responses: {
+    200: json(z.object({ released: z.boolean() }).openapi("Released"), "Done"),
+    ...common,
+  },
+});
+const inspectRoute = createRoute({
+  ...secured,
+  method: "get",
+  path: "/v1/locks/{name}",
+  operationId: "inspectLock",
+  summary: "Whether the lock is held, with fence, TTL and meta; never the token",
+  request: { params: NameParams },
+  responses: { 200: json(LockInfoSchema, "State"), ...common },
+});
+
+/** Registers the lock routes on `app`. */
+export function lockRoutes(app: OpenAPIHono<AppEnv>): void {
+  app.openapi(acquireRoute, async (c) => {
+    const { name } = c.req.valid("param");
+    const options = c.req.valid("json");
+    const receivedAt = performance.now();
+    // Waiting stops when the client goes away; each tenant has a bounded number of waits.
+    const signal = c.req.raw.signal;
+    const acquire = () =>
+      c.var.locks.acquire(name, { ...options, signal }).catch((error) => {
+        if (signal.aborted) {
+          return { acquired: false as const, retryAfterMs: 1, reason: "busy" as const };
+        }
+        throw error;
+      });
+    const result = options.waitMs ? await c.var.wait(acquire) : await acquire();
+    if (!result.acquired) throw busyError(name, result);
+    const waitedMs = Math.max(0, Math.floor((sentAtOf(result.lease) ?? receivedAt) - receivedAt));
+    return c.json({ ...leaseBody(result.lease), waitedMs }, 200);
+  });
+
+  app.openapi(renewRoute, async (c) => {
+    const { name } = c.req.valid("param");
+    const { token, ttlMs } = c.req.valid("json");
+    const result = await c.var.locks.renew({ name, token }, { ttlMs });
+    if (!result.renewed) {
+      throw new EdgelockError(
+        "lock_lost",
+        `Cannot renew lock "${name}": the token does not hold it`,
+      );
+    }
+    return c.json(leaseBody(result.lease), 200);
+  });
+
+  app.openapi(renewManyRoute, async (c) => {
+    const { leases, ttlMs } = c.req.valid("json");
+    const results = await c.var.locks.renewMany(leases, { ttlMs });
+    return c.json({
+      results: results.map((result, i) =>
+        result.renewed
+          ? { ...leaseBody(result.lease), renewed: true as const }
+          : { name: leases[i]!.name, renewed: false as const }
+      ),
+    }, 200);
+  });
+
+  app.openapi(releaseRoute, async (c) => {
+    const { name } = c.req.valid("param");
+    const { token, fence } = c.req.valid("json");
+    return c.json({ released: await c.var.locks.release({ name, token, fence }) }, 200);
+  });
+
+  app.openapi(inspectRoute, async (c) => {
+    const { name } = c.req.valid("param");
+    return c.json(await c.var.locks.inspect(name), 200);
+  });
+}
+
+function leaseBody({ name, token, fence, ttlMs, expiresAt, serverTime }: Lease) {
+  return { name, token, fence, ttlMs, expiresAt, serverTime };
+}

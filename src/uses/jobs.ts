@@ -1,0 +1,111 @@
+import { checkTimeout, integers, type RedisLike, runScript } from "../core/_runner.ts";
+import { EdgelockError } from "../core/errors.ts";
+import { checkDuration, checkName, checkPrefix, checkToken, newToken } from "../core/_validate.ts";
+import { FENCE_GRACE_MS } from "../core/scripts.ts";
+import type { Script } from "../core/_lua.ts";
+import type { StoreOptions } from "./records.ts";
+import { EXTEND_JOB, FINISH_JOB, START_JOB } from "./scripts.ts";
+
+/** Options for {@linkcode Jobs.start}. */
+export interface StartJobOptions {
+  /** The crash safety net: the lock frees this long after start, 100–86400000 ms. */
+  atMostMs: number;
+  /** No other run starts until this long after this start, 0–atMostMs. @default 0 */
+  atLeastMs?: number;
+  /** A scheduled tick (e.g. `controller.scheduledTime`): each tick runs at most once. */
+  tick?: string | number;
+  /** How long a tick is remembered, ms. @default 7 days */
+  tickRetentionMs?: number;
+  /** This run's owner token. @default random */
+  token?: string;
+}
+
+/** The outcome of {@linkcode Jobs.start}. */
+export type JobStart =
+  | { run: true; token: string; fence: number; expiresAt: number }
+  | { run: false; reason: "running" | "too_soon" | "tick_done"; retryAfterMs: number };
+
+const DEFAULT_TICK_RETENTION_MS = 7 * 86_400_000;
+const JOB_REASONS = { 1: "running", 2: "too_soon", 3: "tick_done" } as const;
+
+/**
+ * Scheduled jobs with ShedLock semantics: a run starts unless another runs, one started less than
+ * `atLeastMs` ago, or one ran for the same tick; `atMostMs` frees the lock after a crash.
+ */
+export class Jobs {
+  readonly #redis: RedisLike;
+  readonly #prefix: string;
+  readonly #timeoutMs: number;
+
+  /** Jobs on `redis` (an `@upstash/redis` client), its keys under `prefix`. */
+  constructor(redis: RedisLike, { prefix = "edgelock", timeoutMs }: StoreOptions = {}) {
+    if (typeof redis?.evalsha !== "function" || typeof redis?.eval !== "function") {
+      throw new TypeError("Jobs needs a Redis client with evalsha and eval (@upstash/redis)");
+    }
+    this.#prefix = checkPrefix(prefix);
+    this.#redis = redis;
+    this.#timeoutMs = checkTimeout(timeoutMs);
+  }
+
+  /** Starts a run of `job` unless it runs elsewhere, ran too recently, or ran for this tick. */
+  async start(job: string, options: StartJobOptions): Promise<JobStart> {
+    checkName(job, "job name");
+    if (options?.atMostMs === undefined) throw new TypeError("atMostMs is required");
+    const atMostMs = checkDuration(options.atMostMs, "atMostMs", 0);
+    const atLeastMs = checkDuration(options.atLeastMs, "atLeastMs", 0);
+    if (atLeastMs > atMostMs) throw new RangeError("atLeastMs must not exceed atMostMs");
+    const tickRetentionMs = checkDuration(
+      options.tickRetentionMs,
+      "retentionMs",
+      DEFAULT_TICK_RETENTION_MS,
+      "tickRetentionMs",
+    );
+    const tick = options.tick === undefined ? undefined : checkName(String(options.tick), "tick");
+    const token = options.token === undefined ? newToken() : checkToken(options.token);
+    const [jobKey, fenceKey] = this.#jobKeys(job);
+    const reply = await this.#run(
+      START_JOB,
+      [jobKey, fenceKey, `${jobKey}:tick:${tick ?? ""}`],
+      [token, atMostMs, atLeastMs, tickRetentionMs, FENCE_GRACE_MS, tick === undefined ? 0 : 1],
+    );
+    const [run, a, b, c] = integers(START_JOB, reply, 4) as number[];
+    if (run === 1) return { run: true, token, fence: a!, expiresAt: c! + b! };
+    const reason = JOB_REASONS[a as 1 | 2 | 3];
+    if (!reason) {
+      throw new EdgelockError("backend_unavailable", `Redis answered start_job with reason ${a}`);
+    }
+    return { run: false, reason, retryAfterMs: b! };
+  }
+
+  /** Extends a running job's safety net to `atMostMs` from now. */
+  async extend(
+    job: string,
+    token: string,
+    atMostMs: number,
+  ): Promise<{ extended: true; expiresAt: number } | { extended: false }> {
+    checkName(job, "job name");
+    const args = [checkToken(token), checkDuration(atMostMs, "atMostMs", 0), FENCE_GRACE_MS];
+    const reply = await this.#run(EXTEND_JOB, this.#jobKeys(job), args);
+    if (integers(EXTEND_JOB, reply, 2)[0] !== 1) return { extended: false };
+    const [, , granted, now] = integers(EXTEND_JOB, reply, 4) as number[];
+    return { extended: true, expiresAt: now! + granted! };
+  }
+
+  /** Finishes `token`'s run; the lock stays until `atLeastMs` after its start. */
+  async finish(job: string, token: string): Promise<boolean> {
+    checkName(job, "job name");
+    const reply = await this.#run(FINISH_JOB, this.#jobKeys(job), [
+      checkToken(token),
+    ]);
+    return integers(FINISH_JOB, [reply], 1)[0] === 1;
+  }
+
+  #run(script: Script, keys: string[], args: (string | number)[]): Promise<unknown> {
+    return runScript(this.#redis, script, keys, args, this.#timeoutMs);
+  }
+
+  #jobKeys(job: string): [string, string] {
+    const base = `${this.#prefix}:job:{${job}}`;
+    return [base, `${base}:fence`];
+  }
+}
