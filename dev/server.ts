@@ -1,19 +1,49 @@
 /**
- * `deno task dev`: the edgelock service on http://127.0.0.1:8787 (PORT). Without
- * UPSTASH_REDIS_REST_URL it runs the local REST bridge in front of the redis-server at REDIS_URL,
- * or of one it starts itself. Ctrl-C stops everything it started.
+ * `deno task dev`: the edgelock service on http://127.0.0.1:8787. Without UPSTASH_REDIS_REST_URL
+ * it runs the local REST bridge (an Upstash-compatible endpoint, printed with its token, that a
+ * `wrangler dev` Worker can use too) in front of the redis-server at REDIS_URL, or of one it
+ * starts itself. The configuration is checked as the deployed entries check it. Ctrl-C stops
+ * everything it started.
  *
  * @module
  */
 import { Redis } from "@upstash/redis";
 import { createApp } from "../src/service/app.ts";
-import { parseApiKeys } from "../src/service/auth.ts";
+import { appSettings, readConfig } from "../src/service/config.ts";
+import { cli } from "./_cli.ts";
 import { type Bridge, startBridge } from "./bridge.ts";
 import { DURABLE_ARGS, type RedisServer, startRedisServer } from "./redis_server.ts";
 
 const env = Deno.env.toObject();
-const port = Number(env.PORT ?? 8787);
-const apiKeysText = env.LOCK_API_KEYS ?? "dev:dev-secret-0123456789abcdef";
+const portOf = (name: string, fallback: number) => {
+  const value = env[name] ?? String(fallback);
+  if (!/^\d{1,5}$/.test(value) || Number(value) > 65535) {
+    console.error(`edgelock dev: ${name} must be a port number from 0 to 65535`);
+    Deno.exit(2);
+  }
+  return Number(value);
+};
+const flags = cli(
+  "edgelock dev",
+  "deno task dev [flags]   (env: PORT, BRIDGE_PORT, BRIDGE_TOKEN, REDIS_URL, LOCK_*, UPSTASH_*)",
+  {
+    port: {
+      type: "number",
+      default: portOf("PORT", 8787),
+      min: 0,
+      max: 65535,
+      help: "the service's port, 0 for a free one",
+    },
+    "bridge-port": {
+      type: "number",
+      default: portOf("BRIDGE_PORT", 8079),
+      min: 0,
+      max: 65535,
+      help: "the REST bridge's port, 0 for a free one",
+    },
+  },
+);
+const DEV_KEY = "dev:dev-secret-0123456789abcdef";
 let server: RedisServer | undefined;
 let bridge: Bridge | undefined;
 
@@ -22,36 +52,67 @@ async function stopAll() {
   await server?.stop().catch(() => {});
 }
 
+async function fail(message: string): Promise<never> {
+  console.error(`edgelock dev: ${message}`);
+  await stopAll();
+  Deno.exit(1);
+}
+
+function inUse(what: string, port: number, setting: string): string {
+  return `port ${port} (${what}) is in use, perhaps by another \`deno task dev\`: stop it, or ` +
+    `choose another port with ${setting} (0 picks a free one)`;
+}
+
+// Listening on a port that is taken would fail after the bridge and Redis started: check first.
+async function checkFree(port: number, what: string, setting: string): Promise<void> {
+  if (port === 0) return;
+  try {
+    Deno.listen({ hostname: "127.0.0.1", port }).close();
+  } catch (error) {
+    if (error instanceof Deno.errors.AddrInUse) await fail(inUse(what, port, setting));
+    throw error;
+  }
+}
+
 try {
-  let url = env.UPSTASH_REDIS_REST_URL;
-  let token = env.UPSTASH_REDIS_REST_TOKEN;
-  if (!url) {
+  await checkFree(flags.port, "the service", "--port or PORT");
+  const settings: Record<string, string> = { ...env, LOCK_API_KEYS: env.LOCK_API_KEYS ?? DEV_KEY };
+  if (!env.UPSTASH_REDIS_REST_URL) {
+    await checkFree(flags["bridge-port"], "the REST bridge", "--bridge-port or BRIDGE_PORT");
     let redisUrl = env.REDIS_URL;
     if (!redisUrl) {
       server = await startRedisServer({ args: DURABLE_ARGS }); // restarts forget no lease
       redisUrl = server.url;
       console.log(`Started redis-server on ${redisUrl} (data in ${server.dir})`);
     }
-    token = crypto.randomUUID();
-    bridge = await startBridge({ redisUrl, token, port: 0 });
-    url = bridge.url;
-    console.log(`Upstash REST bridge on ${url} in front of ${redisUrl}`);
+    const token = env.BRIDGE_TOKEN ?? crypto.randomUUID();
+    bridge = await startBridge({ redisUrl, token, port: flags["bridge-port"] });
+    settings.UPSTASH_REDIS_REST_URL = bridge.url;
+    settings.UPSTASH_REDIS_REST_TOKEN = token;
+    console.log(`Upstash REST bridge in front of ${redisUrl}; point any Upstash client at it:`);
+    console.log(`  UPSTASH_REDIS_REST_URL=${bridge.url}`);
+    console.log(`  UPSTASH_REDIS_REST_TOKEN=${token}`);
   }
-  const redis = new Redis({ url, token, enableTelemetry: false, retry: false });
-  const app = createApp({
-    redis,
-    apiKeys: parseApiKeys(apiKeysText),
-    keyPrefix: env.LOCK_KEY_PREFIX ?? "edgelock",
-  });
-  const http = Deno.serve({ port, hostname: "127.0.0.1", onListen() {} }, app.fetch);
-  console.log(`edgelock on http://127.0.0.1:${http.addr.port}`);
+  let config;
+  try {
+    config = readConfig(settings);
+  } catch (error) {
+    await fail((error as Error).message);
+  }
+  const redis = new Redis({ url: config!.redisUrl, token: config!.redisToken, retry: false });
+  const app = createApp({ redis, ...appSettings(config!) });
+  const http = Deno.serve(
+    { port: flags.port, hostname: "127.0.0.1", onListen() {} },
+    app.fetch,
+  );
+  const base = `http://127.0.0.1:${http.addr.port}`;
+  console.log(`edgelock on ${base}`);
   if (!env.LOCK_API_KEYS) {
-    console.log(`Dev API key (tenant "dev"): ${apiKeysText.slice(4)}`);
+    const key = DEV_KEY.slice(4);
+    console.log(`Dev API key (tenant "dev"): ${key}`);
     console.log(
-      `Try: curl -s -X POST http://127.0.0.1:${http.addr.port}/v1/locks/demo/acquire ` +
-        `-H 'authorization: Bearer ${
-          apiKeysText.slice(4)
-        }' -H 'content-type: application/json' -d '{}'`,
+      `Try: curl -s -X POST ${base}/v1/locks/demo/acquire ` +
+        `-H 'authorization: Bearer ${key}' -H 'content-type: application/json' -d '{}'`,
     );
   }
   const stop = async () => {
@@ -62,7 +123,8 @@ try {
   Deno.addSignalListener("SIGINT", stop);
   Deno.addSignalListener("SIGTERM", stop);
 } catch (error) {
-  console.error(`edgelock dev: ${(error as Error).message}`);
-  await stopAll();
-  Deno.exit(1);
+  if (error instanceof Deno.errors.AddrInUse) {
+    await fail(`${(error as Error).message}: a port is in use; see --help to choose others`);
+  }
+  await fail((error as Error).message);
 }

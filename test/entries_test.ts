@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { Redis } from "@upstash/redis";
 import { Redis as IORedis } from "ioredis";
 import { createClient } from "@edgelock/edgelock/client";
 import { EdgelockError } from "@edgelock/edgelock";
@@ -92,14 +93,17 @@ Deno.test("deno task dev starts redis-server, bridge and service, and Ctrl-C sto
   // Wait for every line the test reads, each up to its newline: the key is printed last.
   const dev = await spawnDeno(
     ["run", "-A", "dev/server.ts"],
-    { PORT: "0", PATH: Deno.env.get("PATH") ?? "" },
-    /redis-server on redis:\/\/127\.0\.0\.1:(\d+)[^]*edgelock on http:\/\/127\.0\.0\.1:(\d+)\n[^]*Dev API key \(tenant "dev"\): (\S+)\n/,
+    { PORT: "0", BRIDGE_PORT: "0", PATH: Deno.env.get("PATH") ?? "" },
+    /redis-server on redis:\/\/127\.0\.0\.1:(\d+)[^]*UPSTASH_REDIS_REST_URL=(\S+)\n\s*UPSTASH_REDIS_REST_TOKEN=(\S+)\n[^]*edgelock on http:\/\/127\.0\.0\.1:(\d+)\n[^]*Dev API key \(tenant "dev"\): (\S+)\n/,
   );
-  const [, redisPort, port, key] = dev.ready.map(String);
+  const [, redisPort, bridgeUrl, bridgeToken, port, key] = dev.ready.map(String);
   try {
     const locks = createClient({ baseUrl: `http://127.0.0.1:${port}`, apiKey: key! });
     const result = await locks.acquire("dev-demo");
     assert.ok(result.acquired);
+    // The printed bridge URL and token work for any Upstash client (a `wrangler dev` Worker).
+    const upstash = new Redis({ url: bridgeUrl!, token: bridgeToken!, enableTelemetry: false });
+    assert.equal(await upstash.ping(), "PONG");
     // The README's restart guarantee assumes every write is in the AOF before the reply.
     const redis = new IORedis(Number(redisPort), "127.0.0.1", { retryStrategy: () => null });
     try {
@@ -114,4 +118,78 @@ Deno.test("deno task dev starts redis-server, bridge and service, and Ctrl-C sto
   }
   await assert.rejects(Deno.connect({ hostname: "127.0.0.1", port: Number(port) }), "stopped");
   await assert.rejects(Deno.connect({ hostname: "127.0.0.1", port: Number(redisPort) }), "redis");
+});
+
+Deno.test("deno task dev and the Deno entry refuse a bad configuration with one clear line", async (t) => {
+  const run = async (entry: string, env: Record<string, string>, args: string[] = []) => {
+    const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
+      args: ["run", "-A", entry, ...args],
+      env: { PATH: Deno.env.get("PATH") ?? "", NO_COLOR: "1", PORT: "0", BRIDGE_PORT: "0", ...env },
+      clearEnv: true,
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const text = new TextDecoder().decode(stderr) + new TextDecoder().decode(stdout);
+    return { code, text };
+  };
+  const good = {
+    UPSTASH_REDIS_REST_URL: "http://127.0.0.1:1",
+    UPSTASH_REDIS_REST_TOKEN: "token",
+    LOCK_API_KEYS: `app:${SECRET}`,
+  };
+  await t.step("the Deno entry exits 1 naming the variable, never its value", async () => {
+    const cases: [Record<string, string>, RegExp][] = [
+      [{ UPSTASH_REDIS_REST_URL: "" }, /UPSTASH_REDIS_REST_URL is not set/],
+      [{ UPSTASH_REDIS_REST_URL: "rediss://default:pw@x.upstash.io:6379" }, /not its TCP URL/],
+      [{ UPSTASH_REDIS_REST_TOKEN: "" }, /UPSTASH_REDIS_REST_TOKEN is not set/],
+      [{ LOCK_API_KEYS: "" }, /LOCK_API_KEYS is not set/],
+      [{ LOCK_API_KEYS: "app:short-secret" }, /secret of tenant "app" must be 16–256/],
+      [
+        { LOCK_MAX_WAIT: "5" },
+        /LOCK_MAX_WAIT is not an edgelock setting \(did you mean LOCK_MAX_WAITS\?\)/,
+      ],
+    ];
+    for (const [change, message] of cases) {
+      const { code, text } = await run("worker/deno.ts", { ...good, ...change });
+      assert.equal(code, 1, text);
+      assert.match(text, message);
+      assert.equal(text.trim().split("\n").length, 1, text);
+      assert.ok(!text.includes("short-secret") && !text.includes("pw@"), "no values echoed");
+    }
+  });
+  await t.step(
+    "deno task dev exits 1 on a bad LOCK_API_KEYS and stops what it started",
+    async () => {
+      const { code, text } = await run("dev/server.ts", { LOCK_API_KEYS: "nocolon" });
+      assert.equal(code, 1, text);
+      assert.match(text, /edgelock dev: LOCK_API_KEYS: each entry is tenant:secret/);
+      const dir = /data in (\S+)\)/.exec(text)?.[1];
+      if (dir) await assert.rejects(Deno.stat(dir), Deno.errors.NotFound, "its temp dir is gone");
+    },
+  );
+  await t.step("deno task dev explains a port already in use", async () => {
+    const taken = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+    try {
+      const port = String((taken.addr as Deno.NetAddr).port);
+      const { code, text } = await run("dev/server.ts", { PORT: port });
+      assert.equal(code, 1, text);
+      assert.match(text, new RegExp(`port ${port} \\(the service\\) is in use.*--port or PORT`));
+    } finally {
+      taken.close();
+    }
+  });
+  await t.step(
+    "deno task dev answers --help and rejects unknown flags and bad values",
+    async () => {
+      const help = await run("dev/server.ts", {}, ["--help"]);
+      assert.equal(help.code, 0);
+      assert.match(help.text, /--port <number>/);
+      const unknown = await run("dev/server.ts", {}, ["--prot", "1"]);
+      assert.equal(unknown.code, 2);
+      assert.match(unknown.text, /unknown argument --prot/);
+      const bad = await run("dev/server.ts", {}, ["--port", "abc"]);
+      assert.equal(bad.code, 2);
+      assert.match(bad.text, /--port must be a number from 0 to 65535, not "abc"/);
+    },
+  );
 });

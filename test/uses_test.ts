@@ -301,6 +301,43 @@ Deno.test("the three uses", async (t) => {
     );
 
     await t.step(
+      "webhookDedupe() answers 503 problem+json when Redis is unreachable, never passing through",
+      async () => {
+        const down = new Records(
+          new Redis({ url: `http://127.0.0.1:${freePort()}`, token: "x", retry: false }),
+        );
+        let runs = 0;
+        const app = new Hono();
+        app.post(
+          "/hook",
+          webhookDedupe({ records: down, secrets: [SECRET], namespace: "n" }),
+          (c) => {
+            runs++;
+            return c.text("ok");
+          },
+        );
+        const body = '{"a":1}';
+        const timestamp = Math.floor(Date.now() / 1000);
+        const res = await app.request("/hook", {
+          method: "POST",
+          headers: {
+            "webhook-id": "msg_down",
+            "webhook-timestamp": String(timestamp),
+            "webhook-signature": await sign("msg_down", timestamp, body),
+          },
+          body,
+        });
+        assert.equal(res.status, 503);
+        assert.equal(res.headers.get("content-type"), "application/problem+json");
+        assert.equal(res.headers.get("retry-after"), "1");
+        const problem = await jsonOf(res);
+        assert.equal(problem.code, "backend_unavailable");
+        assert.doesNotMatch(JSON.stringify(problem), /msg_down|dedupe:|claim|ECONNREFUSED/);
+        assert.equal(runs, 0);
+      },
+    );
+
+    await t.step(
       "a claim whose worker died frees after its lease; the late complete is refused",
       async () => {
         const id = recordId("user-9", keygen("k"));

@@ -20,15 +20,16 @@ async function bundleWorker(): Promise<string> {
 Deno.test("the bundled Worker runs in workerd (Miniflare) against the bridge", async (t) => {
   const backend = await startBackend();
   const script = await bundleWorker();
+  const bindings = {
+    UPSTASH_REDIS_REST_URL: backend.bridge.url,
+    UPSTASH_REDIS_REST_TOKEN: backend.token,
+    LOCK_API_KEYS: `a:${SECRET_A},b:${SECRET_B}`,
+  };
   const mf = new Miniflare({
     modules: true,
     script: await Deno.readTextFile(script),
     compatibilityDate: "2026-08-01",
-    bindings: {
-      UPSTASH_REDIS_REST_URL: backend.bridge.url,
-      UPSTASH_REDIS_REST_TOKEN: backend.token,
-      LOCK_API_KEYS: `a:${SECRET_A},b:${SECRET_B}`,
-    },
+    bindings,
   });
   const call = async (path: string, secret: string, body?: unknown) => {
     const res = await mf.dispatchFetch(`http://edgelock.test${path}`, {
@@ -99,6 +100,66 @@ Deno.test("the bundled Worker runs in workerd (Miniflare) against the bridge", a
       assert.equal(res.status, 401);
       assert.equal(res.body.code, "unauthorized");
     });
+
+    await t.step(
+      "a misconfigured Worker answers 500 config_error naming the variable, not its value",
+      async () => {
+        const cases: [Record<string, string>, RegExp][] = [
+          [{ LOCK_API_KEYS: "" }, /LOCK_API_KEYS is not set/],
+          [{ LOCK_API_KEYS: "a:too-short" }, /secret of tenant "a" must be 16–256/],
+          [
+            { UPSTASH_REDIS_REST_URL: "not a url" },
+            /UPSTASH_REDIS_REST_URL is not an http\(s\) URL/,
+          ],
+          [{ UPSTASH_REDIS_REST_TOKEN: "" }, /UPSTASH_REDIS_REST_TOKEN is not set/],
+        ];
+        for (const [change, message] of cases) {
+          const bad = new Miniflare({
+            modules: true,
+            script: await Deno.readTextFile(script),
+            compatibilityDate: "2026-08-01",
+            bindings: { ...bindings, ...change },
+          });
+          try {
+            const res = await bad.dispatchFetch("http://edgelock.test/v1/locks/x");
+            const body = await res.json() as Record<string, unknown>;
+            assert.equal(res.status, 500);
+            assert.equal(res.headers.get("content-type"), "application/problem+json");
+            assert.equal(body.code, "config_error");
+            assert.match(String(body.detail), message);
+            assert.ok(!JSON.stringify(body).includes("too-short"), "never the value");
+          } finally {
+            await bad.dispose();
+          }
+        }
+      },
+    );
+
+    await t.step(
+      "a refused Upstash token is 500 config_error, not a retryable 503",
+      async () => {
+        const bad = new Miniflare({
+          modules: true,
+          script: await Deno.readTextFile(script),
+          compatibilityDate: "2026-08-01",
+          bindings: { ...bindings, UPSTASH_REDIS_REST_TOKEN: "wrong-token" },
+        });
+        try {
+          for (const path of ["/healthz", `/v1/locks/${name}`]) {
+            const res = await bad.dispatchFetch(`http://edgelock.test${path}`, {
+              headers: { authorization: `Bearer ${SECRET_A}` },
+            });
+            const body = await res.json() as Record<string, unknown>;
+            assert.equal(res.status, 500, path);
+            assert.equal(body.code, "config_error");
+            assert.equal(res.headers.get("retry-after"), null);
+            assert.doesNotMatch(JSON.stringify(body), /Unauthorized|WRONGPASS|command was/);
+          }
+        } finally {
+          await bad.dispose();
+        }
+      },
+    );
   } finally {
     await mf.dispose();
     await backend.stop();
