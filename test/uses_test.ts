@@ -669,8 +669,10 @@ Deno.test("the three uses", async (t) => {
         [`${idem}/claim`, { leaseMs: 50 }],
         [`${idem}/claim`, { retentionMs: 999 }],
         [`${idem}/claim`, { fingerprint: "f".repeat(129) }],
-        [`${idem}/complete`, { token: claim.body.token }],
-        [`${idem}/complete`, { token: claim.body.token, response: { status: 99 } }],
+        [`${idem}/complete`, { token: claim.body.token, response: "not an object" }],
+        [`${idem}/complete`, { token: claim.body.token, response: [201] }],
+        [`${idem}/renew`, { token: claim.body.token, leaseMs: 5 }],
+        [`${job}/extend`, { token: claim.body.token }],
         [`${idem}/complete`, {
           token: claim.body.token,
           response: { status: 200, body: "x".repeat(50_000) },

@@ -1,5 +1,12 @@
 import { backoffDelay, sleep } from "../core/_backoff.ts";
-import { checkDuration, checkMeta, checkName, checkToken, newToken } from "../core/_validate.ts";
+import {
+  checkDuration,
+  checkMeta,
+  checkName,
+  checkToken,
+  newToken,
+  SEGMENT_PATTERN,
+} from "../core/_validate.ts";
 import { EdgelockError, type ErrorCode } from "../core/errors.ts";
 import type {
   AcquireOptions,
@@ -14,6 +21,15 @@ import type {
 } from "../core/types.ts";
 import { withLock } from "../core/with_lock.ts";
 import { noteSentAt } from "../core/_granted.ts";
+import type {
+  ClaimOptions,
+  ClaimRenewal,
+  ClaimResult,
+  RecordKind,
+  RecordState,
+  RecordStore,
+} from "../uses/records.ts";
+import type { JobExtension, JobStart, JobStore, StartJobOptions } from "../uses/jobs.ts";
 
 /** Options for {@linkcode createClient}. */
 export interface ClientOptions {
@@ -31,8 +47,20 @@ export interface ClientOptions {
 }
 
 /**
- * A client for the edgelock HTTP service with the same surface as {@linkcode Locks}, so moving
- * between embedded and remote mode is one line.
+ * The typed client: the lock calls of `Locks`, plus `records` and `jobs` with the surface of the
+ * library's `Records` and `Jobs`, so `dedupe()`, `cronGuard()` and the Hono middleware run on
+ * either.
+ */
+export interface EdgelockClient extends LockClient {
+  /** Idempotency keys and deduplicated ids, as `Records` has them. */
+  readonly records: RecordStore;
+  /** Cron jobs, as `Jobs` has them. */
+  readonly jobs: JobStore;
+}
+
+/**
+ * A client for the edgelock HTTP service with the same surface as the library's `Locks`,
+ * `Records` and `Jobs`, so moving between embedded and remote mode is one line.
  *
  * @example
  * ```ts
@@ -40,7 +68,7 @@ export interface ClientOptions {
  * const result = await locks.acquire("invoice:42", { ttlMs: 5000 });
  * ```
  */
-export function createClient(options: ClientOptions): LockClient {
+export function createClient(options: ClientOptions): EdgelockClient {
   const { baseUrl, apiKey, fetch: fetchFn = globalThis.fetch, retries = 2 } = options;
   let base: URL;
   try {
@@ -98,7 +126,84 @@ export function createClient(options: ClientOptions): LockClient {
   const lockPath = (name: string, action?: string) =>
     `v1/locks/${encodeURIComponent(name)}${action ? `/${action}` : ""}`;
 
-  const client: LockClient = {
+  const records: RecordStore = {
+    async claim(kind: RecordKind, id: string, opts: ClaimOptions = {}): Promise<ClaimResult> {
+      const body = {
+        token: opts.token === undefined ? newToken() : checkToken(opts.token),
+        leaseMs: checkDuration(opts.leaseMs, "leaseMs", 30_000),
+        retentionMs: checkDuration(opts.retentionMs, "retentionMs", 86_400_000),
+        ...(opts.fingerprint !== undefined && { fingerprint: opts.fingerprint }),
+      };
+      const { status, data } = await call("POST", recordPath(kind, id, "claim"), body);
+      if (status === 201) return data as unknown as ClaimResult;
+      if (status === 200) {
+        const response = data.response as Record<string, unknown> | undefined;
+        return response ? { state: "completed", response } : { state: "completed" };
+      }
+      if (data.code === "in_progress") {
+        return { state: "in_progress", retryAfterMs: Number(data.retryAfterMs) || 1 };
+      }
+      if (data.code === "fingerprint_mismatch") return { state: "mismatch" };
+      throw fromProblem(status, data);
+    },
+    async renew(kind, id, token, leaseMs = 30_000): Promise<ClaimRenewal> {
+      const body = { token: checkToken(token), leaseMs: checkDuration(leaseMs, "leaseMs", 0) };
+      const { status, data } = await call("POST", recordPath(kind, id, "renew"), body);
+      if (status === 200) return data as unknown as ClaimRenewal;
+      throw fromProblem(status, data);
+    },
+    async complete(kind, id, token, response): Promise<boolean> {
+      const body = { token: checkToken(token), ...(response !== undefined && { response }) };
+      const action = kind === "dedupe" ? "done" : "complete";
+      const { status, data } = await call("POST", recordPath(kind, id, action), body);
+      if (status === 200) return true;
+      if (data.code === "lease_lost") return false;
+      throw fromProblem(status, data);
+    },
+    async release(kind, id, token): Promise<boolean> {
+      const body = { token: checkToken(token) };
+      const { status, data } = await call("POST", recordPath(kind, id, "release"), body);
+      if (status === 200) return data.released === true;
+      throw fromProblem(status, data);
+    },
+    async get(kind, id): Promise<RecordState> {
+      const { status, data } = await call("GET", recordPath(kind, id));
+      if (status !== 200) throw fromProblem(status, data);
+      return (data.state === "done" ? { ...data, state: "completed" } : data) as RecordState;
+    },
+  };
+
+  const jobPath = (job: string, action: string) =>
+    `v1/jobs/${encodeURIComponent(checkName(job, "job name"))}/${action}`;
+  const jobs: JobStore = {
+    async start(job: string, opts: StartJobOptions): Promise<JobStart> {
+      if (opts?.atMostMs === undefined) throw new TypeError("atMostMs is required");
+      const body = {
+        ...opts,
+        token: opts.token === undefined ? newToken() : checkToken(opts.token),
+      };
+      const { status, data } = await call("POST", jobPath(job, "start"), body);
+      if (status === 200) return data as unknown as JobStart;
+      throw fromProblem(status, data);
+    },
+    async extend(job: string, token: string, atMostMs: number): Promise<JobExtension> {
+      const body = { token: checkToken(token), atMostMs: checkDuration(atMostMs, "atMostMs", 0) };
+      const { status, data } = await call("POST", jobPath(job, "extend"), body);
+      if (status === 200) return data as unknown as JobExtension;
+      throw fromProblem(status, data);
+    },
+    async finish(job: string, token: string): Promise<boolean> {
+      const { status, data } = await call("POST", jobPath(job, "finish"), {
+        token: checkToken(token),
+      });
+      if (status === 200) return data.finished === true;
+      throw fromProblem(status, data);
+    },
+  };
+
+  const client: EdgelockClient = {
+    records,
+    jobs,
     async acquire(name: string, opts: AcquireOptions = {}): Promise<AcquireResult> {
       checkName(name);
       const body = {
@@ -122,6 +227,8 @@ export function createClient(options: ClientOptions): LockClient {
         return {
           acquired: false,
           retryAfterMs: Number(data.retryAfterMs) || 1,
+          ...(Number.isSafeInteger(data.lockExpiresAt) &&
+            { lockExpiresAt: data.lockExpiresAt as number }),
           reason: data.code === "queue_full" ? "queue_full" : "busy",
         };
       }
@@ -187,6 +294,19 @@ export function createClient(options: ClientOptions): LockClient {
   return client;
 }
 
+// Over HTTP a record id is scope/key (idempotency) or namespace/id (dedupe), as recordId() makes.
+function recordPath(kind: RecordKind, id: string, action?: string): string {
+  if (kind !== "idempotency" && kind !== "dedupe") {
+    throw new RangeError(`kind must be "idempotency" or "dedupe", not ${JSON.stringify(kind)}`);
+  }
+  const parts = typeof id === "string" ? id.split("/") : [];
+  if (parts.length !== 2 || !parts.every((part) => SEGMENT_PATTERN.test(part))) {
+    throw new RangeError(`The ${kind} id must be scope/key, from recordId()`);
+  }
+  const path = `v1/${kind}/${parts.map(encodeURIComponent).join("/")}`;
+  return action ? `${path}/${action}` : path;
+}
+
 function toLease(data: Record<string, unknown>): Lease {
   const { name, token, fence, ttlMs, expiresAt, serverTime } = data;
   if (
@@ -209,5 +329,7 @@ function fromProblem(status: number, data: Record<string, unknown>): EdgelockErr
   return new EdgelockError(code, detail, {
     cause: data,
     ...(retryAfterMs !== undefined && { retryAfterMs }),
+    ...(Number.isSafeInteger(data.lockExpiresAt) &&
+      { lockExpiresAt: data.lockExpiresAt as number }),
   });
 }

@@ -12,4 +12,4 @@
  *
  * @module
  */
-export { type ClientOptions, createClient } from "./client.ts";
+export { type ClientOptions, createClient, type EdgelockClient } from "./client.ts";

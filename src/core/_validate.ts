@@ -5,6 +5,10 @@
  * or `..`, which URLs normalise away: every name the library takes is reachable over HTTP too.
  */
 export const NAME_PATTERN = /^(?!\.\.?$)[A-Za-z0-9._:-]{1,200}$/;
+/** A record id segment's source: a name, or `#` and a SHA-256 in hex. */
+export const SEGMENT = "(?:(?!\\.\\.?(?:/|$))[A-Za-z0-9._:-]{1,200}|#[0-9a-f]{64})";
+/** One segment of a record id: a name, or `#` and a SHA-256 in hex (from `safeName`). */
+export const SEGMENT_PATTERN: RegExp = new RegExp(`^${SEGMENT}$`);
 /** Owner tokens: 16–128 characters of `A-Z a-z 0-9 _ -`. */
 export const TOKEN_PATTERN = /^[A-Za-z0-9_-]{16,128}$/;
 /** Largest `meta` object, as JSON text in UTF-8 bytes. */

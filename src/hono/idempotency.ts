@@ -4,13 +4,13 @@ import { checkDuration } from "../core/_validate.ts";
 import { sha256Hex } from "../core/_crypto.ts";
 import { problem } from "./_problem.ts";
 import { EdgelockError } from "../core/errors.ts";
-import { MAX_RESPONSE_BYTES, recordId, type Records, safeName } from "../uses/records.ts";
+import { MAX_RESPONSE_BYTES, recordId, type RecordStore, safeName } from "../uses/records.ts";
 import { hold } from "../core/with_lock.ts";
 
 /** Options for {@linkcode idempotency}. */
 export interface IdempotencyOptions {
   /** Where claims and stored responses live. */
-  records: Records;
+  records: RecordStore;
   /** Whose key space a request uses, typically the signed-in user's id. */
   scope: (c: Context) => string | Promise<string>;
   /** Reject requests without an `Idempotency-Key` (400). Else they pass through. @default true */

@@ -1,13 +1,13 @@
 import type { MiddlewareHandler } from "hono";
 import { problem } from "./_problem.ts";
 import { dedupe, type DedupeOptions } from "../uses/dedupe.ts";
-import type { Records } from "../uses/records.ts";
+import type { RecordStore } from "../uses/records.ts";
 import { EdgelockError } from "../core/errors.ts";
 
 /** Options for {@linkcode webhookDedupe}. */
 export interface WebhookDedupeOptions extends Omit<DedupeOptions, "id"> {
   /** Where the delivery ids are claimed. */
-  records: Records;
+  records: RecordStore;
   /** Signing secrets (`whsec_…` base64, as Standard Webhooks and Svix issue them); any one may match. */
   secrets: readonly string[];
   /** Largest clock difference accepted for `webhook-timestamp`, seconds. @default 300 */

@@ -13,10 +13,9 @@ import type { AppEnv } from "./_env.ts";
 import { problemResponse, toEdgelockError } from "./_errors.ts";
 import { tenantLimiter, type TenantLimits } from "./_limits.ts";
 import { json, problemDoc } from "./_schemas.ts";
-import { dedupeRoutes } from "./routes/dedupe.ts";
-import { idempotencyRoutes } from "./routes/idempotency.ts";
 import { jobRoutes } from "./routes/jobs.ts";
 import { lockRoutes } from "./routes/locks.ts";
+import { recordRoutes } from "./routes/records.ts";
 
 /** What {@linkcode createApp} needs; each runtime's entry builds it from its own environment. */
 export interface AppDeps {
@@ -78,6 +77,7 @@ const healthRoute = createRoute({
   security: [],
   responses: {
     200: json(z.object({ ok: z.literal(true) }), "Healthy"),
+    405: problemDoc("method_not_allowed: a method other than GET or HEAD"),
     500: problemDoc("config_error: Redis refuses the service's credentials"),
     503: problemDoc("backend_unavailable"),
   },
@@ -170,8 +170,7 @@ export function createApp(
   });
 
   lockRoutes(app);
-  idempotencyRoutes(app);
-  dedupeRoutes(app);
+  recordRoutes(app);
   jobRoutes(app);
   app.openapi(healthRoute, async (c) => {
     await runScript(redis, PING, [], [], timeoutMs);

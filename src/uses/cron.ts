@@ -1,4 +1,4 @@
-import type { Jobs, StartJobOptions } from "./jobs.ts";
+import type { JobStore, StartJobOptions } from "./jobs.ts";
 import { hold } from "../core/with_lock.ts";
 
 /** What a guarded run learns about itself. */
@@ -51,7 +51,7 @@ export type CronResult<T> =
  * ```
  */
 export async function cronGuard<T>(
-  jobs: Jobs,
+  jobs: JobStore,
   job: string,
   options: StartJobOptions,
   fn: (run: JobRun, signal: AbortSignal) => Promise<T> | T,

@@ -1,4 +1,4 @@
-import { recordId, type Records, safeName } from "./records.ts";
+import { recordId, type RecordStore, safeName } from "./records.ts";
 
 /** Options for {@linkcode dedupe}. */
 export interface DedupeOptions {
@@ -55,7 +55,7 @@ export const DEDUPE_RETENTION_MS = 7 * 86_400_000;
  * }
  * ```
  */
-export async function dedupe(records: Records, options: DedupeOptions): Promise<DedupeResult> {
+export async function dedupe(records: RecordStore, options: DedupeOptions): Promise<DedupeResult> {
   const { namespace, leaseMs, retentionMs = DEDUPE_RETENTION_MS } = options ?? {};
   const id = recordId(namespace, await safeName(options?.id));
   const claim = await records.claim("dedupe", id, {

@@ -29,10 +29,26 @@ const DEFAULT_TICK_RETENTION_MS = 7 * 86_400_000;
 const JOB_REASONS = { 1: "running", 2: "too_soon", 3: "tick_done" } as const;
 
 /**
+ * What `cronGuard` needs of a job store: {@linkcode Jobs} in the library, or the typed client's
+ * `jobs` over HTTP, with the same names and results.
+ */
+export interface JobStore {
+  /** Starts a run of `job` unless it runs elsewhere, ran too recently, or ran for this tick. */
+  start(job: string, options: StartJobOptions): Promise<JobStart>;
+  /** Extends a running job's safety net to `atMostMs` from now. */
+  extend(job: string, token: string, atMostMs: number): Promise<JobExtension>;
+  /** Finishes `token`'s run; the lock stays until `atLeastMs` after its start. */
+  finish(job: string, token: string): Promise<boolean>;
+}
+
+/** The outcome of {@linkcode JobStore.extend}. */
+export type JobExtension = { extended: true; expiresAt: number } | { extended: false };
+
+/**
  * Scheduled jobs with ShedLock semantics: a run starts unless another runs, one started less than
  * `atLeastMs` ago, or one ran for the same tick; `atMostMs` frees the lock after a crash.
  */
-export class Jobs {
+export class Jobs implements JobStore {
   readonly #redis: RedisLike;
   readonly #prefix: string;
   readonly #timeoutMs: number;
@@ -82,7 +98,7 @@ export class Jobs {
     job: string,
     token: string,
     atMostMs: number,
-  ): Promise<{ extended: true; expiresAt: number } | { extended: false }> {
+  ): Promise<JobExtension> {
     checkName(job, "job name");
     const args = [checkToken(token), checkDuration(atMostMs, "atMostMs", 0), FENCE_GRACE_MS];
     const reply = await this.#run(EXTEND_JOB, this.#jobKeys(job), args);

@@ -19,15 +19,24 @@
  */
 export {
   type ClaimOptions,
+  type ClaimRenewal,
   type ClaimResult,
   MAX_RESPONSE_BYTES,
   recordId,
   type RecordKind,
   Records,
   type RecordState,
+  type RecordStore,
   safeName,
+  SEGMENT_PATTERN,
   type StoreOptions,
 } from "./records.ts";
-export { Jobs, type JobStart, type StartJobOptions } from "./jobs.ts";
+export {
+  type JobExtension,
+  Jobs,
+  type JobStart,
+  type JobStore,
+  type StartJobOptions,
+} from "./jobs.ts";
 export { cronGuard, type CronResult, type JobRun } from "./cron.ts";
 export { dedupe, DEDUPE_RETENTION_MS, type DedupeOptions, type DedupeResult } from "./dedupe.ts";

@@ -12,6 +12,8 @@ import {
   checkToken,
   NAME_PATTERN,
   newToken,
+  SEGMENT,
+  SEGMENT_PATTERN,
 } from "../core/_validate.ts";
 import { sha256Hex } from "../core/_crypto.ts";
 import { FENCE_GRACE_MS } from "../core/scripts.ts";
@@ -59,9 +61,10 @@ const DEFAULT_RETENTION_MS = 86_400_000;
 const MAX_FINGERPRINT = 128;
 /** Largest stored response, as JSON text. */
 export const MAX_RESPONSE_BYTES = 48 * 1024;
+export { SEGMENT_PATTERN };
+
 // A record id is one segment or scope/segment; a segment is a name or a hashed value (`#` and a
 // SHA-256 in hex). Names never hold `#` or `/`, so no two inputs share an id.
-const SEGMENT = "(?:(?!\\.\\.?(?:/|$))[A-Za-z0-9._:-]{1,200}|#[0-9a-f]{64})";
 const RECORD_ID = new RegExp(`^${SEGMENT}(?:/${SEGMENT})?$`);
 const HASHED = /^#[0-9a-f]{64}$/;
 
@@ -91,12 +94,37 @@ function checkSegment(value: unknown, what: string): string {
 }
 
 /**
+ * What the uses need of a record store: {@linkcode Records} in the library, or the typed
+ * client's `records` over HTTP, with the same names and results.
+ */
+export interface RecordStore {
+  /** Claims `kind`/`id` for one worker, or says why not. */
+  claim(kind: RecordKind, id: string, options?: ClaimOptions): Promise<ClaimResult>;
+  /** Extends a claim still held by `token`, to `leaseMs` from now (default 30000). */
+  renew(kind: RecordKind, id: string, token: string, leaseMs?: number): Promise<ClaimRenewal>;
+  /** Completes `token`'s claim, keeping `response`; `false` when the claim is no longer its. */
+  complete(
+    kind: RecordKind,
+    id: string,
+    token: string,
+    response?: Record<string, unknown>,
+  ): Promise<boolean>;
+  /** Gives up `token`'s claim, so a retry may redo the work. */
+  release(kind: RecordKind, id: string, token: string): Promise<boolean>;
+  /** The record's state; never its token. */
+  get(kind: RecordKind, id: string): Promise<RecordState>;
+}
+
+/** The outcome of {@linkcode RecordStore.renew}. */
+export type ClaimRenewal = { renewed: true; leaseExpiresAt: number } | { renewed: false };
+
+/**
  * The "exactly once" state machine behind idempotency and webhook deduplication: absent →
  * claimed (a short lease with an owner token and fence) → completed (kept for its retention), or
  * back to absent on release. Every transition is one script; complete and release check the owner
  * token, so a late worker can never overwrite a newer result.
  */
-export class Records {
+export class Records implements RecordStore {
   readonly #redis: RedisLike;
   readonly #prefix: string;
   readonly #timeoutMs: number;
@@ -149,7 +177,7 @@ export class Records {
     id: string,
     token: string,
     leaseMs = DEFAULT_LEASE_MS,
-  ): Promise<{ renewed: true; leaseExpiresAt: number } | { renewed: false }> {
+  ): Promise<ClaimRenewal> {
     const keys = this.#recordKeys(kind, id);
     const args = [checkToken(token), checkDuration(leaseMs, "leaseMs", 0), FENCE_GRACE_MS];
     const reply = await this.#run(RENEW_CLAIM, keys, args);

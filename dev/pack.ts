@@ -1,0 +1,138 @@
+/**
+ * `deno task pack`: builds the npm package from `src/` and writes its tarball under `dist/`.
+ * JavaScript: `deno bundle` per entry, ESM, code-split so entries share chunks, dependencies left
+ * as imports (hono and @hono/zod-openapi as dependencies, @upstash/redis a peer the user brings).
+ * Types: tsc's declarations, with the `.ts` specifiers made `.js`. Targets Node 20+ and workerd.
+ * Prints the tarball's path.
+ *
+ * @module
+ */
+import { cli } from "./_cli.ts";
+
+const ENTRIES = ["core", "uses", "hono", "service", "client"] as const;
+const EXTERNAL = ["hono", "hono/*", "@hono/zod-openapi", "zod", "@upstash/redis"];
+const TYPESCRIPT = "npm:typescript@5.9.3/tsc";
+
+const root = new URL("../", import.meta.url).pathname;
+const config = JSON.parse(await Deno.readTextFile(`${root}deno.json`));
+const imports = config.imports as Record<string, string>;
+const range = (name: string) => imports[name]!.replace(`npm:${name}@`, "");
+
+async function run(command: string, args: string[], cwd = root): Promise<string> {
+  const { success, stdout, stderr } = await new Deno.Command(command, {
+    args,
+    cwd,
+    stdout: "piped",
+    stderr: "piped",
+    env: { NO_COLOR: "1" },
+  }).output();
+  const out = new TextDecoder().decode(stdout);
+  if (!success) {
+    throw new Error(
+      `${command} ${args.join(" ")} failed:\n${out}${new TextDecoder().decode(stderr)}`,
+    );
+  }
+  return out;
+}
+
+/** Builds `dist/npm/` and packs it; returns the tarball's path. */
+export async function pack(): Promise<string> {
+  const out = `${root}dist/npm`;
+  await Deno.remove(out, { recursive: true }).catch(() => {});
+  await Deno.mkdir(out, { recursive: true });
+
+  await run(Deno.execPath(), [
+    "bundle",
+    "--quiet",
+    ...EXTERNAL.flatMap((name) => ["--external", name]),
+    "--code-splitting",
+    "--format",
+    "esm",
+    "--platform",
+    "browser",
+    "--outdir",
+    `${out}/esm`,
+    ...ENTRIES.map((entry) => `src/${entry}/mod.ts`),
+  ]);
+
+  const tsconfig = `${out}/tsconfig.json`;
+  await Deno.writeTextFile(
+    tsconfig,
+    JSON.stringify({
+      compilerOptions: {
+        declaration: true,
+        emitDeclarationOnly: true,
+        allowImportingTsExtensions: true,
+        module: "esnext",
+        moduleResolution: "bundler",
+        target: "es2023",
+        lib: ["es2023", "dom", "dom.iterable"],
+        types: [],
+        strict: true,
+        skipLibCheck: true,
+        rootDir: `${root}src`,
+        outDir: `${out}/types`,
+      },
+      files: ENTRIES.map((entry) => `${root}src/${entry}/mod.ts`),
+    }),
+  );
+  await run(Deno.execPath(), ["run", "-A", TYPESCRIPT, "-p", tsconfig]);
+  await Deno.remove(tsconfig);
+  for await (const path of walk(`${out}/types`)) {
+    const text = await Deno.readTextFile(path);
+    await Deno.writeTextFile(
+      path,
+      text.replace(/((?:from |import\()\s*["'])(\.\.?\/[^"']+)\.ts(["'])/g, "$1$2.js$3"),
+    );
+  }
+
+  const exports: Record<string, { types: string; import: string }> = {};
+  for (const entry of ENTRIES) {
+    const key = entry === "core" ? "." : `./${entry}`;
+    exports[key] = { types: `./types/${entry}/mod.d.ts`, import: `./esm/${entry}/mod.js` };
+  }
+  await Deno.writeTextFile(
+    `${out}/package.json`,
+    JSON.stringify(
+      {
+        name: config.name,
+        version: config.version,
+        description: "Distributed locks with fencing tokens for edge runtimes, on Redis over HTTP",
+        license: config.license,
+        type: "module",
+        sideEffects: false,
+        engines: { node: ">=20" },
+        exports,
+        files: ["esm/", "types/", "README.md", "LICENSE"],
+        keywords: ["lock", "mutex", "redis", "upstash", "fencing", "idempotency", "edge"],
+        dependencies: {
+          "@hono/zod-openapi": range("@hono/zod-openapi"),
+          hono: range("hono"),
+          zod: range("zod"),
+        },
+        peerDependencies: { "@upstash/redis": range("@upstash/redis") },
+      },
+      null,
+      2,
+    ) + "\n",
+  );
+  await Deno.copyFile(`${root}README.md`, `${out}/README.md`);
+  await Deno.copyFile(`${root}LICENSE`, `${out}/LICENSE`);
+
+  const tarball = (await run("npm", ["pack", "--silent", "--pack-destination", `${root}dist`], out))
+    .trim().split("\n").at(-1)!;
+  return `${root}dist/${tarball}`;
+}
+
+async function* walk(dir: string): AsyncGenerator<string> {
+  for await (const entry of Deno.readDir(dir)) {
+    const path = `${dir}/${entry.name}`;
+    if (entry.isDirectory) yield* walk(path);
+    else if (entry.name.endsWith(".d.ts")) yield path;
+  }
+}
+
+if (import.meta.main) {
+  cli("edgelock pack", "deno task pack   builds dist/npm and writes its tarball under dist/", {});
+  console.log(await pack());
+}

@@ -1,0 +1,173 @@
+import assert from "node:assert/strict";
+import { Hono } from "hono";
+import { createClient } from "@edgelock/edgelock/client";
+import { idempotency } from "@edgelock/edgelock/hono";
+import { createApp } from "@edgelock/edgelock/service";
+import {
+  cronGuard,
+  dedupe,
+  Jobs,
+  type JobStore,
+  recordId,
+  Records,
+  type RecordStore,
+} from "@edgelock/edgelock/uses";
+import { keygen, startBackend } from "./_backend.ts";
+
+const SECRET = "client-secret-0123456789";
+
+// Tokens, fences and times differ between two runs; their presence and type must not.
+function normalize(value: unknown): unknown {
+  if (Array.isArray(value)) return value.map(normalize);
+  if (value === null || typeof value !== "object") return value;
+  return Object.fromEntries(
+    Object.entries(value).map(([key, v]) => {
+      if (key === "token") return [key, typeof v === "string" ? "<token>" : v];
+      if (["fence", "leaseExpiresAt", "expiresAt", "retryAfterMs"].includes(key)) {
+        return [key, typeof v === "number" && v > 0 ? `<${key}>` : v];
+      }
+      return [key, normalize(v)];
+    }),
+  );
+}
+
+// The same calls on a store; what each returned, in order.
+async function recordScenario(records: RecordStore, tag: string): Promise<unknown[]> {
+  const out: unknown[] = [];
+  for (const kind of ["idempotency", "dedupe"] as const) {
+    const id = recordId(`scope-${tag}`, keygen("k"));
+    const first = await records.claim(kind, id, { fingerprint: "f1", leaseMs: 5000 });
+    assert.equal(first.state, "claimed");
+    const token = first.state === "claimed" ? first.token : "";
+    const other = "another-token-0123456789";
+    out.push(first);
+    out.push(await records.claim(kind, id, { fingerprint: "f1" }));
+    out.push(await records.claim(kind, id, { fingerprint: "f2" }));
+    out.push(await records.renew(kind, id, token, 6000));
+    out.push(await records.renew(kind, id, other));
+    out.push(await records.get(kind, id));
+    out.push(await records.complete(kind, id, other, { status: 500 }));
+    out.push(await records.complete(kind, id, token, { status: 201, body: "made" }));
+    out.push(await records.claim(kind, id, { fingerprint: "f1" }));
+    out.push(await records.get(kind, id));
+    out.push(await records.release(kind, id, token));
+    const second = recordId(`scope-${tag}`, `#${"ab".repeat(32)}${tag}`.slice(0, 65));
+    const claim = await records.claim(kind, second);
+    out.push(claim);
+    out.push(await records.release(kind, second, claim.state === "claimed" ? claim.token : ""));
+    out.push(await records.get(kind, second));
+  }
+  return out;
+}
+
+async function jobScenario(jobs: JobStore): Promise<unknown[]> {
+  const job = keygen("job");
+  const out: unknown[] = [];
+  const start = await jobs.start(job, { atMostMs: 5000, atLeastMs: 1000, tick: 1 });
+  assert.ok(start.run);
+  out.push(start);
+  out.push(await jobs.start(job, { atMostMs: 5000, tick: 1 }));
+  out.push(await jobs.start(job, { atMostMs: 5000 }));
+  out.push(await jobs.extend(job, start.token, 6000));
+  out.push(await jobs.extend(job, "another-token-0123456789", 6000));
+  out.push(await jobs.finish(job, start.token));
+  out.push(await jobs.finish(job, start.token));
+  out.push(await jobs.start(job, { atMostMs: 5000 }));
+  return out;
+}
+
+Deno.test("the typed client has the library's names and results for every route", async (t) => {
+  const backend = await startBackend();
+  const app = createApp({
+    redis: backend.redis,
+    apiKeys: [{ tenant: "t", secret: SECRET }],
+    log: () => {},
+  });
+  const client = createClient({
+    baseUrl: "http://edgelock.test",
+    apiKey: SECRET,
+    fetch: (input, init) => Promise.resolve(app.fetch(new Request(input, init))),
+  });
+  // The service keeps tenant t under edgelock:t: the embedded stores share its records.
+  const records = new Records(backend.redis, { prefix: "edgelock:t" });
+  const jobs = new Jobs(backend.redis, { prefix: "edgelock:t" });
+  try {
+    await t.step("records: claim, renew, complete, release and get match Records", async () => {
+      const embedded = normalize(await recordScenario(records, "e"));
+      const remote = normalize(await recordScenario(client.records, "r"));
+      assert.deepEqual(remote, embedded);
+      // And the scenario checks what it should: each outcome occurs.
+      const states = (embedded as { state?: string }[]).map((r) => r.state).filter(Boolean);
+      for (const state of ["claimed", "in_progress", "mismatch", "completed", "absent"]) {
+        assert.ok(states.includes(state), state);
+      }
+    });
+
+    await t.step("jobs: start, extend and finish match Jobs", async () => {
+      const embedded = normalize(await jobScenario(jobs));
+      assert.deepEqual(normalize(await jobScenario(client.jobs)), embedded);
+      const reasons = (embedded as { reason?: string }[]).map((r) => r.reason).filter(Boolean);
+      assert.deepEqual(reasons, ["tick_done", "running", "too_soon"]);
+    });
+
+    await t.step(
+      "dedupe(), cronGuard() and idempotency() run on the client as on the library",
+      async () => {
+        const namespace = keygen("ns");
+        const claim = await dedupe(client.records, { namespace, id: "evt_1" });
+        assert.equal(claim.state, "claimed");
+        assert.equal(
+          (await dedupe(client.records, { namespace, id: "evt_1" })).state,
+          "in_progress",
+        );
+        assert.equal(claim.state === "claimed" && await claim.done(), true);
+        assert.deepEqual(await dedupe(records, { namespace, id: "evt_1" }), { state: "duplicate" });
+
+        const job = keygen("cron");
+        const ran = await cronGuard(
+          client.jobs,
+          job,
+          { atMostMs: 5000, tick: "t1" },
+          (run) => run.fence,
+        );
+        assert.ok(ran.ran && ran.value > 0);
+        const again = await cronGuard(jobs, job, { atMostMs: 5000, tick: "t1" }, () => 0);
+        assert.deepEqual(again.ran ? "ran" : again.reason, "tick_done");
+
+        let runs = 0;
+        const shop = new Hono();
+        shop.post(
+          "/orders",
+          idempotency({ records: client.records, scope: () => "u1" }),
+          (c) => {
+            runs++;
+            return c.json({ order: runs }, 201);
+          },
+        );
+        const key = { "idempotency-key": crypto.randomUUID() };
+        const first = await shop.request("/orders", { method: "POST", headers: key });
+        const replay = await shop.request("/orders", { method: "POST", headers: key });
+        assert.deepEqual([first.status, await first.json()], [201, { order: 1 }]);
+        assert.deepEqual([replay.status, await replay.json()], [201, { order: 1 }]);
+        assert.equal(replay.headers.get("idempotent-replayed"), "true");
+        assert.equal(runs, 1);
+      },
+    );
+
+    await t.step("a busy acquire through the client says when the lease ends", async () => {
+      const name = keygen();
+      const held = await client.acquire(name, { ttlMs: 4000 });
+      const busy = await client.acquire(name);
+      assert.ok(held.acquired && !busy.acquired);
+      assert.ok(Math.abs(busy.lockExpiresAt! - held.lease.expiresAt) <= 5);
+    });
+
+    await t.step("bad record ids and kinds are RangeErrors before any request", async () => {
+      await assert.rejects(client.records.get("idempotency", "one-segment"), /scope\/key/);
+      await assert.rejects(client.records.get("other" as never, "a/b"), /kind must be/);
+      await assert.rejects(client.jobs.start("a b", { atMostMs: 1000 }), /job name/);
+    });
+  } finally {
+    await backend.stop();
+  }
+});
