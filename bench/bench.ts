@@ -1,11 +1,9 @@
 /**
  * `deno task bench`: acquire+release cycles against a private redis-server through the local
  * Upstash REST bridge, every case in one run so the ratios are comparable on a noisy machine.
- * Writes bench/results.json and bench/results.md.
- *
- * BENCH_CYCLES (default 1000) sets the cycles per case and concurrency.
  * Also: 50 waiters contending for one name (each holding 5 ms), and the cost of keeping 1,000
- * leases alive. Writes bench/results.json, bench/results.md and bench/results.svg.
+ * leases alive. Writes results.json, results.md and results.svg to bench/tmp/, or with
+ * `--update` to bench/ (the tracked results the README shows). `--help` lists the flags.
  *
  * @module
  */
@@ -15,17 +13,30 @@ import { Redis as IORedis } from "ioredis";
 import { Miniflare } from "miniflare";
 import { Mutex } from "redis-semaphore";
 import Redlock from "redlock";
+import { cli } from "../dev/_cli.ts";
 import { startBridge } from "../dev/bridge.ts";
 import { freePort, startRedisServer } from "../dev/redis_server.ts";
 import { createClient } from "@edgelock/edgelock/client";
 import { type Lease, Locks } from "@edgelock/edgelock";
 
-const CYCLES = Number(Deno.env.get("BENCH_CYCLES") ?? 1000);
+const flags = cli("edgelock bench", "deno task bench [flags]", {
+  cycles: { type: "number", default: 1000, min: 10, max: 1_000_000, help: "cycles per case" },
+  rounds: {
+    type: "number",
+    default: 4,
+    min: 1,
+    max: 1000,
+    help: "acquisitions per waiter in the contention case",
+  },
+  update: { type: "boolean", help: "write the tracked bench/results.* (else bench/tmp/)" },
+});
+const CYCLES = flags.cycles;
+const OUT = new URL(flags.update ? "./" : "./tmp/", import.meta.url);
 const CONCURRENCY = [1, 32];
 const SECRET = "bench-secret-0123456789abcdef";
 const HOLD_MS = 5;
 const WAITERS = 50;
-const ROUNDS = Number(Deno.env.get("BENCH_ROUNDS") ?? 4);
+const ROUNDS = flags.rounds;
 
 interface ContentionRow {
   case: string;
@@ -200,7 +211,9 @@ try {
   }
   const renewal = await renewalCost(locks);
   console.log(JSON.stringify(renewal));
+  await Deno.mkdir(OUT, { recursive: true });
   await write(rows, contention, renewal);
+  console.log(`wrote results.json, results.md and results.svg to ${OUT.pathname}`);
 } finally {
   for (const cleanup of cleanups.reverse()) await cleanup().catch(() => {});
   await bridge.close();
@@ -399,7 +412,7 @@ async function write(
   const machine = `${navigator.hardwareConcurrency} cores, Deno ${Deno.version.deno}`;
   const date = new Date().toISOString();
   await Deno.writeTextFile(
-    new URL("./results.json", import.meta.url),
+    new URL("results.json", OUT),
     JSON.stringify({ date, machine, cyclesPerCase: CYCLES, rows, contention, renewal }, null, 2) +
       "\n",
   );
@@ -438,8 +451,8 @@ async function write(
     `${renewal.batched.restCommandsPerSec} commands/s (one request, ${renewal.batched.ms} ms for all ` +
     `${renewal.leases}); Redis executes about ${renewal.redisCommandsPerSec} commands/s inside the scripts.`,
   ];
-  await Deno.writeTextFile(new URL("./results.md", import.meta.url), lines.join("\n") + "\n");
-  await Deno.writeTextFile(new URL("./results.svg", import.meta.url), chart(rows));
+  await Deno.writeTextFile(new URL("results.md", OUT), lines.join("\n") + "\n");
+  await Deno.writeTextFile(new URL("results.svg", OUT), chart(rows));
 }
 
 /** A horizontal bar chart of ops/s per case, one bar per concurrency. */

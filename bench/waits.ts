@@ -1,7 +1,10 @@
 // The service under 500 concurrent 5-s waits from one tenant (cap 100): replies, descriptors,
 // memory and the bridge requests the waits cost. Run: deno run -A bench/waits.ts
+import { cli } from "../dev/_cli.ts";
 import { startBackend } from "../test/_backend.ts";
 import { LISTENING, spawnDeno } from "../test/_process.ts";
+
+cli("edgelock waits", "deno run -A bench/waits.ts   (500 waits against a cap of 100)", {});
 const backend = await startBackend();
 const SECRET = "fd-measure-secret-0123456789";
 const service = await spawnDeno(["run", "-A", "worker/deno.ts"], {

@@ -8,6 +8,7 @@
 import { Buffer } from "node:buffer";
 import { timingSafeEqual } from "node:crypto";
 import { Redis as IORedis } from "ioredis";
+import { cli } from "./_cli.ts";
 
 /** Options for {@linkcode startBridge}. */
 export interface BridgeOptions {
@@ -302,21 +303,39 @@ class ExclusivePool {
 }
 
 if (import.meta.main) {
+  const flags = cli(
+    "edgelock bridge",
+    "deno task bridge [flags]   (env: UPSTASH_REDIS_REST_TOKEN, the token clients present)",
+    {
+      port: { type: "number", default: 8079, min: 0, max: 65535, help: "port, 0 for a free one" },
+      redis: { type: "string", default: "redis://127.0.0.1:6379", help: "the redis-server" },
+    },
+  );
   const token = Deno.env.get("UPSTASH_REDIS_REST_TOKEN");
   if (!token) {
-    console.error("Set UPSTASH_REDIS_REST_TOKEN to the token clients must present.");
+    console.error(
+      "edgelock bridge: set UPSTASH_REDIS_REST_TOKEN to the token clients must present",
+    );
+    Deno.exit(2);
+  }
+  try {
+    const bridge = await startBridge({ redisUrl: flags.redis, token, port: flags.port });
+    console.log(`Upstash REST bridge on ${bridge.url} in front of ${flags.redis}`);
+    const stop = async () => {
+      await bridge.close();
+      Deno.exit(0);
+    };
+    Deno.addSignalListener("SIGINT", stop);
+    Deno.addSignalListener("SIGTERM", stop);
+  } catch (error) {
+    const inUse = error instanceof Deno.errors.AddrInUse;
+    console.error(
+      `edgelock bridge: ${
+        inUse
+          ? `port ${flags.port} is in use; choose another with --port`
+          : (error as Error).message
+      }`,
+    );
     Deno.exit(1);
   }
-  const bridge = await startBridge({
-    redisUrl: Deno.env.get("REDIS_URL") ?? "redis://127.0.0.1:6379",
-    token,
-    port: Number(Deno.env.get("PORT") ?? 8079),
-  });
-  console.log(`Upstash REST bridge on ${bridge.url}`);
-  const stop = async () => {
-    await bridge.close();
-    Deno.exit(0);
-  };
-  Deno.addSignalListener("SIGINT", stop);
-  Deno.addSignalListener("SIGTERM", stop);
 }

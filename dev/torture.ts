@@ -4,8 +4,8 @@
  * flushed mid-run, and the HTTP API fuzzed meanwhile. Every operation goes into a history that
  * the checker verifies afterwards; a fenced model resource shows stale holders being refused.
  *
- * Flags: --clients 64 --names 8 --seconds 60 --fuzz 10000 --broken (a release that skips the
- * token check, which the checker must catch) --json (print the report as JSON).
+ * Flags (`--help`): --clients 64 --names 8 --seconds 60 --fuzz 10000 --broken (a release that
+ * skips the token check, which the checker must catch) --json (print the report as JSON).
  *
  * @module
  */
@@ -15,6 +15,7 @@ import { createApp } from "../src/service/app.ts";
 import { createClient } from "../src/client/client.ts";
 import { Locks } from "../src/core/locks.ts";
 import type { Lease, LockClient } from "../src/core/types.ts";
+import { cli } from "./_cli.ts";
 import { startBridge } from "./bridge.ts";
 import { FAULT_KINDS, type FaultKind, startFaultProxy } from "./fault_proxy.ts";
 import {
@@ -119,6 +120,10 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
   let fuzzCases = 0;
   let fuzz5xx = 0;
   let fuzzBackendDown = 0;
+  const progress = setInterval(() => {
+    const left = Math.max(0, Math.round((deadline - Date.now()) / 1000));
+    log(`${seconds - left}/${seconds} s: ${history.length} operations, ${fuzzCases} fuzz cases`);
+  }, 5000);
 
   const worker = async (index: number) => {
     const id = `c${index}`;
@@ -217,7 +222,8 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
         dir: server.dir,
         args: DURABLE_ARGS,
       });
-      server.stop = restarted.stop;
+      // The restarted server runs in the first one's temp dir: its stop removes the dir too.
+      server.stop = (options) => restarted.stop({ remove: true, ...options });
       redisRestarts++;
       log(`redis-server restarted (${redisRestarts})`);
     }
@@ -273,6 +279,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     await server.stop();
   }
 
+  clearInterval(progress);
   const operations: Record<string, number> = {};
   for (const op of history) {
     operations[`${op.op}:${op.outcome}`] = (operations[`${op.op}:${op.outcome}`] ?? 0) + 1;
@@ -310,22 +317,28 @@ function sleep(ms: number): Promise<void> {
 }
 
 if (import.meta.main) {
-  const flag = (name: string, fallback: number) => {
-    const at = Deno.args.indexOf(`--${name}`);
-    return at >= 0 ? Number(Deno.args[at + 1]) : fallback;
-  };
-  const broken = Deno.args.includes("--broken");
+  const flags = cli("edgelock torture", "deno task torture [flags]", {
+    clients: { type: "number", default: 64, min: 1, max: 1024, help: "concurrent clients" },
+    names: { type: "number", default: 8, min: 1, max: 1000, help: "lock names they share" },
+    seconds: { type: "number", default: 60, min: 1, max: 3600, help: "how long to run" },
+    fuzz: { type: "number", default: 10_000, min: 0, max: 1_000_000, help: "HTTP fuzz cases" },
+    broken: { type: "boolean", help: "swap in a release without the token check (must be caught)" },
+    "no-faults": { type: "boolean", help: "no HTTP faults and no Redis restarts" },
+    "no-redis-faults": { type: "boolean", help: "no Redis restarts or script flushes" },
+    json: { type: "boolean", help: "print the report as JSON" },
+  });
+  const broken = flags.broken;
   const report = await runTorture({
-    clients: flag("clients", 64),
-    names: flag("names", 8),
-    seconds: flag("seconds", 60),
-    fuzzRuns: flag("fuzz", 10_000),
+    clients: flags.clients,
+    names: flags.names,
+    seconds: flags.seconds,
+    fuzzRuns: flags.fuzz,
     broken,
-    ...(Deno.args.includes("--no-faults") && { faults: {}, redisFaults: false }),
-    ...(Deno.args.includes("--no-redis-faults") && { redisFaults: false }),
+    ...(flags["no-faults"] && { faults: {}, redisFaults: false }),
+    ...(flags["no-redis-faults"] && { redisFaults: false }),
     log: (line) => console.error(line),
   });
-  if (Deno.args.includes("--json")) console.log(JSON.stringify(report, null, 2));
+  if (flags.json) console.log(JSON.stringify(report, null, 2));
   else {
     console.log(`torture: ${report.seconds} s${broken ? " (broken release variant)" : ""}`);
     console.log(`operations: ${JSON.stringify(report.operations)}`);

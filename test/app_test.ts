@@ -511,7 +511,9 @@ Deno.test("the HTTP service", async (t) => {
         assert.match(line?.error ?? "", /Redis did not run the acquire script/);
         assertProblem(await call("/healthz", { secret: null }), 503, "backend_unavailable");
         const { startRedisServer } = await import("../dev/redis_server.ts");
-        backend.server = await startRedisServer({ port, dir });
+        const restarted = await startRedisServer({ port, dir });
+        // It runs in the first server's temp dir: stopping it removes the dir too.
+        backend.server = { ...restarted, stop: (o) => restarted.stop({ remove: true, ...o }) };
         let healthy = false;
         for (let i = 0; i < 100 && !healthy; i++) {
           healthy = (await call("/healthz", { secret: null })).status === 200;

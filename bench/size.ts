@@ -1,0 +1,83 @@
+/**
+ * `deno task size`: what each entry of the package costs an edge bundle. Each entry is bundled
+ * alone with everything it imports (as wrangler or `deno bundle` would for a Worker that imports
+ * only it), minified, then gzipped at level 9. Fails when an entry is over its gzip budget.
+ * `--update` writes bench/sizes.json and bench/sizes.md (tracked); without it nothing is written.
+ *
+ * @module
+ */
+import { gzipSync } from "node:zlib";
+import { cli } from "../dev/_cli.ts";
+
+/** Gzip budgets in bytes: the root entry stays within a few KB of the lock core alone. */
+export const BUDGETS = {
+  ".": 7_000,
+  "./uses": 9_000,
+  "./hono": 10_000,
+  "./client": 4_500,
+  "./service": 140_000,
+} as const;
+
+const flags = cli("edgelock size", "deno task size [--update]", {
+  update: { type: "boolean", help: "write bench/sizes.json and bench/sizes.md" },
+});
+const root = new URL("../", import.meta.url);
+const exports = JSON.parse(await Deno.readTextFile(new URL("deno.json", root))).exports as Record<
+  keyof typeof BUDGETS,
+  string
+>;
+const dir = await Deno.makeTempDir({ prefix: "edgelock-size-" });
+const rows: { entry: string; minified: number; gzip: number; budget: number }[] = [];
+try {
+  for (const [entry, budget] of Object.entries(BUDGETS) as [keyof typeof BUDGETS, number][]) {
+    const out = `${dir}/bundle.js`;
+    const { success, stderr } = await new Deno.Command(Deno.execPath(), {
+      args: ["bundle", "--quiet", "--minify", "--platform", "browser", "-o", out, exports[entry]],
+      cwd: root,
+      stdout: "null",
+      stderr: "piped",
+    }).output();
+    if (!success) throw new Error(new TextDecoder().decode(stderr));
+    const bytes = await Deno.readFile(out);
+    rows.push({
+      entry,
+      minified: bytes.length,
+      gzip: gzipSync(bytes, { level: 9 }).length,
+      budget,
+    });
+  }
+} finally {
+  await Deno.remove(dir, { recursive: true });
+}
+
+const name = (entry: string) =>
+  entry === "." ? "@edgelock/edgelock" : `@edgelock/edgelock${entry.slice(1)}`;
+const lines = [
+  "| entry | minified | gzip | gzip budget |",
+  "| --- | ---: | ---: | ---: |",
+  ...rows.map((r) =>
+    `| \`${name(r.entry)}\` | ${r.minified.toLocaleString("en")} B | ` +
+    `${r.gzip.toLocaleString("en")} B | ${r.budget.toLocaleString("en")} B |`
+  ),
+];
+console.log(lines.join("\n"));
+if (flags.update) {
+  const measured = { date: new Date().toISOString(), deno: Deno.version.deno, rows };
+  await Deno.writeTextFile(
+    new URL("bench/sizes.json", root),
+    JSON.stringify(measured, null, 2) + "\n",
+  );
+  await Deno.writeTextFile(
+    new URL("bench/sizes.md", root),
+    `Each entry bundled alone with its dependencies, minified, gzip -9 (\`deno task size\`).\n\n` +
+      lines.join("\n") + "\n",
+  );
+  console.log("wrote bench/sizes.json and bench/sizes.md");
+}
+const over = rows.filter((r) => r.gzip > r.budget);
+if (over.length > 0) {
+  console.error(
+    `over budget: ${over.map((r) => `${name(r.entry)} ${r.gzip} B > ${r.budget} B`).join(", ")}`,
+  );
+  Deno.exit(1);
+}

@@ -1,0 +1,188 @@
+// The npm package as a user gets it: `deno task pack`, then `npm install <tarball>` into a scratch
+// project outside the repository, imported by package name only, in Node and in workerd.
+import assert from "node:assert/strict";
+import { Miniflare } from "miniflare";
+import { pack } from "../dev/pack.ts";
+import { keygen, startBackend } from "./_backend.ts";
+
+const config = JSON.parse(await Deno.readTextFile(new URL("../deno.json", import.meta.url)));
+const UPSTASH = config.imports["@upstash/redis"].replace("npm:", "");
+
+async function run(cmd: string, args: string[], cwd: string, env: Record<string, string> = {}) {
+  const { code, stdout, stderr } = await new Deno.Command(cmd, {
+    args,
+    cwd,
+    env: { NO_COLOR: "1", npm_config_update_notifier: "false", ...env },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const out = new TextDecoder().decode(stdout);
+  assert.equal(code, 0, `${cmd} ${args.join(" ")}:\n${out}${new TextDecoder().decode(stderr)}`);
+  return out;
+}
+
+// What each scratch program does: a full lock cycle, with the fence, by package name.
+const CYCLE = `
+  const name = NAME;
+  const first = await locks.acquire(name, { ttlMs: 2000 });
+  const busy = await locks.acquire(name);
+  const renewed = await locks.renew(first.lease, { ttlMs: 4000 });
+  const released = await locks.release(first.lease);
+  const after = await locks.inspect(name);
+  const out = {
+    acquired: first.acquired,
+    busy: busy.acquired === false && busy.reason,
+    sameFence: renewed.renewed && renewed.lease.fence === first.lease.fence,
+    released,
+    heldAfter: after.held,
+  };
+`;
+const EXPECTED = {
+  acquired: true,
+  busy: "busy",
+  sameFence: true,
+  released: true,
+  heldAfter: false,
+};
+
+Deno.test("the packed npm package installs by name and runs a lock cycle in Node and workerd", async (t) => {
+  const backend = await startBackend();
+  const dir = await Deno.makeTempDir({ prefix: "edgelock-scratch-" });
+  try {
+    const tarball = await pack();
+    await Deno.writeTextFile(
+      `${dir}/package.json`,
+      JSON.stringify({ name: "scratch", private: true, type: "module" }),
+    );
+    // The README's `npm install @edgelock/edgelock @upstash/redis`, with the tarball for the name.
+    await run("npm", [
+      "install",
+      "--no-audit",
+      "--no-fund",
+      "--loglevel=error",
+      tarball,
+      UPSTASH,
+      "typescript@5.9.3",
+      "esbuild@0.28.2",
+    ], dir);
+
+    await t.step("Node 20+: every entry imports by name; Locks runs against Redis", async () => {
+      await Deno.writeTextFile(
+        `${dir}/node.mjs`,
+        `import { Redis } from "@upstash/redis";
+import { EdgelockError, Locks, withLock } from "@edgelock/edgelock";
+import { dedupe, Records } from "@edgelock/edgelock/uses";
+import { idempotency } from "@edgelock/edgelock/hono";
+import { createApp } from "@edgelock/edgelock/service";
+import { createClient } from "@edgelock/edgelock/client";
+const NAME = process.env.NAME;
+const redis = new Redis({ url: process.env.URL, token: process.env.TOKEN, enableTelemetry: false });
+const locks = new Locks(redis);
+${CYCLE}
+out.dedupe = (await dedupe(new Records(redis), { namespace: "n", id: NAME })).state;
+const app = createApp({ redis, apiKeys: [{ tenant: "t", secret: "s".repeat(16) }], log: () => {} });
+out.health = (await app.request("/healthz")).status;
+out.exports = [typeof EdgelockError, typeof withLock, typeof idempotency, typeof createClient];
+console.log(JSON.stringify(out));
+`,
+      );
+      const out = await run("node", ["node.mjs"], dir, {
+        URL: backend.bridge.url,
+        TOKEN: backend.token,
+        NAME: keygen("npm"),
+        PATH: Deno.env.get("PATH") ?? "",
+      });
+      assert.deepEqual(JSON.parse(out), {
+        ...EXPECTED,
+        dedupe: "claimed",
+        health: 200,
+        exports: ["function", "function", "function", "function"],
+      });
+    });
+
+    await t.step("TypeScript (nodenext) resolves the declarations of every entry", async () => {
+      await Deno.writeTextFile(
+        `${dir}/check.ts`,
+        `import { Redis } from "@upstash/redis";
+import { type AcquireResult, Locks } from "@edgelock/edgelock";
+import { type ClaimResult, Records } from "@edgelock/edgelock/uses";
+import type { IdempotencyOptions } from "@edgelock/edgelock/hono";
+import { type AppDeps, createApp } from "@edgelock/edgelock/service";
+import { createClient, type EdgelockClient } from "@edgelock/edgelock/client";
+const redis = new Redis({ url: "http://127.0.0.1:1", token: "t" });
+const result: Promise<AcquireResult> = new Locks(redis).acquire("x");
+const claim: Promise<ClaimResult> = new Records(redis).claim("dedupe", "a/b");
+const deps: AppDeps = { redis, apiKeys: [] };
+const client: EdgelockClient = createClient({ baseUrl: "http://x", apiKey: "k" });
+const scope: IdempotencyOptions["scope"] = () => "u";
+// @ts-expect-error: a lock name is a string
+new Locks(redis).acquire(42);
+export { claim, client, createApp, deps, result, scope };
+`,
+      );
+      await Deno.writeTextFile(
+        `${dir}/tsconfig.json`,
+        JSON.stringify({
+          compilerOptions: {
+            noEmit: true,
+            strict: true,
+            module: "nodenext",
+            moduleResolution: "nodenext",
+            target: "es2022",
+            lib: ["es2023", "dom"],
+            types: [],
+          },
+          files: ["check.ts"],
+        }),
+      );
+      await run("npx", ["tsc", "-p", "tsconfig.json"], dir);
+    });
+
+    await t.step(
+      "workerd (Miniflare): a Worker bundled from the package runs a cycle",
+      async () => {
+        await Deno.writeTextFile(
+          `${dir}/worker.mjs`,
+          `import { Redis } from "@upstash/redis/cloudflare";
+import { Locks } from "@edgelock/edgelock";
+export default {
+  async fetch(request, env) {
+    const NAME = new URL(request.url).searchParams.get("name");
+    const locks = new Locks(new Redis({ url: env.URL, token: env.TOKEN, enableTelemetry: false }));
+    ${CYCLE}
+    return Response.json(out);
+  },
+};
+`,
+        );
+        // As wrangler bundles: esbuild with the workerd export conditions.
+        await run("npx", [
+          "esbuild",
+          "worker.mjs",
+          "--bundle",
+          "--format=esm",
+          "--platform=neutral",
+          "--conditions=workerd,worker,browser",
+          "--main-fields=module,main",
+          "--outfile=dist/worker.js",
+          "--log-level=warning",
+        ], dir);
+        const mf = new Miniflare({
+          modules: true,
+          script: await Deno.readTextFile(`${dir}/dist/worker.js`),
+          compatibilityDate: "2026-08-01",
+          bindings: { URL: backend.bridge.url, TOKEN: backend.token },
+        });
+        try {
+          const res = await mf.dispatchFetch(`http://scratch.test/?name=${keygen("wrk")}`);
+          assert.deepEqual(await res.json(), EXPECTED);
+        } finally {
+          await mf.dispose();
+        }
+      },
+    );
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+    await backend.stop();
+  }
+});

@@ -1,0 +1,56 @@
+import assert from "node:assert/strict";
+
+async function run(script: string, args: string[]) {
+  const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", script, ...args],
+    env: { NO_COLOR: "1" },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  return { code, text: new TextDecoder().decode(stdout) + new TextDecoder().decode(stderr) };
+}
+
+const TOOLS = [
+  "dev/server.ts",
+  "dev/bridge.ts",
+  "dev/torture.ts",
+  "dev/pack.ts",
+  "dev/doc_lint.ts",
+  "bench/bench.ts",
+  "bench/size.ts",
+  "bench/waits.ts",
+];
+
+Deno.test("every tool answers --help and refuses unknown flags without doing any work", async (t) => {
+  for (const tool of TOOLS) {
+    await t.step(tool, async () => {
+      const help = await run(tool, ["--help"]);
+      assert.equal(help.code, 0, help.text);
+      assert.match(help.text, /^deno (task|run)/m);
+      assert.match(help.text, /--help +show this help/);
+      const unknown = await run(tool, ["--frobnicate"]);
+      assert.equal(unknown.code, 2, unknown.text);
+      assert.match(unknown.text, /unknown argument --frobnicate \(see --help\)/);
+    });
+  }
+});
+
+Deno.test("a bad flag value is an error, not a silent default or a zero-work pass", async () => {
+  const cases: [string, string[], RegExp][] = [
+    [
+      "dev/torture.ts",
+      ["--seconds", "abc"],
+      /--seconds must be a number from 1 to 3600, not "abc"/,
+    ],
+    ["dev/torture.ts", ["--clients", "0"], /--clients must be a number from 1 to 1024/],
+    ["dev/torture.ts", ["--seconds"], /--seconds needs a value/],
+    ["bench/bench.ts", ["--cycles", "-5"], /--cycles must be a number/],
+    ["dev/bridge.ts", ["--port", "70000"], /--port must be a number from 0 to 65535/],
+    ["bench/size.ts", ["--update=yes"], /--update takes no value/],
+  ];
+  for (const [tool, args, message] of cases) {
+    const { code, text } = await run(tool, args);
+    assert.equal(code, 2, `${tool} ${args.join(" ")}: ${text}`);
+    assert.match(text, message);
+  }
+});
