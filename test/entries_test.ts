@@ -193,3 +193,47 @@ Deno.test("deno task dev and the Deno entry refuse a bad configuration with one 
     },
   );
 });
+
+Deno.test("the Deno entry as Deno Deploy runs it: cron before serve, one run per tick", async () => {
+  const backend = await startBackend();
+  const dir = await Deno.makeTempDir({ prefix: "edgelock-deploy-" });
+  // Stands in for the platform: records when Deno.cron is called, then fires the job twice in
+  // the same tick, as two isolates (or a retry) would.
+  const preload = `${dir}/platform.js`;
+  await Deno.writeTextFile(
+    preload,
+    `let served = false;
+const serve = Deno.serve;
+Deno.serve = (...args) => { served = true; return serve(...args); };
+Deno.cron = (name, schedule, fn) => {
+  console.log("CRON " + name + " " + schedule + " before-serve=" + !served);
+  setTimeout(async () => { await fn(); await fn(); console.log("CRON-FIRED-TWICE"); }, 0);
+  return Promise.resolve();
+};
+`,
+  );
+  const service = await spawnDeno(
+    ["run", "-A", `--preload=${preload}`, "worker/deno.ts"],
+    {
+      DENO_SERVE_ADDRESS: "tcp:127.0.0.1:0", // how the platform sets the address
+      PORT: "99999", // not a port: the platform's address wins
+      UPSTASH_REDIS_REST_URL: backend.bridge.url,
+      UPSTASH_REDIS_REST_TOKEN: backend.token,
+      LOCK_API_KEYS: `app:${SECRET}`,
+    },
+    /CRON (\S+) (.+) before-serve=(\w+)\n[^]*Listening on http:\/\/127\.0\.0\.1:(\d+)\/[^]*CRON-FIRED-TWICE\n/,
+  );
+  try {
+    const [, name, schedule, beforeServe, port] = service.ready;
+    assert.deepEqual([name, schedule, beforeServe], ["example-heartbeat", "*/5 * * * *", "true"]);
+    const health = await fetch(`http://127.0.0.1:${port}/healthz`);
+    assert.deepEqual(await health.json(), { ok: true });
+    assert.match(service.output(), /example-heartbeat: skipped \(tick_done\)/);
+    const runs = await backend.redis.lrange("edgelock.deno:example-heartbeat:runs", 0, -1);
+    assert.equal(runs.length, 1, "the second firing of the tick did not run");
+  } finally {
+    await service.stop();
+    await backend.stop();
+    await Deno.remove(dir, { recursive: true });
+  }
+});

@@ -1,6 +1,9 @@
 import assert from "node:assert/strict";
 import { Miniflare } from "miniflare";
+import { createClient } from "@edgelock/edgelock/client";
+import { freePort } from "../dev/redis_server.ts";
 import { keygen, startBackend } from "./_backend.ts";
+import { spawnDeno } from "./_process.ts";
 
 const SECRET_A = "worker-secret-a-0123456789";
 const SECRET_B = "worker-secret-b-0123456789";
@@ -164,5 +167,55 @@ Deno.test("the bundled Worker runs in workerd (Miniflare) against the bridge", a
     await mf.dispose();
     await backend.stop();
     await Deno.remove(script.replace(/\/worker\.js$/, ""), { recursive: true });
+  }
+});
+
+Deno.test("wrangler dev runs the [build] command and serves the Worker against the bridge", async () => {
+  const backend = await startBackend();
+  const dir = await Deno.makeTempDir({ prefix: "edgelock-wrangler-" });
+  // The README's .dev.vars, as a file outside the repository.
+  await Deno.writeTextFile(
+    `${dir}/dev.vars`,
+    [
+      `UPSTASH_REDIS_REST_URL=${backend.bridge.url}`,
+      `UPSTASH_REDIS_REST_TOKEN=${backend.token}`,
+      `LOCK_API_KEYS=local:${SECRET_A}`,
+    ].join("\n") + "\n",
+  );
+  const port = freePort();
+  const wrangler = await spawnDeno(
+    [
+      "run",
+      "-A",
+      "npm:wrangler@^4",
+      "dev",
+      "--ip",
+      "127.0.0.1",
+      "--port",
+      String(port),
+      "--env-file",
+      `${dir}/dev.vars`,
+      "--persist-to",
+      `${dir}/state`,
+      "--show-interactive-dev-session=false",
+    ],
+    { PATH: Deno.env.get("PATH") ?? "", HOME: dir, WRANGLER_SEND_METRICS: "false", CI: "true" },
+    /Running: deno task build:worker[^]*Ready on http:\/\/127\.0\.0\.1:(\d+)\n/,
+    90_000,
+  );
+  try {
+    const locks = createClient({
+      baseUrl: `http://127.0.0.1:${wrangler.ready[1]}`,
+      apiKey: SECRET_A,
+    });
+    const result = await locks.acquire(keygen("wd"), { ttlMs: 2000 });
+    assert.ok(result.acquired);
+    const renewed = await locks.renew(result.lease, { ttlMs: 3000 });
+    assert.ok(renewed.renewed && renewed.lease.fence === result.lease.fence);
+    assert.equal(await locks.release(result.lease), true);
+  } finally {
+    await wrangler.stop("SIGINT");
+    await backend.stop();
+    await Deno.remove(dir, { recursive: true });
   }
 });

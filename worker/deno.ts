@@ -13,19 +13,11 @@ try {
   Deno.exit(1);
 }
 const redis = new Redis({ url: config.redisUrl, token: config.redisToken, ...REDIS_OPTIONS });
-const app = createApp({ redis, ...appSettings(config) });
 
-// Deno Deploy picks its own port; locally PORT (default 8000) on HOSTNAME (default 127.0.0.1).
-Deno.serve(
-  {
-    port: Number(Deno.env.get("PORT") ?? 8000),
-    hostname: Deno.env.get("HOSTNAME") ?? "127.0.0.1",
-  },
-  app.fetch,
-);
-
-// The example cron job, guarded: Deno Deploy may start it on several isolates at once. Deno.cron
-// needs Deno Deploy or --unstable-cron; elsewhere it is skipped.
+// The example cron job, guarded: each 5-minute tick runs at most once even when several isolates
+// or a retry fire it. Deno Deploy finds Deno.cron jobs by running the module's top level, so it is
+// registered here, before Deno.serve. Locally Deno.cron needs --unstable-cron; without it the
+// job is skipped.
 const cron = (Deno as unknown as {
   cron?: (name: string, schedule: string, fn: () => Promise<void>) => Promise<void>;
 }).cron;
@@ -34,6 +26,17 @@ if (typeof cron === "function") {
   const jobs = new Jobs(redis, { prefix });
   cron(EXAMPLE_JOB, "*/5 * * * *", async () => {
     const tick = Math.floor(Date.now() / 300_000) * 300_000; // the 5-minute slot
-    await runExampleJob(jobs, redis, prefix, tick);
+    const result = await runExampleJob(jobs, redis, prefix, tick);
+    if (!result.ran) console.log(`${EXAMPLE_JOB}: skipped (${result.reason})`);
   });
 }
+
+// Deno Deploy sets the address (DENO_SERVE_ADDRESS overrides these options); locally PORT
+// (default 8000) on HOSTNAME (default 127.0.0.1).
+Deno.serve(
+  {
+    port: Number(Deno.env.get("PORT") ?? 8000),
+    hostname: Deno.env.get("HOSTNAME") ?? "127.0.0.1",
+  },
+  createApp({ redis, ...appSettings(config) }).fetch,
+);
