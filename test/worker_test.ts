@@ -130,6 +130,8 @@ Deno.test("the bundled Worker runs in workerd (Miniflare) against the bridge", a
             assert.equal(res.headers.get("content-type"), "application/problem+json");
             assert.equal(body.code, "config_error");
             assert.match(String(body.detail), message);
+            assert.equal(res.headers.get("cache-control"), "no-store");
+            assert.equal(res.headers.get("x-request-id"), body.requestId);
             assert.ok(!JSON.stringify(body).includes("too-short"), "never the value");
           } finally {
             await bad.dispose();

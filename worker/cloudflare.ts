@@ -1,6 +1,6 @@
 // Cloudflare Workers entry: configuration from bindings (vars and secrets), one app per isolate.
 import { Redis } from "@upstash/redis/cloudflare";
-import { createApp } from "../src/service/app.ts";
+import { createApp, requestIdFrom } from "../src/service/app.ts";
 import { appSettings, readConfig } from "../src/service/config.ts";
 import { Jobs } from "../src/uses/jobs.ts";
 import { problem } from "../src/hono/_problem.ts";
@@ -51,9 +51,11 @@ export default {
       // The message names the variable and never its value; the fix is the operator's.
       const detail = `The service is misconfigured: ${(error as Error).message}`;
       console.error(JSON.stringify({ level: "error", msg: "config_error", error: detail }));
+      const requestId = requestIdFrom(request.headers.get("x-request-id"));
       return problem(500, "config_error", detail, {
         title: "The service is misconfigured",
-        headers: { "cache-control": "no-store" },
+        headers: { "cache-control": "no-store", "x-request-id": requestId },
+        extra: { requestId },
       });
     }
     return deps.app.fetch(request);

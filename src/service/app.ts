@@ -65,6 +65,11 @@ export interface RequestLog {
 export const MAX_BODY_BYTES = 64 * 1024;
 
 const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+
+/** The caller's `x-request-id` when it is 1–128 characters of `A-Z a-z 0-9 . _ : -`, else a new one. */
+export function requestIdFrom(header: string | null | undefined): string {
+  return header && REQUEST_ID.test(header) ? header : crypto.randomUUID();
+}
 // RFC 9110 §11.1: the scheme is case-insensitive; one or more spaces before the credentials.
 const BEARER = /^bearer +([\x21-\x7e]{1,256})$/i;
 
@@ -119,8 +124,7 @@ export function createApp(
   // Every reply: an x-request-id, no caching, and one log line.
   app.use("*", async (c, next) => {
     const startedAt = performance.now();
-    const incoming = c.req.header("x-request-id");
-    const requestId = incoming && REQUEST_ID.test(incoming) ? incoming : crypto.randomUUID();
+    const requestId = requestIdFrom(c.req.header("x-request-id"));
     c.set("requestId", requestId);
     await next();
     c.res.headers.set("x-request-id", requestId);
