@@ -62,10 +62,22 @@ export async function until(what: string, check: () => Promise<boolean>, timeout
   }
 }
 
-/** The Redis keys of lock `name`, laid out as the library does: lock, fence floor, queue, tickets. */
-export function lockKeys(name: string, prefix = "edgelock"): [string, string, string, string] {
+/** The token in lock `name`'s record (held or not: a lease may have ended), read raw. */
+export async function holderOf(
+  redis: { get(key: string): Promise<unknown> },
+  name: string,
+  prefix = "edgelock",
+): Promise<string | undefined> {
+  const value = await redis.get(lockKeys(name, prefix)[0]);
+  return typeof value === "string"
+    ? /^H\d+\|\d+\|\d+\|\d+\|[01]\|([\w-]+)\|/.exec(value)?.[1]
+    : undefined;
+}
+
+/** The Redis keys of lock `name`, laid out as the library does: the record, queue, tickets. */
+export function lockKeys(name: string, prefix = "edgelock"): [string, string, string] {
   const base = `${prefix}:lock:{${name}}`;
-  return [base, `${base}:fence`, `${base}:queue`, `${base}:tickets`];
+  return [base, `${base}:queue`, `${base}:tickets`];
 }
 
 /**

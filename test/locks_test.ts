@@ -2,10 +2,10 @@ import assert from "node:assert/strict";
 import { EdgelockError, type Lease, Locks } from "@edgelock/edgelock";
 import { Redis } from "@upstash/redis";
 import { freePort } from "../dev/redis_server.ts";
-import { keygen, startBackend, until } from "./_backend.ts";
+import { FENCE_GRACE_MS } from "../src/core/scripts.ts";
+import { holderOf, keygen, startBackend, until } from "./_backend.ts";
 
 const lockKey = (name: string) => `edgelock:lock:{${name}}`;
-const fenceKey = (name: string) => `${lockKey(name)}:fence`;
 
 // The redis-server's process id, to pause it with SIGSTOP.
 async function redisPid(url: string): Promise<number> {
@@ -28,6 +28,10 @@ Deno.test("Locks", async (t) => {
   const backend = await startBackend();
   const { redis } = backend;
   const locks = new Locks(redis);
+  const leaseLeft = async (name: string) => {
+    const info = await locks.inspect(name);
+    return info.held ? info.ttlMs : 0;
+  };
 
   try {
     await t.step("acquire() returns a lease with a fence and server-clock times", async () => {
@@ -40,8 +44,11 @@ Deno.test("Locks", async (t) => {
       assert.equal(lease.ttlMs, 2000);
       assert.equal(lease.expiresAt, lease.serverTime + 2000);
       assert.ok(Math.abs(lease.serverTime - before) < 5000);
+      const left = await leaseLeft(name);
+      assert.ok(left > 1800 && left <= 2000, `lease left ${left}`);
+      // The record outlives the lease by the fence window, and no longer.
       const pttl = await redis.pttl(lockKey(name));
-      assert.ok(pttl > 1800 && pttl <= 2000, `pttl ${pttl}`);
+      assert.ok(pttl > FENCE_GRACE_MS && pttl <= FENCE_GRACE_MS + 2000, `pttl ${pttl}`);
     });
 
     await t.step("exactly one of 20 concurrent acquirers of one name acquires", async () => {
@@ -82,18 +89,14 @@ Deno.test("Locks", async (t) => {
       const foreign: Lease = { ...lease, token: "someone-else-token-0001" };
       assert.deepEqual(await locks.renew(foreign, { ttlMs: 60000 }), { renewed: false });
       assert.equal(await locks.release(foreign), false);
-      const pttl = await redis.pttl(lockKey(name));
-      assert.ok(pttl <= 3000, `the foreign renew must not extend the lease (pttl ${pttl})`);
-      assert.equal(await redis.hget(lockKey(name), "token"), lease.token);
+      const left = await leaseLeft(name);
+      assert.ok(left <= 3000, `the foreign renew must not extend the lease (${left} ms left)`);
+      assert.equal(await holderOf(redis, name), lease.token);
       assert.equal(await locks.release(lease), true);
       assert.equal(await locks.release(lease), true, "a retried release answers the same");
       const next = acquired(await locks.acquire(name));
       assert.equal(await locks.release(lease), true, "still true: this token's release freed it");
-      assert.equal(
-        await redis.hget(lockKey(name), "token"),
-        next.token,
-        "and it frees nothing else",
-      );
+      assert.equal(await holderOf(redis, name), next.token, "and it frees nothing else");
     });
 
     await t.step(
@@ -105,8 +108,8 @@ Deno.test("Locks", async (t) => {
         const again = acquired(await locks.acquire(name, { token, ttlMs: 4000 }));
         assert.equal(again.fence, first.fence);
         assert.equal(again.token, token);
-        const pttl = await redis.pttl(lockKey(name));
-        assert.ok(pttl > 3500, `pttl ${pttl}`);
+        const left = await leaseLeft(name);
+        assert.ok(left > 3500, `lease left ${left}`);
       },
     );
 
@@ -119,11 +122,37 @@ Deno.test("Locks", async (t) => {
           const lease = acquired(await locks.acquire(name, { ttlMs: 100 }));
           assert.ok(lease.fence > last, `fence ${lease.fence} after ${last}`);
           last = lease.fence;
-          // Expire both keys for real, the lock and its fence floor: the worst case.
+          // Expire the record for real, the lease and its fence floor: the worst case.
           await redis.pexpire(lockKey(name), 1);
-          await redis.pexpire(fenceKey(name), 1);
           await until("the keys expired", async () => (await redis.exists(lockKey(name))) === 0);
         }
+      },
+    );
+
+    await t.step(
+      "a released name leaves one small record for fenceWindowMs, then nothing",
+      async () => {
+        const short = new Locks(redis, { fenceWindowMs: 1000 });
+        const name = keygen();
+        const lease = acquired(await short.acquire(name, { ttlMs: 5000 }));
+        assert.equal(await short.release(lease), true);
+        const { Redis: IORedis } = await import("ioredis");
+        const tcp = new IORedis(backend.server.url);
+        try {
+          const bytes = Number(await tcp.memory("USAGE", lockKey(name)));
+          // One key: about 100 bytes of Redis overhead and value, plus the name itself.
+          const keys = await tcp.keys(`*{${name}}*`);
+          assert.deepEqual(keys, [lockKey(name)]);
+          assert.ok(bytes > 0 && bytes <= 100 + name.length + 16, `the residue is ${bytes} bytes`);
+        } finally {
+          tcp.disconnect();
+        }
+        const pttl = await redis.pttl(lockKey(name));
+        assert.ok(pttl > 0 && pttl <= 1000, `kept ${pttl} ms`);
+        await until("the window passed", async () => (await redis.exists(lockKey(name))) === 0);
+        const next = acquired(await short.acquire(name));
+        assert.ok(next.fence > lease.fence, "still above the old fence (the clock is ahead)");
+        assert.throws(() => new Locks(redis, { fenceWindowMs: 999 }), /fenceWindowMs/);
       },
     );
 
@@ -138,18 +167,18 @@ Deno.test("Locks", async (t) => {
     await t.step("renew() keeps millisecond precision, also with under 500 ms left", async () => {
       const name = keygen();
       const lease = acquired(await locks.acquire(name, { ttlMs: 700 }));
-      await until("under 500 ms are left", async () => (await redis.pttl(lockKey(name))) < 500);
+      await until("under 500 ms are left", async () => (await leaseLeft(name)) < 500);
       const renewed = await locks.renew(lease, { ttlMs: 1500 });
       assert.ok(renewed.renewed);
       assert.equal(renewed.lease.fence, lease.fence);
       assert.equal(renewed.lease.ttlMs, 1500);
       assert.equal(renewed.lease.expiresAt, renewed.lease.serverTime + 1500);
-      const pttl = await redis.pttl(lockKey(name));
-      assert.ok(pttl > 1300 && pttl <= 1500, `pttl ${pttl}`);
+      const left = await leaseLeft(name);
+      assert.ok(left > 1300 && left <= 1500, `lease left ${left}`);
       const short = await locks.renew(renewed.lease, { ttlMs: 250 });
       assert.ok(short.renewed);
-      const shortPttl = await redis.pttl(lockKey(name));
-      assert.ok(shortPttl > 100 && shortPttl <= 250, `pttl ${shortPttl}`);
+      const shortLeft = await leaseLeft(name);
+      assert.ok(shortLeft > 100 && shortLeft <= 250, `lease left ${shortLeft}`);
     });
 
     await t.step("inspect() shows fence, TTL and meta but never the token", async () => {
@@ -253,7 +282,7 @@ Deno.test("Locks", async (t) => {
           true,
           "a retry of the first release still matches",
         );
-        assert.equal(await redis.hget(lockKey(name), "token"), other.token, "B still holds it");
+        assert.equal(await holderOf(redis, name), other.token, "B still holds it");
         const sameToken = acquired(await locks.acquire(name, { token: other.token }));
         assert.equal(await locks.release(first), true);
         assert.equal(await locks.release(sameToken), true);

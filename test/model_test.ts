@@ -299,14 +299,17 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
         break;
       }
       case "persist":
-        if (model.holder && await ctx.backend.redis.persist(keys[0]!) === 1) {
-          model.holder.expiresAt = null;
-        }
+        // The record loses its TTL: the lease still ends at its own end (the record says when),
+        // and the next write gives the record its TTL back.
+        await ctx.backend.redis.persist(keys[0]!);
         break;
       case "loseFloor":
-        await ctx.backend.redis.del(keys[1]!);
-        model.floorFence = undefined;
-        model.marker = undefined;
+        // A released (or expired) record is lost: its fence floor and release marker with it.
+        if (!model.holder) {
+          await ctx.backend.redis.del(keys[0]!);
+          model.floorFence = undefined;
+          model.marker = undefined;
+        }
         break;
     }
   }

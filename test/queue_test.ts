@@ -29,12 +29,12 @@ Deno.test("the fair wait queue", async (t) => {
           await locks.release(result.lease);
         })());
         // A known arrival order: the next waiter starts once this one holds its ticket.
-        await until(`waiter ${i} is queued`, async () => await redis.zcard(keys(name)[2]!) > i);
+        await until(`waiter ${i} is queued`, async () => await redis.zcard(keys(name)[1]!) > i);
       }
       await locks.release(holder.lease);
       await Promise.all(waiters);
       assert.deepEqual(granted, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
-      assert.equal(await redis.zcard(keys(name)[2]!), 0, "the queue is empty afterwards");
+      assert.equal(await redis.zcard(keys(name)[1]!), 0, "the queue is empty afterwards");
     });
 
     await t.step(
@@ -62,11 +62,11 @@ Deno.test("the fair wait queue", async (t) => {
         const quitter = locks.acquire(name, { waitMs: 150, token: "gives-up-token-0000001" });
         await until(
           "the quitter is queued",
-          async () => await redis.zscore(keys(name)[2]!, "gives-up-token-0000001") !== null,
+          async () => await redis.zscore(keys(name)[1]!, "gives-up-token-0000001") !== null,
         );
         const patient = locks.acquire(name, { waitMs: 10_000 });
         assert.equal((await quitter).acquired, false);
-        assert.equal(await redis.zscore(keys(name)[2]!, "gives-up-token-0000001"), null);
+        assert.equal(await redis.zscore(keys(name)[1]!, "gives-up-token-0000001"), null);
         const controller = new AbortController();
         const aborted = locks.acquire(name, {
           waitMs: 10_000,
@@ -75,11 +75,11 @@ Deno.test("the fair wait queue", async (t) => {
         });
         await until(
           "the aborting waiter is queued",
-          async () => await redis.zscore(keys(name)[2]!, "aborts-token-000000001") !== null,
+          async () => await redis.zscore(keys(name)[1]!, "aborts-token-000000001") !== null,
         );
         controller.abort(new Error("gave up"));
         await assert.rejects(aborted, /gave up/);
-        assert.equal(await redis.zscore(keys(name)[2]!, "aborts-token-000000001"), null);
+        assert.equal(await redis.zscore(keys(name)[1]!, "aborts-token-000000001"), null);
         await locks.release(holder.lease);
         const result = await patient;
         assert.ok(result.acquired, "the patient waiter got the lock");
@@ -98,7 +98,7 @@ Deno.test("the fair wait queue", async (t) => {
         await locks.release(holder.lease);
         const result = await next;
         assert.ok(result.acquired && result.lease.fence > holder.lease.fence);
-        assert.equal(await redis.zscore(keys(name)[2]!, "crashed-head-token-0001"), null);
+        assert.equal(await redis.zscore(keys(name)[1]!, "crashed-head-token-0001"), null);
       },
     );
 
@@ -113,16 +113,16 @@ Deno.test("the fair wait queue", async (t) => {
           await ticket(name, `crashed-waiter-${String(i).padStart(8, "0")}`, 1500);
         }
         // All queued at once (1.5 s tickets outlast the inserts, also on a loaded machine).
-        assert.equal(await redis.zcard(keys(name)[2]!), 121);
+        assert.equal(await redis.zcard(keys(name)[1]!), 121);
         // Each look of the head drops whatever lapsed; wait until the crashed ones have.
         await until("the crashed tickets lapse", async () => {
           await ticket(name, "live-head-token-0000001", 10_000);
-          return await redis.zcard(keys(name)[2]!) === 1;
+          return await redis.zcard(keys(name)[1]!) === 1;
         });
         const reply = await ticket(name, "new-waiter-token-000001", 1000);
         assert.equal(reply[3], 1, "the new waiter is second, behind the live head");
-        assert.equal(await redis.zcard(keys(name)[2]!), 2, "no dead ticket is left");
-        assert.equal(await redis.zcard(keys(name)[3]!), 2);
+        assert.equal(await redis.zcard(keys(name)[1]!), 2, "no dead ticket is left");
+        assert.equal(await redis.zcard(keys(name)[2]!), 2);
         assert.ok(reply[1]! <= 10_000);
       },
     );
@@ -142,8 +142,8 @@ Deno.test("the fair wait queue", async (t) => {
           { acquired: false, reason: "queue_full" },
         );
         assert.ok(performance.now() - started < 2000, "it does not wait for a place");
-        assert.equal(await redis.zcard(keys(name)[2]!), 3);
-        assert.equal(await redis.zscore(keys(name)[2]!, "waiting-token-0-000000") !== null, true);
+        assert.equal(await redis.zcard(keys(name)[1]!), 3);
+        assert.equal(await redis.zscore(keys(name)[1]!, "waiting-token-0-000000") !== null, true);
         const busy = await small.acquire(name);
         assert.ok(!busy.acquired && busy.reason === "busy", "a caller that does not wait is busy");
         assert.throws(() => new Locks(redis, { maxWaiters: 0 }), /maxWaiters must be/);

@@ -10,7 +10,7 @@ import * as scripts from "../src/core/scripts.ts";
 import * as useScripts from "../src/uses/scripts.ts";
 import type { Script } from "../src/core/_lua.ts";
 import { startShiftedRedisServer } from "../dev/clock_shift.ts";
-import { type Backend, keygen, startBackend, takeTicket } from "./_backend.ts";
+import { type Backend, keygen, startBackend, takeTicket, until } from "./_backend.ts";
 
 const lockKey = (name: string) => `edgelock:lock:{${name}}`;
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -48,8 +48,7 @@ async function everyOperation(backend: Backend) {
   assert.ok(held.acquired);
   await locks.acquire(name, { ttlMs: 2000, token: held.lease.token }); // a retry
   await locks.acquire(name); // busy
-  await redis.del(`${lockKey(name)}:fence`); // the fence floor was evicted
-  await locks.acquire(name, { waitMs: 120 }); // queues (HINCRBY seq), then leaves the queue
+  await locks.acquire(name, { waitMs: 120 }); // queues, then leaves the queue
   await locks.renew(held.lease);
   await locks.renewMany([held.lease, { name: keygen(), token: "other-token-0000000001" }]);
   await locks.inspect(name);
@@ -58,12 +57,16 @@ async function everyOperation(backend: Backend) {
   await locks.inspect(name);
   await locks.release(held.lease);
   await locks.release(held.lease); // a retry
-  await redis.del(`${lockKey(name)}:fence`);
+  await redis.del(lockKey(name)); // the released record was evicted
   const again = await locks.acquire(name);
   assert.ok(again.acquired);
-  await redis.del(`${lockKey(name)}:fence`);
-  await locks.renew(again.lease); // writes the lost floor again
+  await locks.renew(again.lease);
   await locks.release(again.lease);
+  await redis.set(lockKey(name), "not a lock record"); // a value this code did not write
+  await locks.acquire(name);
+  await locks.inspect(name);
+  await locks.release(again.lease);
+  await redis.del(lockKey(name));
 
   const id = recordId("user-1", keygen("k"));
   const claim = await records.claim("idempotency", id, { fingerprint: "f1" });
@@ -159,7 +162,7 @@ Deno.test("the scripts", async (t) => {
     });
 
     await t.step(
-      "a lock found without a TTL gets one, and busy replies and inspect stay bounded",
+      "a lock record found without a TTL still ends at its lease, and gets its TTL back",
       async () => {
         const locks = new Locks(redis);
         const name = keygen();
@@ -169,12 +172,22 @@ Deno.test("the scripts", async (t) => {
         const busy = await locks.acquire(name);
         assert.ok(!busy.acquired);
         assert.ok(busy.retryAfterMs >= scripts.MIN_RETRY_MS, `hint ${busy.retryAfterMs}`);
+        assert.ok(busy.retryAfterMs <= 5000, "never past the lease's own end");
         const pttl = await redis.pttl(lockKey(name));
-        assert.ok(pttl > 0 && pttl <= 300_000, `the lock has a TTL again: ${pttl}`);
+        assert.ok(
+          pttl > scripts.FENCE_GRACE_MS && pttl <= scripts.FENCE_GRACE_MS + 5000,
+          `the record has its TTL again: ${pttl}`,
+        );
         await redis.persist(lockKey(name));
         const info = await locks.inspect(name);
-        assert.ok(info.held && info.ttlMs > 0 && info.ttlMs <= 300_000, JSON.stringify(info));
-        assert.ok(await redis.pttl(lockKey(name)) > 0);
+        assert.ok(info.held && info.ttlMs > 0 && info.ttlMs <= 5000, JSON.stringify(info));
+        const short = await locks.acquire(keygen(), { ttlMs: 200 });
+        assert.ok(short.acquired);
+        await redis.persist(lockKey(short.lease.name));
+        await until("the lease ends without a TTL on its record", async () => {
+          return (await locks.acquire(short.lease.name)).acquired;
+        });
+        assert.ok(await redis.pttl(lockKey(short.lease.name)) > 0, "the next write gave it one");
       },
     );
 

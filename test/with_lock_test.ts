@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { createApp } from "@edgelock/edgelock/service";
 import { createClient } from "@edgelock/edgelock/client";
 import { EdgelockError, Locks, withLock } from "@edgelock/edgelock";
-import { keygen, startBackend } from "./_backend.ts";
+import { holderOf, keygen, startBackend } from "./_backend.ts";
 
 const lockKey = (name: string) => `edgelock:lock:{${name}}`;
 
@@ -18,11 +18,11 @@ Deno.test("withLock", async (t) => {
         const name = keygen();
         const value = await locks.withLock(name, { ttlMs: 1000 }, async (lease, signal) => {
           assert.equal(signal.aborted, false);
-          assert.equal(await redis.hget(lockKey(name), "token"), lease.token);
+          assert.equal(await holderOf(redis, name), lease.token);
           return "done";
         });
         assert.equal(value, "done");
-        assert.equal(await redis.exists(lockKey(name)), 0);
+        assert.equal((await new Locks(redis).inspect(name)).held, false);
       },
     );
 
@@ -35,7 +35,7 @@ Deno.test("withLock", async (t) => {
         }),
         (error) => error === failure,
       );
-      assert.equal(await redis.exists(lockKey(name)), 0);
+      assert.equal((await new Locks(redis).inspect(name)).held, false);
     });
 
     await t.step(
@@ -53,7 +53,7 @@ Deno.test("withLock", async (t) => {
           return lease.fence;
         });
         assert.ok(fence > earlier.lease.fence, "a new lease: a later fence than the one before");
-        assert.equal(await redis.exists(lockKey(name)), 0);
+        assert.equal((await new Locks(redis).inspect(name)).held, false);
       },
     );
 
@@ -102,7 +102,8 @@ Deno.test("withLock", async (t) => {
         await assert.rejects(
           withLock(flaky, name, { ttlMs: 500 }, async (_lease, signal) => {
             await new Promise<void>((resolve) => signal.addEventListener("abort", () => resolve()));
-            abortedWithMsLeft = await redis.pttl(lockKey(name));
+            const info = await new Locks(redis).inspect(name);
+            abortedWithMsLeft = info.held ? info.ttlMs : -1;
           }),
           { code: "lock_lost" },
         );

@@ -1,7 +1,7 @@
 // Cloudflare Workers entry: configuration from bindings (vars and secrets), one app per isolate.
 import { Redis } from "@upstash/redis/cloudflare";
 import { createApp, requestIdFrom } from "../src/service/app.ts";
-import { appSettings, readConfig } from "../src/service/config.ts";
+import { appSettings, readConfig, SETTINGS } from "../src/service/config.ts";
 import { Jobs } from "../src/uses/jobs.ts";
 import { problem } from "../src/hono/_problem.ts";
 import { EXAMPLE_JOB, REDIS_OPTIONS, runExampleJob } from "./_shared.ts";
@@ -27,7 +27,7 @@ interface ExportedHandler<E> {
   ): Promise<void>;
 }
 
-let cached: { env: Env; deps: ReturnType<typeof build> } | undefined;
+let cached: { env: Env; settings: string; deps: ReturnType<typeof build> } | undefined;
 
 function build(env: Env) {
   const config = readConfig(env as unknown as Record<string, unknown>);
@@ -37,8 +37,16 @@ function build(env: Env) {
   return { app, redis, prefix, jobs: new Jobs(redis, { prefix }) };
 }
 
+// Workers may hand each request a new env object with the same values: rebuild only when a
+// setting changed, not per request.
+const settingsOf = (env: Env) =>
+  JSON.stringify(SETTINGS.map((name) => (env as unknown as Record<string, unknown>)[name] ?? null));
+
 function depsFor(env: Env) {
-  if (cached?.env !== env) cached = { env, deps: build(env) };
+  if (cached?.env === env) return cached.deps;
+  const settings = settingsOf(env);
+  if (cached?.settings !== settings) cached = { env, settings, deps: build(env) };
+  else cached.env = env;
   return cached.deps;
 }
 

@@ -46,6 +46,13 @@ export interface LocksOptions {
    * `backend_unavailable` (a paused or unreachable Redis never hangs a caller). @default 2000
    */
   timeoutMs?: number;
+  /**
+   * How long a name's record (its last fence, about 100 bytes) outlives the lease, 1000–86400000
+   * ms. Within it fences keep increasing even if the server clock steps back; after it the name
+   * leaves nothing in Redis, and a new fence is still above the old ones unless the clock is
+   * behind them. @default 3600000 (an hour)
+   */
+  fenceWindowMs?: number;
 }
 
 /** The default bound on waiters per name. */
@@ -85,11 +92,17 @@ export class Locks implements LockClient {
   readonly #prefix: string;
   readonly #maxWaiters: number;
   readonly #timeoutMs: number;
+  readonly #fenceWindowMs: number;
 
   /** Locks on `redis` (an `@upstash/redis` client), their keys under `prefix`. */
   constructor(
     redis: RedisLike,
-    { prefix = "edgelock", maxWaiters = DEFAULT_MAX_WAITERS, timeoutMs }: LocksOptions = {},
+    {
+      prefix = "edgelock",
+      maxWaiters = DEFAULT_MAX_WAITERS,
+      timeoutMs,
+      fenceWindowMs = FENCE_GRACE_MS,
+    }: LocksOptions = {},
   ) {
     if (typeof redis?.evalsha !== "function" || typeof redis?.eval !== "function") {
       throw new TypeError("Locks needs a Redis client with evalsha and eval (@upstash/redis)");
@@ -102,6 +115,10 @@ export class Locks implements LockClient {
     this.#prefix = prefix;
     this.#maxWaiters = maxWaiters;
     this.#timeoutMs = checkTimeout(timeoutMs);
+    if (!Number.isInteger(fenceWindowMs) || fenceWindowMs < 1000 || fenceWindowMs > 86_400_000) {
+      throw new RangeError("fenceWindowMs must be an integer from 1000 to 86400000");
+    }
+    this.#fenceWindowMs = fenceWindowMs;
   }
 
   #run(script: Script, keys: string[], args: (string | number)[]): Promise<unknown> {
@@ -128,7 +145,7 @@ export class Locks implements LockClient {
       const left = deadline - performance.now();
       // A waiter holds a FIFO ticket that outlives its next look by a margin.
       const ticketMs = left > 0 ? Math.ceil(Math.min(left, MAX_POLL_MS) + TICKET_MARGIN_MS) : 0;
-      const args = [token, ttlMs, meta, FENCE_GRACE_MS, ticketMs, this.#maxWaiters];
+      const args = [token, ttlMs, meta, this.#fenceWindowMs, ticketMs, this.#maxWaiters];
       queued ||= ticketMs > 0;
       const sentAt = performance.now();
       const reply = await this.#run(ACQUIRE, keys, args);
@@ -152,8 +169,12 @@ export class Locks implements LockClient {
         signal?.throwIfAborted();
         return { ...busy, reason: "busy" };
       }
-      // Look again when the server expects our turn, with ±10 % jitter so waiters spread out.
-      const delay = Math.min(remaining, MAX_POLL_MS, retryAfterMs * (0.9 + Math.random() * 0.2));
+      // Look again so the request arrives when the server expects our turn: the hint counts from
+      // the reply's making, and half a round trip has passed since, half is still ahead. The head
+      // and the next in line aim a little late (early costs a round trip); the others spread ±10 %.
+      const rtt = performance.now() - sentAt;
+      const jitter = position! <= 1 ? 1 + Math.random() * 0.1 : 0.9 + Math.random() * 0.2;
+      const delay = Math.min(remaining, MAX_POLL_MS, retryAfterMs * jitter - rtt);
       try {
         await sleep(Math.max(1, delay), signal);
       } catch (error) {
@@ -165,15 +186,15 @@ export class Locks implements LockClient {
 
   async #leaveQueue(keys: string[], token: string): Promise<void> {
     // Best effort: a ticket left behind lapses by itself within MAX_POLL_MS + TICKET_MARGIN_MS.
-    await this.#run(LEAVE_QUEUE, keys.slice(2), [token]).catch(() => {});
+    await this.#run(LEAVE_QUEUE, keys.slice(1), [token]).catch(() => {});
   }
 
   /** Extends a lease still held by its token; the fence stays the same. */
   async renew(lease: LeaseRef, options: RenewOptions = {}): Promise<RenewResult> {
     const { name, token } = checkLease(lease);
     const ttlMs = checkDuration(options.ttlMs, "ttlMs", lease.ttlMs ?? DEFAULT_TTL_MS);
-    const args = [token, ttlMs, FENCE_GRACE_MS];
-    const reply = await this.#run(RENEW, this.#keys(name).slice(0, 2), args);
+    const args = [token, ttlMs, this.#fenceWindowMs];
+    const reply = await this.#run(RENEW, this.#keys(name).slice(0, 1), args);
     return toRenewal(name, token, reply);
   }
 
@@ -189,8 +210,8 @@ export class Locks implements LockClient {
     const ttlMs = checkDuration(options.ttlMs, "ttlMs", DEFAULT_TTL_MS);
     const refs = leases.map(checkLease);
     const calls = refs.map(({ name, token }) => ({
-      keys: this.#keys(name).slice(0, 2),
-      args: [token, ttlMs, FENCE_GRACE_MS],
+      keys: this.#keys(name).slice(0, 1),
+      args: [token, ttlMs, this.#fenceWindowMs],
     }));
     const replies = await runScripts(this.#redis, RENEW, calls, this.#timeoutMs);
     return refs.map(({ name, token }, i) => toRenewal(name, token, replies[i]));
@@ -202,8 +223,8 @@ export class Locks implements LockClient {
    */
   async release(lease: LeaseRef): Promise<boolean> {
     const { name, token } = checkLease(lease);
-    const args = [token, FENCE_GRACE_MS, fenceArg(lease)];
-    const reply = await this.#run(RELEASE, this.#keys(name).slice(0, 2), args);
+    const args = [token, this.#fenceWindowMs, fenceArg(lease)];
+    const reply = await this.#run(RELEASE, this.#keys(name).slice(0, 1), args);
     return integers(RELEASE, [reply], 1)[0] === 1;
   }
 
@@ -227,9 +248,9 @@ export class Locks implements LockClient {
   }
 
   // The name sits in a hash tag so all keys of a lock share a cluster slot.
-  #keys(name: string): [string, string, string, string] {
+  #keys(name: string): [string, string, string] {
     const base = `${this.#prefix}:lock:{${name}}`;
-    return [base, `${base}:fence`, `${base}:queue`, `${base}:tickets`];
+    return [base, `${base}:queue`, `${base}:tickets`];
   }
 }
 

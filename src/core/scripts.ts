@@ -4,11 +4,22 @@
  * semantics (Upstash) and Redis 7.x. Every key a script touches is passed in `KEYS`, and every
  * key a script writes carries a TTL.
  *
- * Keys per lock name, all in one hash slot: `KEYS[1]` the lock hash (`token`, `fence`, `at`,
- * `meta`), whose TTL is the lease; `KEYS[2]` the fence floor hash (`fence`: the last fence issued;
- * `released`: `token:fence` of the last release, so a retried release answers the same; `holdMs`:
- * recent hold times), which outlives the lease by `graceMs`; `KEYS[3]` the wait queue (tokens by
- * arrival) and `KEYS[4]` its tickets (tokens by deadline), which live as long as the latest ticket.
+ * Keys per lock name, all in one hash slot: `KEYS[1]` the lock record, one string, and
+ * `KEYS[2]`/`KEYS[3]` the wait queue (tokens by arrival) and its tickets (tokens by deadline),
+ * which exist only while callers wait and live as long as the latest ticket. The record is
+ *
+ * - `H<fence>|<leaseEndMs>|<atMs>|<holdMs>|<flag>|<token>|<released>|<meta>` while a lease may be
+ *   held: it is held until `leaseEndMs` on the server clock;
+ * - `R<fence>|<holdMs>|<flag>|<sha>` once it was released (`released` is then `<fence>:<sha>`).
+ *
+ * `released` is `<fence>:<sha>` of the last release, `sha` the first 12 hex digits of the SHA-1 of
+ * its token, so a retried release answers the same for exactly that lease.
+ *
+ * Either way it keeps the last fence (the floor) for `graceMs` after the lease ends, so fences keep
+ * increasing across that window even if the server clock steps back within it. `holdMs` is a
+ * moving average of hold times, for waiters' hints; `flag` is 1 while the lock is contended (a
+ * busy reply or a queued waiter since the last grant): then acquire looks at the queue and release
+ * samples the hold time. Without contention an acquire+release cycle is six Redis commands.
  *
  * @module
  */
@@ -17,7 +28,7 @@ import { LIMITS } from "./_validate.ts";
 import { defineScript, NOW } from "./_lua.ts";
 
 /**
- * How long a fence floor outlives its lease: fences keep increasing across this window even if
+ * How long the last fence outlives its lease: fences keep increasing across this window even if
  * the server clock steps back within it. One hour.
  */
 export const FENCE_GRACE_MS = 3_600_000;
@@ -25,20 +36,46 @@ export const FENCE_GRACE_MS = 3_600_000;
 /** A busy reply never asks a caller to look again sooner than this, in milliseconds. */
 export const MIN_RETRY_MS = 5;
 
-// A lock's fence floor outlives the lease by graceMs. A floor that was lost (evicted) is written
-// again from the lease's fence, so it never lives without a TTL and never falls below that fence.
-const KEEP_FLOOR = `
-local function keepFloor(fenceKey, fence, ms)
-  redis.call('HSETNX', fenceKey, 'fence', fence)
-  redis.call('PEXPIRE', fenceKey, ms)
-end
-`;
-
 // Hold times feed busy replies' hints. A server clock that steps between grant and release gives
 // a sample outside any real hold; each sample and the average stay within 1 ms and the longest TTL.
 const MAX_HOLD_MS = LIMITS.ttlMs.max;
-const CLAMP = `
+
+// The lock record: read, and written with a TTL that keeps the fence `graceMs` past the lease.
+// A value this code did not write is `foreign`: busy until its TTL (given one if it has none).
+const RECORD = `
 local function clamp(value, low, high) return math.min(math.max(value, low), high) end
+local function readRecord(key)
+  local value = redis.call('GET', key)
+  if not value then return nil end
+  local kind = string.sub(value, 1, 1)
+  if kind == 'H' then
+    local fence, leaseEnd, at, hold, flag, token, released, meta =
+      string.match(value, '^H(%d+)|(%d+)|(%d+)|(%d+)|([01])|([%w_-]+)|([%d:%x]*)|(.*)$')
+    if fence then
+      return {fence = fence, leaseEnd = tonumber(leaseEnd), at = tonumber(at),
+        hold = tonumber(hold), flag = flag, token = token, released = released, meta = meta}
+    end
+  elseif kind == 'R' then
+    local fence, hold, flag, sha = string.match(value, '^R(%d+)|(%d+)|([01])|(%x+)$')
+    if fence then
+      return {fence = fence, leaseEnd = 0, hold = tonumber(hold), flag = flag,
+        released = fence .. ':' .. sha, free = true}
+    end
+  end
+  return {foreign = true}
+end
+local function writeHeld(key, r, nowMs, graceMs)
+  redis.call('SET', key, 'H' .. r.fence .. '|' .. string.format('%.0f', r.leaseEnd) .. '|' ..
+    string.format('%.0f', r.at) .. '|' .. string.format('%d', math.floor(r.hold)) .. '|' ..
+    r.flag .. '|' .. r.token .. '|' .. r.released .. '|' .. r.meta, 'PX',
+    math.max(1, r.leaseEnd - nowMs + graceMs))
+end
+-- ms: the record's new TTL, or nil to keep its TTL.
+local function writeReleased(key, r, ms)
+  local value = 'R' .. r.fence .. '|' .. string.format('%d', math.floor(r.hold)) .. '|' .. r.flag ..
+    '|' .. string.match(r.released, ':(%x+)$')
+  if ms then redis.call('SET', key, value, 'PX', ms) else redis.call('SET', key, value, 'KEEPTTL') end
+end
 `;
 
 /**
@@ -46,63 +83,86 @@ local function clamp(value, low, high) return math.min(math.max(value, low), hig
  * acquired (or re-acquired by the same token, keeping its fence), `{0, retryAfterMs, nowMs,
  * position, pttl}` when busy: position 0 is the head of the queue, -1 not queued, -2 the queue was
  * full; pttl is the holder's lease left, ms (0 when free but kept for the head of the queue).
- * A new fence is max(now in µs, floor + 1): strictly increasing while the floor lives, and past its
- * expiry or a data loss still above every earlier fence unless the server clock stepped back.
+ * A new fence is max(now in µs, last fence + 1): strictly increasing while the record lives, and
+ * past its expiry or a data loss still above every earlier fence unless the server clock stepped
+ * back.
  *
  * Waiters (`ticketMs` > 0) take a FIFO ticket; a free lock goes to the head of the queue only,
  * and everyone else (waiting or not) is busy until it takes it or its ticket lapses. A ticket
  * lives `ticketMs` from each call, so a waiter that gave up or crashed blocks nobody for longer;
- * each call drops every lapsed ticket (at most `maxWaiters`, the queue's bound), wherever it is.
- * `retryAfterMs` is when to look again: the holder's expected time left from recent hold times,
- * one more hold time per place further back, never past the holder's TTL (or, with no holder,
- * the head's ticket), never under MIN_RETRY_MS.
+ * each call that looks at the queue drops every lapsed ticket (at most `maxWaiters`, the queue's
+ * bound), wherever it is. `retryAfterMs` is when to look again: the holder's expected time left
+ * from recent hold times, one more hold time per place further back, never past the holder's
+ * lease end (or, with no holder, the head's ticket), never under MIN_RETRY_MS.
  */
 export const ACQUIRE = defineScript(
   "acquire",
   `
 local lockKey    = KEYS[1]
-local fenceKey   = KEYS[2]
-local queueKey   = KEYS[3]           -- sorted set: waiting tokens by arrival
-local ticketsKey = KEYS[4]           -- sorted set: waiting tokens by ticket deadline, ms
+local queueKey   = KEYS[2]           -- sorted set: waiting tokens by arrival
+local ticketsKey = KEYS[3]           -- sorted set: waiting tokens by ticket deadline, ms
 local token      = ARGV[1]
 local ttlMs      = tonumber(ARGV[2]) -- milliseconds
 local meta       = ARGV[3]           -- JSON object text, or '' for none
-local graceMs    = tonumber(ARGV[4]) -- how long the fence floor outlives the lease
+local graceMs    = tonumber(ARGV[4]) -- how long the fence outlives the lease
 local ticketMs   = tonumber(ARGV[5]) -- milliseconds a waiter's ticket lives; 0: do not queue
 local maxWaiters = tonumber(ARGV[6]) -- the queue's bound
-${NOW}${KEEP_FLOOR}${CLAMP}
-local holder = redis.call('HGET', lockKey, 'token')
-if holder == token then
-  local fence = redis.call('HGET', lockKey, 'fence')
-  redis.call('PEXPIRE', lockKey, ttlMs)
-  keepFloor(fenceKey, fence, ttlMs + graceMs)
-  return {1, tonumber(fence), ttlMs, nowMs}
+${NOW}${RECORD}
+local r = readRecord(lockKey)
+if r and r.foreign then
+  return {0, ${MIN_RETRY_MS}, nowMs, -1, ttlOrSet(lockKey, ${LIMITS.ttlMs.max})}
 end
-local head = redis.call('ZRANGE', queueKey, 0, 0)[1]
-if head then -- the queue and its tickets hold the same tokens: no head, no tickets
-  local lapsed = redis.call('ZRANGEBYSCORE', ticketsKey, '-inf', nowMs, 'LIMIT', 0, maxWaiters)
-  if #lapsed > 0 then
-    redis.call('ZREM', queueKey, unpack(lapsed))
-    redis.call('ZREM', ticketsKey, unpack(lapsed))
-    head = redis.call('ZRANGE', queueKey, 0, 0)[1]
+local held = r and r.token and nowMs < r.leaseEnd
+if held and r.token == token then
+  r.leaseEnd = nowMs + ttlMs
+  if meta ~= '' then r.meta = meta end
+  writeHeld(lockKey, r, nowMs, graceMs)
+  return {1, tonumber(r.fence), ttlMs, nowMs}
+end
+-- No record (a first acquire, or one that was lost): look at the queue too.
+local contended = not r or r.flag == '1'
+local head
+if contended then
+  head = redis.call('ZRANGE', queueKey, 0, 0)[1]
+  if head then -- the queue and its tickets hold the same tokens: no head, no tickets
+    local lapsed = redis.call('ZRANGEBYSCORE', ticketsKey, '-inf', nowMs, 'LIMIT', 0, maxWaiters)
+    if #lapsed > 0 then
+      redis.call('ZREM', queueKey, unpack(lapsed))
+      redis.call('ZREM', ticketsKey, unpack(lapsed))
+      head = redis.call('ZRANGE', queueKey, 0, 0)[1]
+    end
   end
 end
-if not holder and (not head or head == token) then
+local holdMs = clamp((r and r.hold) or 20, 1, ${MAX_HOLD_MS})
+if not held and (not head or head == token) then
+  local flag = '0'
   if head then
     redis.call('ZREM', queueKey, token)
     redis.call('ZREM', ticketsKey, token)
+    if redis.call('ZCARD', queueKey) > 0 then flag = '1' end
   end
-  local floor = tonumber(redis.call('HGET', fenceKey, 'fence') or '0') or 0
-  local fence = string.format('%.0f', math.max(nowUs, floor + 1))
-  redis.call('HSET', lockKey, 'token', token, 'fence', fence, 'at', nowMs)
-  if meta ~= '' then redis.call('HSET', lockKey, 'meta', meta) end
-  redis.call('PEXPIRE', lockKey, ttlMs)
-  redis.call('HSET', fenceKey, 'fence', fence)
-  redis.call('PEXPIRE', fenceKey, ttlMs + graceMs)
-  return {1, tonumber(fence), ttlMs, nowMs}
+  local floor = (r and tonumber(r.fence)) or 0
+  local grant = {fence = string.format('%.0f', math.max(nowUs, floor + 1)), leaseEnd = nowMs + ttlMs,
+    at = nowMs, hold = holdMs, flag = flag, token = token, meta = meta,
+    released = (r and r.released) or ''}
+  writeHeld(lockKey, grant, nowMs, graceMs)
+  return {1, tonumber(grant.fence), ttlMs, nowMs}
+end
+-- Busy. Contention is noted in the record (its TTL kept), so release samples the hold time and
+-- the next acquire looks at the queue.
+if r and r.flag ~= '1' then
+  r.flag = '1'
+  if r.free then
+    writeReleased(lockKey, r, nil)
+  else
+    writeHeld(lockKey, r, nowMs, graceMs)
+  end
 end
 local pttl = 0
-if holder then pttl = ttlOrSet(lockKey, ${LIMITS.ttlMs.max}) end
+if held then
+  pttl = r.leaseEnd - nowMs
+  ttlOrSet(lockKey, pttl + graceMs)
+end
 local position = -1
 if ticketMs > 0 then
   if redis.call('ZSCORE', queueKey, token) then
@@ -124,23 +184,22 @@ if ticketMs > 0 then
     position = redis.call('ZRANK', queueKey, token)
   end
 end
-local holdMs = clamp(tonumber(redis.call('HGET', fenceKey, 'holdMs') or '20') or 20, 1, ${MAX_HOLD_MS})
 -- The holder's expected time left, then one hold per waiter ahead. A holder past the usual hold
 -- time may hold much longer: look again after half the time it has held so far (backoff).
 local left = holdMs
 local cap
-local held = 0
-if holder then
-  held = clamp(nowMs - (tonumber(redis.call('HGET', lockKey, 'at') or nowMs) or nowMs), 0, ${MAX_HOLD_MS})
-  left = math.max(holdMs - held, held / 2, 1)
+local heldFor = 0
+if held then
+  heldFor = clamp(nowMs - r.at, 0, ${MAX_HOLD_MS})
+  left = math.max(holdMs - heldFor, heldFor / 2, 1)
   cap = pttl
 else
   -- Free, but kept for the head: it takes the lock or its ticket lapses by then.
   cap = (tonumber(redis.call('ZSCORE', ticketsKey, head)) or nowMs) - nowMs
 end
--- Within the usual hold the head looks twice per hold, so the hand-off waits for its next look;
--- past it, the head backs off like everyone else.
-if position == 0 and (not holder or held <= holdMs) then left = math.min(left, math.max(holdMs / 2, 1)) end
+-- The head is told when the release is expected here (the sampled holds run from grant to the
+-- release's arrival); a look that arrives early costs a whole round trip, one that arrives late
+-- only the lateness. Past the usual hold it backs off like everyone else.
 local retryAfter = math.min(left + holdMs * math.max(position, 0), cap)
 return {0, math.floor(math.max(${MIN_RETRY_MS}, retryAfter)), nowMs, position, pttl}
 `,
@@ -163,25 +222,24 @@ export const RENEW = defineScript(
   "renew",
   `
 local lockKey  = KEYS[1]
-local fenceKey = KEYS[2]
 local token    = ARGV[1]
 local ttlMs    = tonumber(ARGV[2]) -- milliseconds
 local graceMs  = tonumber(ARGV[3])
-${NOW}${KEEP_FLOOR}
-local lock = redis.call('HMGET', lockKey, 'token', 'fence')
-if lock[1] ~= token then
+${NOW}${RECORD}
+local r = readRecord(lockKey)
+if not r or r.token ~= token or nowMs >= r.leaseEnd then
   return {0, nowMs}
 end
-redis.call('PEXPIRE', lockKey, ttlMs)
-keepFloor(fenceKey, lock[2], ttlMs + graceMs)
-return {1, tonumber(lock[2]), ttlMs, nowMs}
+r.leaseEnd = nowMs + ttlMs
+writeHeld(lockKey, r, nowMs, graceMs)
+return {1, tonumber(r.fence), ttlMs, nowMs}
 `,
 );
 
 /**
  * Release. Returns 1 when the token held the lock and it is now free, also when this lease's
- * release already freed it (a retried or duplicated request), else 0. The last release is kept as
- * `token:fence`: with the lease's fence, a retry matches exactly that lease; without it, only
+ * release already freed it (a retried or duplicated request), else 0. The record keeps the last
+ * release's token: with the lease's fence, a retry matches exactly that lease; without it, only
  * while no lease was granted since. So a token whose later lease was lost learns so, even though
  * an earlier lease of the same token was released.
  */
@@ -189,49 +247,54 @@ export const RELEASE = defineScript(
   "release",
   `
 local lockKey  = KEYS[1]
-local fenceKey = KEYS[2]
 local token    = ARGV[1]
 local graceMs  = tonumber(ARGV[2])
 local fence    = ARGV[3]           -- the lease's fence, or '' when the caller does not know it
-local lock = redis.call('HMGET', lockKey, 'token', 'fence', 'at')
-if lock[1] ~= token or (fence ~= '' and lock[2] ~= fence) then
-  local floor = redis.call('HMGET', fenceKey, 'fence', 'released')
-  if fence == '' then fence = floor[1] end
-  if fence and floor[2] == token .. ':' .. fence then return 1 end
+${NOW}${RECORD}
+local r = readRecord(lockKey)
+if not r or r.foreign then return 0 end
+local sha = string.sub(redis.sha1hex(token), 1, 12)
+if r.free or r.token ~= token or nowMs >= r.leaseEnd or (fence ~= '' and r.fence ~= fence) then
+  -- A retry of a release that went through: the record remembers the last one. Without the
+  -- lease's fence, only while no lease was granted since.
+  local which = fence
+  if which == '' then
+    if not r.free then return 0 end
+    which = r.fence
+  end
+  if r.released == which .. ':' .. sha then return 1 end
   return 0
 end
-${NOW}${CLAMP}
-redis.call('DEL', lockKey)
--- A moving average of hold times, for waiters' hints. A negative hold means the server clock
--- stepped back: no sample. A forward step counts as at most the longest lease.
-local sample = nowMs - (tonumber(lock[3]) or nowMs)
-local holdMs = tonumber(redis.call('HGET', fenceKey, 'holdMs'))
-if sample >= 0 then
-  sample = clamp(sample, 1, ${MAX_HOLD_MS})
-  holdMs = (clamp(holdMs or sample, 1, ${MAX_HOLD_MS}) + sample) / 2
+local holdMs = r.hold
+if r.flag == '1' then
+  -- A moving average of hold times, for waiters' hints. A negative hold means the server clock
+  -- stepped back: no sample. A forward step counts as at most the longest lease.
+  local sample = nowMs - r.at
+  if sample >= 0 then
+    holdMs = (clamp(holdMs, 1, ${MAX_HOLD_MS}) + clamp(sample, 1, ${MAX_HOLD_MS})) / 2
+  end
 end
--- The floor is written again (it may have been lost).
-redis.call('HSET', fenceKey, 'fence', lock[2], 'released', token .. ':' .. lock[2],
-  'holdMs', string.format('%.1f', holdMs or 20))
-redis.call('PEXPIRE', fenceKey, graceMs)
+r.hold = holdMs
+r.released = r.fence .. ':' .. sha
+writeReleased(lockKey, r, graceMs)
 return 1
 `,
 );
 
 /**
  * Inspect. Returns `{1, fence, pttl, nowMs, meta}` when held, else `{0, nowMs}`; never the token.
- * A lock found without a TTL gets the longest lease from now (it would otherwise be held forever).
+ * Read-only.
  */
 export const INSPECT = defineScript(
   "inspect",
   `
 local lockKey = KEYS[1]
-${NOW}
-local fields = redis.call('HMGET', lockKey, 'fence', 'meta')
-if not fields[1] then
+${NOW}${RECORD}
+local r = readRecord(lockKey)
+if not r or not r.token or nowMs >= r.leaseEnd then
   return {0, nowMs}
 end
-return {1, tonumber(fields[1]), ttlOrSet(lockKey, ${LIMITS.ttlMs.max}), nowMs, fields[2] or ''}
+return {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, r.meta}
 `,
 );
 

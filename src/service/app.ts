@@ -95,6 +95,7 @@ export function createApp(
   if (apiKeys.length === 0) throw new RangeError("createApp needs at least one API key");
   const timeoutMs = checkTimeout(redisTimeoutMs);
   const limiter = tenantLimiter(limits);
+  const known = new Map<string, string>();
   const digests = Promise.all(
     apiKeys.map(async ({ tenant, secret }) => ({ tenant, digest: await sha256(secret) })),
   );
@@ -159,7 +160,14 @@ export function createApp(
   );
   app.use("/v1/*", async (c, next) => {
     const match = BEARER.exec(c.req.header("authorization") ?? "");
-    const tenant = match ? await findTenant(await digests, match[1]!) : undefined;
+    const presented = match?.[1];
+    // A key that matched once is found again without hashing: the map holds only the service's
+    // own keys, so it cannot grow past them.
+    let tenant = presented === undefined ? undefined : known.get(presented);
+    if (presented !== undefined && tenant === undefined) {
+      tenant = await findTenant(await digests, presented);
+      if (tenant !== undefined) known.set(presented, tenant);
+    }
     if (!tenant) {
       throw new EdgelockError("unauthorized", "Send Authorization: Bearer <api key>");
     }

@@ -1,0 +1,472 @@
+/**
+ * `deno task bench:edge`: what edge users pay, and the performance targets as rows with their
+ * ratios, all measured in one run. Round trips to Redis go through a proxy that adds a fixed
+ * one-way delay (0, 5 and 20 ms each way); loopback hides what an edge function pays.
+ *
+ * Writes edge.json and edge.md to bench/tmp/, or with `--update` to bench/ (tracked).
+ *
+ * @module
+ */
+import { gzipSync } from "node:zlib";
+import { Lock as UpstashLock } from "@upstash/lock";
+import { Redis } from "@upstash/redis";
+import { Redis as IORedis } from "ioredis";
+import { Miniflare } from "miniflare";
+import { createClient } from "@edgelock/edgelock/client";
+import { Locks } from "@edgelock/edgelock";
+import { createApp } from "@edgelock/edgelock/service";
+import { cli } from "../dev/_cli.ts";
+import { startBridge } from "../dev/bridge.ts";
+import { startLatencyProxy } from "../dev/latency_proxy.ts";
+import { startRedisServer } from "../dev/redis_server.ts";
+
+const flags = cli("edgelock bench:edge", "deno task bench:edge [flags]", {
+  delays: { type: "string", default: "0,5,20", help: "one-way delays to Redis, ms" },
+  update: { type: "boolean", help: "write the tracked bench/edge.* (else bench/tmp/)" },
+});
+const DELAYS = flags.delays.split(",").map(Number);
+if (DELAYS.some((d) => !Number.isInteger(d) || d < 0 || d > 200)) {
+  console.error("edgelock bench:edge: --delays takes whole numbers of ms from 0 to 200");
+  Deno.exit(2);
+}
+const OUT = new URL(flags.update ? "./" : "./tmp/", import.meta.url);
+const SECRET = "edge-bench-secret-0123456789";
+const HOLD_MS = 10;
+
+interface Target {
+  target: string;
+  measured: string;
+  ratio: number;
+  limit: string;
+  met: boolean;
+}
+const targets: Target[] = [];
+const tables: string[] = [];
+const round = (value: number, digits = 2) => Number(value.toFixed(digits));
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+const median = (values: number[]) =>
+  [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
+
+const server = await startRedisServer();
+const token = crypto.randomUUID();
+const bridge = await startBridge({ redisUrl: server.url, token, port: 0, poolSize: 8 });
+const tcp = new IORedis(server.url);
+const cleanups: (() => Promise<unknown>)[] = [() => tcp.quit()];
+
+async function redisStats(): Promise<{ commands: number; usec: number }> {
+  const info = await tcp.info("commandstats");
+  let commands = 0;
+  let usec = 0;
+  for (const [, name, calls, time] of info.matchAll(/cmdstat_(\w+):calls=(\d+),usec=(\d+)/g)) {
+    if (name === "info") continue;
+    commands += Number(calls);
+    usec += Number(time);
+  }
+  return { commands, usec };
+}
+
+type Cycle = (name: string) => Promise<void>;
+
+function cyclesFor(redis: Redis, service?: string) {
+  const locks = new Locks(redis);
+  const floorSha = redis.scriptLoad(
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+  );
+  const cycles: Record<string, Cycle> = {
+    floor: async (name) => {
+      const owner = crypto.randomUUID();
+      if (await redis.set(`floor:${name}`, owner, { nx: true, px: 10_000 }) !== "OK") {
+        throw new Error("floor: busy");
+      }
+      await redis.evalsha(await floorSha, [`floor:${name}`], [owner]);
+    },
+    library: async (name) => {
+      const result = await locks.acquire(name);
+      if (!result.acquired) throw new Error("library: busy");
+      await locks.release(result.lease);
+    },
+    "@upstash/lock": async (name) => {
+      const lock = new UpstashLock({
+        id: `ul:${name}`,
+        redis: redis as never,
+        lease: 10_000,
+        retry: { attempts: 1, delay: 1 },
+      });
+      if (!(await lock.acquire())) throw new Error("@upstash/lock: busy");
+      await lock.release();
+    },
+  };
+  if (service) {
+    const client = createClient({ baseUrl: service, apiKey: SECRET });
+    cycles.service = async (name) => {
+      const result = await client.acquire(name);
+      if (!result.acquired) throw new Error("service: busy");
+      await client.release(result.lease);
+    };
+  }
+  return { locks, cycles };
+}
+
+async function measure(cycle: Cycle, count: number, concurrency = 1) {
+  const names = Array.from({ length: concurrency }, () => `bench:${crypto.randomUUID()}`);
+  for (const name of names) await cycle(name); // warm-up
+  const latencies: number[] = [];
+  const requests = bridge.stats().requests;
+  const before = await redisStats();
+  const started = performance.now();
+  let next = 0;
+  await Promise.all(names.map(async (name) => {
+    while (next++ < count) {
+      const t0 = performance.now();
+      await cycle(name);
+      latencies.push(performance.now() - t0);
+    }
+  }));
+  const elapsed = performance.now() - started;
+  const after = await redisStats();
+  return {
+    opsPerSec: latencies.length / (elapsed / 1000),
+    p50Ms: median(latencies),
+    requests: (bridge.stats().requests - requests) / latencies.length,
+    commands: (after.commands - before.commands) / latencies.length,
+    usec: (after.usec - before.usec) / latencies.length,
+  };
+}
+
+/** `waiters` callers on one name, each acquiring `rounds` times and holding HOLD_MS. */
+async function contend(
+  acquire: (name: string) => Promise<() => Promise<unknown>>,
+  waiters: number,
+  rounds: number,
+) {
+  const name = `contend:${crypto.randomUUID()}`;
+  const arrivals: number[] = [];
+  let next = 0;
+  const requests = bridge.stats().requests;
+  const started = performance.now();
+  await Promise.all(Array.from({ length: waiters }, async (_, waiter) => {
+    await sleep(waiter); // staggered: a known arrival order
+    for (let r = 0; r < rounds; r++) {
+      const arrival = next++;
+      const release = await acquire(name);
+      arrivals.push(arrival);
+      await sleep(HOLD_MS);
+      await release();
+    }
+  }));
+  const elapsed = performance.now() - started;
+  const sorted = [...arrivals].sort((a, b) => a - b);
+  const rank = new Map(sorted.map((a, i) => [a, i]));
+  const displacement = arrivals.reduce((sum, a, i) => sum + Math.abs(rank.get(a)! - i), 0) /
+    arrivals.length;
+  return {
+    perSec: arrivals.length / (elapsed / 1000),
+    requests: (bridge.stats().requests - requests) / arrivals.length,
+    displacement,
+  };
+}
+
+function waitersFor(redis: Redis, locks: Locks) {
+  return {
+    edgelock: async (name: string) => {
+      const result = await locks.acquire(name, { ttlMs: 10_000, waitMs: 30_000 });
+      if (!result.acquired) throw new Error("edgelock: gave up");
+      return () => locks.release(result.lease);
+    },
+    "@upstash/lock": async (name: string) => {
+      const lock = new UpstashLock({
+        id: `ul:${name}`,
+        redis: redis as never,
+        lease: 10_000,
+        retry: { attempts: 3000, delay: 10 },
+      });
+      if (!(await lock.acquire())) throw new Error("@upstash/lock: gave up");
+      return () => lock.release();
+    },
+  };
+}
+
+function target(name: string, measured: string, ratio: number, limit: string, met: boolean) {
+  targets.push({ target: name, measured, ratio: round(ratio), limit, met });
+  console.log(`${met ? "met " : "MISS"} ${name}: ${measured} (${round(ratio)}; target ${limit})`);
+}
+
+function startService(redis: Redis): { url: string; stop: () => Promise<void> } {
+  const app = createApp({ redis, apiKeys: [{ tenant: "b", secret: SECRET }], log: () => {} });
+  const http = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, app.fetch);
+  return { url: `http://127.0.0.1:${http.addr.port}`, stop: () => http.shutdown() };
+}
+
+async function bundle(entry: string, dir: string): Promise<Uint8Array> {
+  const out = `${dir}/${crypto.randomUUID()}.js`;
+  const { success, stderr } = await new Deno.Command(Deno.execPath(), {
+    args: ["bundle", "--quiet", "--minify", "--platform", "browser", "-o", out, entry],
+    stdout: "null",
+    stderr: "piped",
+  }).output();
+  if (!success) throw new Error(new TextDecoder().decode(stderr));
+  return await Deno.readFile(out);
+}
+
+// From `new Miniflare` to the first reply: what a cold isolate costs before it answers.
+async function coldStart(script: string, path: string, bindings: Record<string, string>) {
+  const times: number[] = [];
+  for (let i = 0; i < 3; i++) {
+    const t0 = performance.now();
+    const mf = new Miniflare({ modules: true, script, compatibilityDate: "2026-08-01", bindings });
+    try {
+      const res = await mf.dispatchFetch(`http://bench.test${path}`);
+      await res.arrayBuffer();
+      times.push(performance.now() - t0);
+    } finally {
+      await mf.dispose();
+    }
+  }
+  return median(times);
+}
+
+try {
+  const profiles: string[] = [
+    "| one-way delay | case | p50 ms | × floor p50 | ops/s | REST requests / cycle |",
+    "| ---: | --- | ---: | ---: | ---: | ---: |",
+  ];
+  const contention: string[] = [
+    "| one-way delay | waiters × rounds | case | acquisitions/s | bound 1/(hold + RTT) | of bound | requests / acquisition | displacement |",
+    "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+  ];
+  let loopback: Record<string, Awaited<ReturnType<typeof measure>>> = {};
+  for (const delay of DELAYS) {
+    const proxy = delay > 0 ? startLatencyProxy(bridge.url, delay) : undefined;
+    const redis = new Redis({ url: proxy?.url ?? bridge.url, token, enableTelemetry: false });
+    const service = startService(redis);
+    const { locks, cycles } = cyclesFor(redis, service.url);
+    const count = delay === 0 ? 400 : delay <= 5 ? 60 : 25;
+    const results: Record<string, Awaited<ReturnType<typeof measure>>> = {};
+    for (const [label, cycle] of Object.entries(cycles)) {
+      results[label] = await measure(cycle, count);
+      const r = results[label]!;
+      profiles.push(
+        `| ${delay} ms | ${label} | ${round(r.p50Ms)} | ${
+          round(r.p50Ms / results.floor!.p50Ms)
+        } | ${round(r.opsPerSec, 0)} | ${round(r.requests)} |`,
+      );
+    }
+    if (delay === 0) loopback = results;
+    if (delay === Math.max(...DELAYS)) {
+      const lib = results.library!;
+      target(
+        `library at ${delay} ms each way: p50 of a cycle vs the floor`,
+        `${round(lib.p50Ms)} ms vs ${round(results.floor!.p50Ms)} ms`,
+        lib.p50Ms / results.floor!.p50Ms,
+        "≤ 1.05",
+        lib.p50Ms / results.floor!.p50Ms <= 1.05,
+      );
+    }
+    // Contention: 20 waiters × 3 on one name with 10 ms holds; also 50 on loopback.
+    const rtt = results.floor!.p50Ms / 2;
+    const bound = 1000 / (HOLD_MS + rtt);
+    for (const [waiters, rounds] of delay === 0 ? [[20, 3], [50, 4]] : [[20, 3]]) {
+      const run: Record<string, Awaited<ReturnType<typeof contend>>> = {};
+      for (const [label, acquire] of Object.entries(waitersFor(redis, locks))) {
+        run[label] = await contend(acquire, waiters!, rounds!);
+        const c = run[label]!;
+        contention.push(
+          `| ${delay} ms | ${waiters} × ${rounds} | ${label} | ${round(c.perSec, 1)} | ${
+            round(bound, 1)
+          } | ${round(c.perSec / bound)} | ${round(c.requests, 1)} | ${round(c.displacement, 1)} |`,
+        );
+      }
+      const ours = run.edgelock!;
+      const theirs = run["@upstash/lock"]!;
+      if (delay === Math.max(...DELAYS) || waiters === 50) {
+        target(
+          `contention at ${delay} ms, ${waiters} waiters: throughput vs @upstash/lock (10 ms retry)`,
+          `${round(ours.perSec, 1)}/s vs ${round(theirs.perSec, 1)}/s (bound ${round(bound, 1)}/s)`,
+          ours.perSec / theirs.perSec,
+          "≥ 1 and ≥ 0.9 of the bound",
+          ours.perSec >= theirs.perSec && ours.perSec >= 0.9 * bound,
+        );
+        target(
+          `contention at ${delay} ms, ${waiters} waiters: requests per acquisition vs @upstash/lock`,
+          `${round(ours.requests, 1)} vs ${round(theirs.requests, 1)}`,
+          ours.requests / theirs.requests,
+          "≤ 0.5",
+          ours.requests / theirs.requests <= 0.5,
+        );
+        target(
+          `contention at ${delay} ms, ${waiters} waiters: grants in arrival order`,
+          `mean displacement ${round(ours.displacement, 1)}`,
+          ours.displacement,
+          "0",
+          ours.displacement === 0,
+        );
+      }
+    }
+    await service.stop();
+    await proxy?.close();
+  }
+  tables.push(
+    "Uncontended acquire+release, concurrency 1, by one-way delay to Redis:",
+    "",
+    ...profiles,
+    "",
+    `Contention: waiters on one name, each holding ${HOLD_MS} ms; RTT is half the floor's cycle.`,
+    "",
+    ...contention,
+  );
+
+  // Redis work and loopback throughput at concurrency 16.
+  const redis = new Redis({ url: bridge.url, token, enableTelemetry: false });
+  const { cycles } = cyclesFor(redis);
+  const c16: Record<string, Awaited<ReturnType<typeof measure>>> = {};
+  for (const label of ["floor", "library", "@upstash/lock"]) {
+    c16[label] = await measure(cycles[label]!, 2000, 16);
+  }
+  const lib = c16.library!;
+  const floor = c16.floor!;
+  target(
+    "uncontended cycle: Redis commands (scripts' inner calls included)",
+    `${round(lib.commands, 1)} vs the floor's ${round(floor.commands, 1)}`,
+    lib.commands,
+    "≤ 6",
+    lib.commands <= 6,
+  );
+  target(
+    "uncontended cycle: Redis CPU vs the floor",
+    `${round(lib.usec, 1)} µs vs ${round(floor.usec, 1)} µs`,
+    lib.usec / floor.usec,
+    "≤ 1.5",
+    lib.usec / floor.usec <= 1.5,
+  );
+  target(
+    "loopback, concurrency 16: throughput vs the floor",
+    `${round(lib.opsPerSec, 0)}/s vs ${round(floor.opsPerSec, 0)}/s (@upstash/lock ${
+      round(c16["@upstash/lock"]!.opsPerSec, 0)
+    }/s)`,
+    lib.opsPerSec / floor.opsPerSec,
+    "≥ 0.95",
+    lib.opsPerSec / floor.opsPerSec >= 0.95,
+  );
+  const svc = loopback.service!;
+  target(
+    "service on loopback, concurrency 1: p50 vs the library's",
+    `${round(svc.p50Ms)} ms vs ${round(loopback.library!.p50Ms)} ms`,
+    svc.p50Ms / loopback.library!.p50Ms,
+    "≤ 1.5",
+    svc.p50Ms / loopback.library!.p50Ms <= 1.5,
+  );
+
+  // Memory: what a held lock and a released name leave in Redis.
+  const usage = async (pattern: string) => {
+    let bytes = 0;
+    for (const key of await tcp.keys(pattern)) bytes += Number(await tcp.memory("USAGE", key));
+    return bytes;
+  };
+  const locks = new Locks(redis);
+  const name = `mem-${crypto.randomUUID().slice(0, 8)}`;
+  const held = await locks.acquire(name, { ttlMs: 60_000 });
+  const heldBytes = await usage(`*{${name}}*`);
+  if (held.acquired) await locks.release(held.lease);
+  const residue = await usage(`*{${name}}*`);
+  const theirs = new UpstashLock({ id: `ul:${name}`, redis: redis as never, lease: 60_000 });
+  await theirs.acquire();
+  const theirBytes = await usage(`ul:${name}*`);
+  await theirs.release();
+  target(
+    "memory: a held lock vs @upstash/lock's",
+    `${heldBytes} B vs ${theirBytes} B`,
+    heldBytes / theirBytes,
+    "≤ 1.2",
+    heldBytes / theirBytes <= 1.2,
+  );
+  target(
+    "memory: what a released name leaves (for the fence window)",
+    `${residue} B`,
+    residue,
+    "≤ 100 B",
+    residue <= 100,
+  );
+
+  // The Worker: size and cold start against a hello-world Worker.
+  const dir = await Deno.makeTempDir({ prefix: "edgelock-edge-bench-" });
+  cleanups.push(() => Deno.remove(dir, { recursive: true }));
+  await Deno.writeTextFile(
+    `${dir}/hello.ts`,
+    `export default { fetch: () => new Response("ok") };\n`,
+  );
+  await Deno.writeTextFile(
+    `${dir}/locks_only.ts`,
+    `import { Locks } from "${new URL("../src/core/mod.ts", import.meta.url).pathname}";
+import { Redis } from "@upstash/redis/cloudflare";
+export default {
+  fetch(_r: Request, env: Record<string, string>) {
+    const locks = new Locks(new Redis({ url: env.UPSTASH_REDIS_REST_URL!, token: env.UPSTASH_REDIS_REST_TOKEN! }));
+    return locks.inspect("x").then((info) => Response.json(info));
+  },
+};
+`,
+  );
+  const hello = await bundle(`${dir}/hello.ts`, dir);
+  const service = await bundle("worker/cloudflare.ts", dir);
+  const locksOnly = await bundle(`${dir}/locks_only.ts`, dir);
+  const gz = (bytes: Uint8Array) => gzipSync(bytes, { level: 9 }).length;
+  const text = (bytes: Uint8Array) => new TextDecoder().decode(bytes);
+  const bindings = {
+    UPSTASH_REDIS_REST_URL: bridge.url,
+    UPSTASH_REDIS_REST_TOKEN: token,
+    LOCK_API_KEYS: `b:${SECRET}`,
+  };
+  const coldHello = await coldStart(text(hello), "/", {});
+  const coldService = await coldStart(text(service), "/healthz", bindings);
+  const scripts =
+    [...text(locksOnly).matchAll(/"(acquire|renew|release|claim|start_job)"/g)].length;
+  target(
+    "Worker bundle (minified) gzip",
+    `${gz(service)} B (${service.length} B minified)`,
+    gz(service) / 1024,
+    "≤ 80 KiB",
+    gz(service) <= 80 * 1024,
+  );
+  target(
+    "a Locks-only Worker carries only the lock scripts",
+    `${gz(locksOnly)} B gzip; use scripts in it: ${/start_job|"claim"/.test(text(locksOnly))}`,
+    scripts,
+    "no use scripts",
+    !/start_job|"claim"/.test(text(locksOnly)),
+  );
+  target(
+    "Worker cold start in workerd vs a hello-world Worker",
+    `${round(coldService, 0)} ms vs ${round(coldHello, 0)} ms`,
+    coldService / coldHello,
+    "≤ 2",
+    coldService / coldHello <= 2,
+  );
+
+  const date = new Date().toISOString();
+  const machine = `${navigator.hardwareConcurrency} cores, Deno ${Deno.version.deno}`;
+  await Deno.mkdir(OUT, { recursive: true });
+  await Deno.writeTextFile(
+    new URL("edge.json", OUT),
+    JSON.stringify({ date, machine, targets }, null, 2) + "\n",
+  );
+  await Deno.writeTextFile(
+    new URL("edge.md", OUT),
+    [
+      `Edge profiles (${machine}; ${date.slice(0, 10)}; \`deno task bench:edge\`).`,
+      "",
+      "| target | measured | ratio | target | met |",
+      "| --- | --- | ---: | --- | --- |",
+      ...targets.map((t) =>
+        `| ${t.target} | ${t.measured} | ${t.ratio} | ${t.limit} | ${t.met ? "yes" : "**no**"} |`
+      ),
+      "",
+      ...tables,
+      "",
+    ].join("\n"),
+  );
+  console.log(`wrote edge.json and edge.md to ${OUT.pathname}`);
+} finally {
+  for (const cleanup of cleanups.reverse()) await cleanup().catch(() => {});
+  await bridge.close();
+  await server.stop();
+}
