@@ -19,7 +19,8 @@
  * increasing across that window even if the server clock steps back within it. `holdMs` is a
  * moving average of hold times, for waiters' hints; `flag` is 1 while the lock is contended (a
  * busy reply or a queued waiter since the last grant): then acquire looks at the queue and release
- * samples the hold time. Without contention an acquire+release cycle is six Redis commands.
+ * samples the hold time. Without contention an acquire+release cycle runs six commands inside
+ * its two scripts (TIME, GET, SET each), eight with the two EVALSHA calls.
  *
  * @module
  */
