@@ -125,16 +125,20 @@ export function lockRoutes(app: OpenAPIHono<AppEnv>): void {
     const { name } = c.req.valid("param");
     const options = c.req.valid("json");
     const receivedAt = performance.now();
-    // Waiting stops when the client goes away; each tenant has a bounded number of waits.
-    const signal = c.req.raw.signal;
-    const acquire = () =>
-      c.var.locks.acquire(name, { ...options, signal }).catch((error) => {
+    // Waiting stops when the client goes away; each tenant has a bounded number of waits. A call
+    // that does not wait is one script, so only a wait takes the request's signal.
+    const acquire = () => {
+      const signal = c.req.raw.signal;
+      return c.var.locks.acquire(name, { ...options, signal }).catch((error) => {
         if (signal.aborted) {
           return { acquired: false as const, retryAfterMs: 1, reason: "busy" as const };
         }
         throw error;
       });
-    const result = options.waitMs ? await c.var.wait(acquire) : await acquire();
+    };
+    const result = options.waitMs
+      ? await c.var.wait(acquire)
+      : await c.var.locks.acquire(name, options);
     if (!result.acquired) throw busyError(name, result);
     const waitedMs = Math.max(0, Math.floor((sentAtOf(result.lease) ?? receivedAt) - receivedAt));
     return c.json({ ...leaseBody(result.lease), waitedMs }, 200);
