@@ -27,7 +27,7 @@ interface ExportedHandler<E> {
   ): Promise<void>;
 }
 
-let cached: { env: Env; settings: string; deps: ReturnType<typeof build> } | undefined;
+let cached: { settings: string; deps: ReturnType<typeof build> } | undefined;
 
 function build(env: Env) {
   const config = readConfig(env as unknown as Record<string, unknown>);
@@ -43,10 +43,8 @@ const settingsOf = (env: Env) =>
   JSON.stringify(SETTINGS.map((name) => (env as unknown as Record<string, unknown>)[name] ?? null));
 
 function depsFor(env: Env) {
-  if (cached?.env === env) return cached.deps;
   const settings = settingsOf(env);
-  if (cached?.settings !== settings) cached = { env, settings, deps: build(env) };
-  else cached.env = env;
+  if (cached?.settings !== settings) cached = { settings, deps: build(env) };
   return cached.deps;
 }
 

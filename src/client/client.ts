@@ -4,6 +4,8 @@ import {
   checkMeta,
   checkName,
   checkToken,
+  DEFAULT_LEASE_MS,
+  DEFAULT_RETENTION_MS,
   newToken,
   SEGMENT_PATTERN,
 } from "../core/_validate.ts";
@@ -130,8 +132,8 @@ export function createClient(options: ClientOptions): EdgelockClient {
     async claim(kind: RecordKind, id: string, opts: ClaimOptions = {}): Promise<ClaimResult> {
       const body = {
         token: opts.token === undefined ? newToken() : checkToken(opts.token),
-        leaseMs: checkDuration(opts.leaseMs, "leaseMs", 30_000),
-        retentionMs: checkDuration(opts.retentionMs, "retentionMs", 86_400_000),
+        leaseMs: checkDuration(opts.leaseMs, "leaseMs", DEFAULT_LEASE_MS),
+        retentionMs: checkDuration(opts.retentionMs, "retentionMs", DEFAULT_RETENTION_MS),
         ...(opts.fingerprint !== undefined && { fingerprint: opts.fingerprint }),
       };
       const { status, data } = await call("POST", recordPath(kind, id, "claim"), body);
@@ -146,7 +148,7 @@ export function createClient(options: ClientOptions): EdgelockClient {
       if (data.code === "fingerprint_mismatch") return { state: "mismatch" };
       throw fromProblem(status, data);
     },
-    async renew(kind, id, token, leaseMs = 30_000): Promise<ClaimRenewal> {
+    async renew(kind, id, token, leaseMs = DEFAULT_LEASE_MS): Promise<ClaimRenewal> {
       const body = { token: checkToken(token), leaseMs: checkDuration(leaseMs, "leaseMs", 0) };
       const { status, data } = await call("POST", recordPath(kind, id, "renew"), body);
       if (status === 200) return data as unknown as ClaimRenewal;

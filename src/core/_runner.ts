@@ -24,6 +24,14 @@ export interface PipelineLike {
   exec(options: { keepErrors: true }): Promise<{ result: unknown; error?: string }[]>;
 }
 
+/** Checks that `redis` can run scripts; `what` (the class) names it in the error. */
+export function checkRedis(redis: RedisLike, what: string): RedisLike {
+  if (typeof redis?.evalsha !== "function" || typeof redis?.eval !== "function") {
+    throw new TypeError(`${what} needs a Redis client with evalsha and eval (@upstash/redis)`);
+  }
+  return redis;
+}
+
 /** How long one Redis request may take before it counts as failed, by default. */
 export const DEFAULT_REDIS_TIMEOUT_MS = 2000;
 

@@ -14,6 +14,11 @@ export const TOKEN_PATTERN = /^[A-Za-z0-9_-]{16,128}$/;
 /** Largest `meta` object, as JSON text in UTF-8 bytes. */
 export const MAX_META_BYTES = 1024;
 
+/** How long a claim (idempotency, dedupe) lasts if never completed, by default: 30 s. */
+export const DEFAULT_LEASE_MS = 30_000;
+/** How long a completed record is kept, by default: a day. */
+export const DEFAULT_RETENTION_MS = 86_400_000;
+
 /** Inclusive limits of each duration, in milliseconds. */
 export const LIMITS = {
   ttlMs: { min: 100, max: 300_000 },
@@ -22,6 +27,7 @@ export const LIMITS = {
   retentionMs: { min: 1000, max: 2_592_000_000 },
   atMostMs: { min: 100, max: 86_400_000 },
   atLeastMs: { min: 0, max: 86_400_000 },
+  fenceWindowMs: { min: 1000, max: 86_400_000 },
 } as const;
 
 export function checkName(name: unknown, what = "lock name"): string {

@@ -1,5 +1,6 @@
 import { sleep } from "./_backoff.ts";
 import {
+  checkRedis,
   checkTimeout,
   integers,
   parseJsonText,
@@ -101,12 +102,10 @@ export class Locks implements LockClient {
       prefix = "edgelock",
       maxWaiters = DEFAULT_MAX_WAITERS,
       timeoutMs,
-      fenceWindowMs = FENCE_GRACE_MS,
+      fenceWindowMs,
     }: LocksOptions = {},
   ) {
-    if (typeof redis?.evalsha !== "function" || typeof redis?.eval !== "function") {
-      throw new TypeError("Locks needs a Redis client with evalsha and eval (@upstash/redis)");
-    }
+    checkRedis(redis, "Locks");
     checkPrefix(prefix);
     if (!Number.isInteger(maxWaiters) || maxWaiters < 1 || maxWaiters > 1000) {
       throw new RangeError("maxWaiters must be an integer from 1 to 1000");
@@ -115,10 +114,7 @@ export class Locks implements LockClient {
     this.#prefix = prefix;
     this.#maxWaiters = maxWaiters;
     this.#timeoutMs = checkTimeout(timeoutMs);
-    if (!Number.isInteger(fenceWindowMs) || fenceWindowMs < 1000 || fenceWindowMs > 86_400_000) {
-      throw new RangeError("fenceWindowMs must be an integer from 1000 to 86400000");
-    }
-    this.#fenceWindowMs = fenceWindowMs;
+    this.#fenceWindowMs = checkDuration(fenceWindowMs, "fenceWindowMs", FENCE_GRACE_MS);
   }
 
   #run(script: Script, keys: string[], args: (string | number)[]): Promise<unknown> {

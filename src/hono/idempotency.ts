@@ -1,9 +1,8 @@
 import type { Context, MiddlewareHandler } from "hono";
 import { backoffDelay, sleep } from "../core/_backoff.ts";
-import { checkDuration } from "../core/_validate.ts";
+import { checkDuration, DEFAULT_LEASE_MS, DEFAULT_RETENTION_MS } from "../core/_validate.ts";
 import { sha256Hex } from "../core/_crypto.ts";
-import { problem } from "./_problem.ts";
-import { EdgelockError } from "../core/errors.ts";
+import { problem, unavailable } from "./_problem.ts";
 import { MAX_RESPONSE_BYTES, recordId, type RecordStore, safeName } from "../uses/records.ts";
 import { hold } from "../core/with_lock.ts";
 
@@ -73,8 +72,8 @@ export function idempotency(options: IdempotencyOptions): MiddlewareHandler {
     scope,
     required = true,
     fingerprintHeaders = [],
-    leaseMs = 30_000,
-    retentionMs = 86_400_000,
+    leaseMs = DEFAULT_LEASE_MS,
+    retentionMs = DEFAULT_RETENTION_MS,
     waitMs = 0,
     replayHeaders = DEFAULT_REPLAY_HEADERS,
   } = options ?? {};
@@ -136,11 +135,8 @@ export function idempotency(options: IdempotencyOptions): MiddlewareHandler {
         return undefined;
       }
     } catch (error) {
-      if (error instanceof EdgelockError && error.code === "backend_unavailable") {
-        return problem(503, "backend_unavailable", "The idempotency store is unreachable", {
-          headers: { "retry-after": "1" },
-        });
-      }
+      const reply = unavailable(error, "idempotency");
+      if (reply) return reply;
       throw error;
     }
   };

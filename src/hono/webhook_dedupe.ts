@@ -1,8 +1,7 @@
 import type { MiddlewareHandler } from "hono";
-import { problem } from "./_problem.ts";
+import { problem, unavailable } from "./_problem.ts";
 import { dedupe, type DedupeOptions } from "../uses/dedupe.ts";
 import type { RecordStore } from "../uses/records.ts";
-import { EdgelockError } from "../core/errors.ts";
 
 /** Options for {@linkcode webhookDedupe}. */
 export interface WebhookDedupeOptions extends Omit<DedupeOptions, "id"> {
@@ -61,10 +60,9 @@ export function webhookDedupe(
     try {
       claim = await dedupe(records, { ...options, id });
     } catch (error) {
-      if (!(error instanceof EdgelockError && error.code === "backend_unavailable")) throw error;
-      return problem(503, "backend_unavailable", "The deduplication store is unreachable", {
-        headers: { "retry-after": "1" },
-      });
+      const reply = unavailable(error, "deduplication");
+      if (reply) return reply;
+      throw error;
     }
     if (claim.state === "duplicate") return c.json({ duplicate: true }, 200);
     if (claim.state === "in_progress") {

@@ -1,4 +1,4 @@
-import { checkTimeout, integers, type RedisLike, runScript } from "../core/_runner.ts";
+import { checkRedis, checkTimeout, integers, type RedisLike, runScript } from "../core/_runner.ts";
 import { EdgelockError } from "../core/errors.ts";
 import { checkDuration, checkName, checkPrefix, checkToken, newToken } from "../core/_validate.ts";
 import { FENCE_GRACE_MS } from "../core/scripts.ts";
@@ -55,9 +55,7 @@ export class Jobs implements JobStore {
 
   /** Jobs on `redis` (an `@upstash/redis` client), its keys under `prefix`. */
   constructor(redis: RedisLike, { prefix = "edgelock", timeoutMs }: StoreOptions = {}) {
-    if (typeof redis?.evalsha !== "function" || typeof redis?.eval !== "function") {
-      throw new TypeError("Jobs needs a Redis client with evalsha and eval (@upstash/redis)");
-    }
+    checkRedis(redis, "Jobs");
     this.#prefix = checkPrefix(prefix);
     this.#redis = redis;
     this.#timeoutMs = checkTimeout(timeoutMs);

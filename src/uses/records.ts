@@ -1,4 +1,5 @@
 import {
+  checkRedis,
   checkTimeout,
   integers,
   parseJsonText,
@@ -10,6 +11,8 @@ import {
   checkName,
   checkPrefix,
   checkToken,
+  DEFAULT_LEASE_MS,
+  DEFAULT_RETENTION_MS,
   NAME_PATTERN,
   newToken,
   SEGMENT,
@@ -56,8 +59,6 @@ export type RecordState =
   | { state: "in_progress"; fence: number; leaseExpiresAt: number }
   | { state: "completed"; expiresAt: number; response?: Record<string, unknown> };
 
-const DEFAULT_LEASE_MS = 30_000;
-const DEFAULT_RETENTION_MS = 86_400_000;
 const MAX_FINGERPRINT = 128;
 /** Largest stored response, as JSON text. */
 export const MAX_RESPONSE_BYTES = 48 * 1024;
@@ -131,9 +132,7 @@ export class Records implements RecordStore {
 
   /** Records on `redis` (an `@upstash/redis` client), its keys under `prefix`. */
   constructor(redis: RedisLike, { prefix = "edgelock", timeoutMs }: StoreOptions = {}) {
-    if (typeof redis?.evalsha !== "function" || typeof redis?.eval !== "function") {
-      throw new TypeError("Records needs a Redis client with evalsha and eval (@upstash/redis)");
-    }
+    checkRedis(redis, "Records");
     this.#prefix = checkPrefix(prefix);
     this.#redis = redis;
     this.#timeoutMs = checkTimeout(timeoutMs);

@@ -5,7 +5,18 @@ import { busyError, EdgelockError } from "../../core/errors.ts";
 import { sentAtOf } from "../../core/_granted.ts";
 import type { Lease } from "../../core/types.ts";
 import type { AppEnv } from "../_env.ts";
-import { body, common, duration, json, Meta, Name, problemDoc, Token } from "../_schemas.ts";
+import {
+  body,
+  common,
+  duration,
+  json,
+  Meta,
+  Name,
+  post,
+  problemDoc,
+  secured,
+  Token,
+} from "../_schemas.ts";
 
 const NameParams = z.object({ name: Name.openapi({ param: { name: "name", in: "path" } }) });
 const AcquireBody = z.strictObject({
@@ -48,15 +59,10 @@ const LockInfoSchema = z.object({
   expiresAt: z.number().int().optional(),
   meta: z.record(z.string(), z.unknown()).optional(),
 }).openapi("LockInfo");
-const secured = { security: [{ bearer: [] }], tags: ["locks"] };
 
 const acquireRoute = createRoute({
-  ...secured,
-  method: "post",
-  path: "/v1/locks/{name}/acquire",
-  operationId: "acquireLock",
+  ...post("locks", "acquireLock", "/v1/locks/{name}/acquire", NameParams, AcquireBody),
   summary: "Acquire a lock (a retry with the holder's token returns the same fence)",
-  request: { params: NameParams, body: body(AcquireBody) },
   responses: {
     200: json(AcquiredSchema, "Acquired"),
     409: problemDoc("lock_busy or queue_full, with retryAfterMs and Retry-After"),
@@ -65,12 +71,8 @@ const acquireRoute = createRoute({
   },
 });
 const renewRoute = createRoute({
-  ...secured,
-  method: "post",
-  path: "/v1/locks/{name}/renew",
-  operationId: "renewLock",
+  ...post("locks", "renewLock", "/v1/locks/{name}/renew", NameParams, RenewBody),
   summary: "Extend a lease held by this token; the fence stays the same",
-  request: { params: NameParams, body: body(RenewBody) },
   responses: { 200: json(LeaseSchema, "Renewed"), 409: problemDoc("lock_lost"), ...common },
 });
 const RenewManyBody = z.strictObject({
@@ -78,7 +80,7 @@ const RenewManyBody = z.strictObject({
   leases: z.array(z.strictObject({ name: Name, token: Token })).min(1).max(1000),
 }).openapi("RenewManyRequest");
 const renewManyRoute = createRoute({
-  ...secured,
+  ...secured("locks"),
   method: "post",
   path: "/v1/locks/renew",
   operationId: "renewLocks",
@@ -98,19 +100,15 @@ const renewManyRoute = createRoute({
   },
 });
 const releaseRoute = createRoute({
-  ...secured,
-  method: "post",
-  path: "/v1/locks/{name}/release",
-  operationId: "releaseLock",
+  ...post("locks", "releaseLock", "/v1/locks/{name}/release", NameParams, ReleaseBody),
   summary: "Release a lease; released is false when this token no longer held it",
-  request: { params: NameParams, body: body(ReleaseBody) },
   responses: {
     200: json(z.object({ released: z.boolean() }).openapi("Released"), "Done"),
     ...common,
   },
 });
 const inspectRoute = createRoute({
-  ...secured,
+  ...secured("locks"),
   method: "get",
   path: "/v1/locks/{name}",
   operationId: "inspectLock",

@@ -3,6 +3,7 @@
 // complete it (dedupe: "done"), release it, and read its state; one script each.
 import { createRoute, type OpenAPIHono, z } from "@hono/zod-openapi";
 import { EdgelockError } from "../../core/errors.ts";
+import { DEFAULT_RETENTION_MS } from "../../core/_validate.ts";
 import { DEDUPE_RETENTION_MS } from "../../uses/dedupe.ts";
 import {
   MAX_RESPONSE_BYTES,
@@ -34,7 +35,7 @@ const KINDS = [
     done: "complete",
     doneState: "completed",
     name: "IdempotencyKey",
-    retention: 86_400_000,
+    retention: DEFAULT_RETENTION_MS,
   },
   {
     kind: "dedupe",
