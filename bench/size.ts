@@ -6,7 +6,7 @@
  *
  * @module
  */
-import { gzipSync } from "node:zlib";
+import { gzipSize, minifiedBundle } from "./_bundle.ts";
 import { cli } from "../dev/_cli.ts";
 
 /** Gzip budgets in bytes: the root entry stays within a few KB of the lock core alone. */
@@ -30,21 +30,8 @@ const dir = await Deno.makeTempDir({ prefix: "edgelock-size-" });
 const rows: { entry: string; minified: number; gzip: number; budget: number }[] = [];
 try {
   for (const [entry, budget] of Object.entries(BUDGETS) as [keyof typeof BUDGETS, number][]) {
-    const out = `${dir}/bundle.js`;
-    const { success, stderr } = await new Deno.Command(Deno.execPath(), {
-      args: ["bundle", "--quiet", "--minify", "--platform", "browser", "-o", out, exports[entry]],
-      cwd: root,
-      stdout: "null",
-      stderr: "piped",
-    }).output();
-    if (!success) throw new Error(new TextDecoder().decode(stderr));
-    const bytes = await Deno.readFile(out);
-    rows.push({
-      entry,
-      minified: bytes.length,
-      gzip: gzipSync(bytes, { level: 9 }).length,
-      budget,
-    });
+    const bytes = await minifiedBundle(exports[entry], dir);
+    rows.push({ entry, minified: bytes.length, gzip: gzipSize(bytes), budget });
   }
 } finally {
   await Deno.remove(dir, { recursive: true });

@@ -18,6 +18,13 @@ const jsonOf = async (res: Response): Promise<Json> => await res.json() as Json;
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 const SECRET = "whsec_" + btoa("a-webhook-signing-secret-32bytes");
 
+// Records on a port nothing listens on: every call fails as with Redis down.
+function unreachableRecords(): Records {
+  return new Records(
+    new Redis({ url: `http://127.0.0.1:${freePort()}`, token: "x", retry: false }),
+  );
+}
+
 async function sign(id: string, timestamp: number, body: string, secret = SECRET) {
   const key = await crypto.subtle.importKey(
     "raw",
@@ -281,9 +288,7 @@ Deno.test("the three uses", async (t) => {
     await t.step(
       "idempotency() answers 503 when Redis is unreachable, never passing through",
       async () => {
-        const down = new Records(
-          new Redis({ url: `http://127.0.0.1:${freePort()}`, token: "x", retry: false }),
-        );
+        const down = unreachableRecords();
         let runs = 0;
         const app = new Hono();
         app.post("/x", idempotency({ records: down, scope: () => "u" }), (c) => {
@@ -303,9 +308,7 @@ Deno.test("the three uses", async (t) => {
     await t.step(
       "webhookDedupe() answers 503 problem+json when Redis is unreachable, never passing through",
       async () => {
-        const down = new Records(
-          new Redis({ url: `http://127.0.0.1:${freePort()}`, token: "x", retry: false }),
-        );
+        const down = unreachableRecords();
         let runs = 0;
         const app = new Hono();
         app.post(
