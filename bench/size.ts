@@ -9,11 +9,12 @@
 import { gzipSize, minifiedBundle } from "./_bundle.ts";
 import { cli } from "../dev/_cli.ts";
 
-/** Gzip budgets in bytes: the root entry stays within a few KB of the lock core alone. */
+/** Gzip budgets in bytes: the root entry stays within a few KB of the lock core alone (with its
+ * stats, held index, break and audit since issue 13: 10.2 KB, was 6.5). */
 export const BUDGETS = {
-  ".": 7_000,
-  "./uses": 9_000,
-  "./hono": 10_000,
+  ".": 11_000,
+  "./uses": 10_500,
+  "./hono": 11_000,
   "./client": 4_500,
   "./service": 140_000,
 } as const;

@@ -27,6 +27,7 @@
 
 import { LIMITS } from "./_validate.ts";
 import { defineScript, NOW } from "./_lua.ts";
+import { STATS_LUA, STATS_RETENTION_MS } from "./stats.ts";
 
 /**
  * How long the last fence outlives its lease: fences keep increasing across this window even if
@@ -79,6 +80,30 @@ local function writeReleased(key, r, ms)
 end
 `;
 
+// The held index, kept only with stats on (its keys are then passed, else nil): the prefix's held
+// names in order (`names`, all scores 0, for listing by prefix and cursor) and by lease end
+// (`ends`, for the held count and for pruning leases that ran out unreleased: each grant drops up
+// to 8 of them). Through pcall, like the stats: a damaged index never stops a decision.
+const INDEX = `
+local function indexPut(namesKey, endsKey, name, leaseEnd)
+  if not namesKey then return end
+  redis.pcall('ZADD', namesKey, 0, name)
+  redis.pcall('ZADD', endsKey, leaseEnd, name)
+  redis.pcall('PEXPIRE', namesKey, ${STATS_RETENTION_MS})
+  redis.pcall('PEXPIRE', endsKey, ${STATS_RETENTION_MS})
+end
+local function indexDrop(namesKey, endsKey, names)
+  if not namesKey or #names == 0 then return end
+  redis.pcall('ZREM', namesKey, unpack(names))
+  redis.pcall('ZREM', endsKey, unpack(names))
+end
+local function indexPrune(namesKey, endsKey, nowMs)
+  if not namesKey then return end
+  local lapsed = redis.pcall('ZRANGEBYSCORE', endsKey, '-inf', nowMs, 'LIMIT', 0, 8)
+  if type(lapsed) == 'table' and not lapsed.err then indexDrop(namesKey, endsKey, lapsed) end
+end
+`;
+
 /**
  * Acquire, with a fair, bounded queue of waiters. Returns `{1, fence, ttlMs, nowMs}` when
  * acquired (or re-acquired by the same token, keeping its fence), `{0, retryAfterMs, nowMs,
@@ -108,9 +133,19 @@ local meta       = ARGV[3]           -- JSON object text, or '' for none
 local graceMs    = tonumber(ARGV[4]) -- how long the fence outlives the lease
 local ticketMs   = tonumber(ARGV[5]) -- milliseconds a waiter's ticket lives; 0: do not queue
 local maxWaiters = tonumber(ARGV[6]) -- the queue's bound
-${NOW}${RECORD}
+local name       = ARGV[7]           -- the lock's name, for the held index
+local waitedMs   = tonumber(ARGV[8]) -- how long the caller has waited so far, for the stats
+local waiting    = ARGV[9] == '1'    -- the caller waits: a busy reply is not its outcome yet
+local statsKey, namesKey, endsKey = KEYS[4], KEYS[5], KEYS[6] -- nil with stats off
+${NOW}${RECORD}${INDEX}${STATS_LUA}
+local function granted(leaseEnd)
+  indexPut(namesKey, endsKey, name, leaseEnd)
+  indexPrune(namesKey, endsKey, nowMs)
+  observe(statsKey, nowMs, 'wait', waitedMs)
+end
 local r = readRecord(lockKey)
 if r and r.foreign then
+  if not waiting then count(statsKey, nowMs, 'acquire.busy') end
   return {0, ${MIN_RETRY_MS}, nowMs, -1, ttlOrSet(lockKey, ${LIMITS.ttlMs.max})}
 end
 local held = r and r.token and nowMs < r.leaseEnd
@@ -118,6 +153,7 @@ if held and r.token == token then
   r.leaseEnd = nowMs + ttlMs
   if meta ~= '' then r.meta = meta end
   writeHeld(lockKey, r, nowMs, graceMs)
+  granted(r.leaseEnd)
   return {1, tonumber(r.fence), ttlMs, nowMs}
 end
 -- No record (a first acquire, or one that was lost): look at the queue too.
@@ -147,6 +183,7 @@ if not held and (not head or head == token) then
     at = nowMs, hold = holdMs, flag = flag, token = token, meta = meta,
     released = (r and r.released) or ''}
   writeHeld(lockKey, grant, nowMs, graceMs)
+  granted(grant.leaseEnd)
   return {1, tonumber(grant.fence), ttlMs, nowMs}
 end
 -- Busy. Contention is noted in the record (its TTL kept), so release samples the hold time and
@@ -185,6 +222,11 @@ if ticketMs > 0 then
     position = redis.call('ZRANK', queueKey, token)
   end
 end
+if position == -2 then
+  count(statsKey, nowMs, 'acquire.queue_full')
+elseif not waiting then
+  count(statsKey, nowMs, 'acquire.busy')
+end
 -- The holder's expected time left, then one hold per waiter ahead. A holder past the usual hold
 -- time may hold much longer: look again after half the time it has held so far (backoff).
 local left = holdMs
@@ -206,13 +248,20 @@ return {0, math.floor(math.max(${MIN_RETRY_MS}, retryAfter)), nowMs, position, p
 `,
 );
 
-/** Leave the queue (a waiter gave up). Returns 1 when its ticket was removed. */
+/**
+ * Leave the queue (a waiter gave up): counts the acquire's outcome, `timeout` or `aborted` ('' to
+ * count nothing). Returns 1 when its ticket was removed.
+ */
 export const LEAVE_QUEUE = defineScript(
   "leave_queue",
   `
 local queueKey   = KEYS[1]
 local ticketsKey = KEYS[2]
+local statsKey   = KEYS[3] -- nil with stats off
 local token      = ARGV[1]
+local outcome    = ARGV[2]
+${NOW}${STATS_LUA}
+if outcome == 'timeout' or outcome == 'aborted' then count(statsKey, nowMs, 'acquire.' .. outcome) end
 redis.call('ZREM', ticketsKey, token)
 return redis.call('ZREM', queueKey, token)
 `,
@@ -226,13 +275,18 @@ local lockKey  = KEYS[1]
 local token    = ARGV[1]
 local ttlMs    = tonumber(ARGV[2]) -- milliseconds
 local graceMs  = tonumber(ARGV[3])
-${NOW}${RECORD}
+local name     = ARGV[4]
+local statsKey, namesKey, endsKey = KEYS[2], KEYS[3], KEYS[4] -- nil with stats off
+${NOW}${RECORD}${INDEX}${STATS_LUA}
 local r = readRecord(lockKey)
 if not r or r.token ~= token or nowMs >= r.leaseEnd then
+  count(statsKey, nowMs, 'renew.lost')
   return {0, nowMs}
 end
 r.leaseEnd = nowMs + ttlMs
 writeHeld(lockKey, r, nowMs, graceMs)
+indexPut(namesKey, endsKey, name, r.leaseEnd)
+count(statsKey, nowMs, 'renew.renewed')
 return {1, tonumber(r.fence), ttlMs, nowMs}
 `,
 );
@@ -251,19 +305,28 @@ local lockKey  = KEYS[1]
 local token    = ARGV[1]
 local graceMs  = tonumber(ARGV[2])
 local fence    = ARGV[3]           -- the lease's fence, or '' when the caller does not know it
-${NOW}${RECORD}
+local name     = ARGV[4]
+local statsKey, namesKey, endsKey = KEYS[2], KEYS[3], KEYS[4] -- nil with stats off
+${NOW}${RECORD}${INDEX}${STATS_LUA}
 local r = readRecord(lockKey)
-if not r or r.foreign then return 0 end
+if not r or r.foreign then
+  count(statsKey, nowMs, 'release.lost')
+  return 0
+end
 local sha = string.sub(redis.sha1hex(token), 1, 12)
 if r.free or r.token ~= token or nowMs >= r.leaseEnd or (fence ~= '' and r.fence ~= fence) then
   -- A retry of a release that went through: the record remembers the last one. Without the
   -- lease's fence, only while no lease was granted since.
   local which = fence
   if which == '' then
-    if not r.free then return 0 end
+    if not r.free then
+      count(statsKey, nowMs, 'release.lost')
+      return 0
+    end
     which = r.fence
   end
   if r.released == which .. ':' .. sha then return 1 end
+  count(statsKey, nowMs, 'release.lost')
   return 0
 end
 local holdMs = r.hold
@@ -278,24 +341,119 @@ end
 r.hold = holdMs
 r.released = r.fence .. ':' .. sha
 writeReleased(lockKey, r, graceMs)
+indexDrop(namesKey, endsKey, {name})
+observe(statsKey, nowMs, 'hold', nowMs - r.at)
 return 1
 `,
 );
 
 /**
- * Inspect. Returns `{1, fence, pttl, nowMs, meta}` when held, else `{0, nowMs}`; never the token.
- * Read-only.
+ * Inspect. Returns `{1, fence, pttl, nowMs, waiters, meta}` when held, else `{0, nowMs}`; never
+ * the token. `waiters` counts the tickets not lapsed. Read-only.
  */
 export const INSPECT = defineScript(
   "inspect",
   `
-local lockKey = KEYS[1]
+local lockKey    = KEYS[1]
+local ticketsKey = KEYS[2]
 ${NOW}${RECORD}
 local r = readRecord(lockKey)
 if not r or not r.token or nowMs >= r.leaseEnd then
   return {0, nowMs}
 end
-return {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, r.meta}
+local waiters = redis.call('ZCOUNT', ticketsKey, '(' .. nowMs, '+inf')
+return {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, waiters, r.meta}
+`,
+);
+
+/**
+ * List held names from the index, in order: those from `prefix` after `cursor`, at most
+ * `limit`, looking at no more than `limit` × 4 + 16 entries (names whose lease ran out are
+ * skipped). Returns `{nowMs, nextCursor, name...}`, nextCursor '' at the end. Read-only; the
+ * caller inspects the names, so a release in between never shows as held.
+ */
+export const LIST = defineScript(
+  "list",
+  `
+local namesKey = KEYS[1]
+local endsKey  = KEYS[2]
+local prefix   = ARGV[1]
+local cursor   = ARGV[2]
+local limit    = tonumber(ARGV[3])
+${NOW}
+local low = '[' .. prefix
+if cursor ~= '' and cursor >= prefix then low = '(' .. cursor end
+local high = '+'
+if prefix ~= '' then high = '[' .. prefix .. '\\255' end
+local names = redis.call('ZRANGEBYLEX', namesKey, low, high, 'LIMIT', 0, limit * 4 + 16)
+local found = {nowMs, ''}
+for i, name in ipairs(names) do
+  if #found - 2 == limit then
+    found[2] = names[i - 1]
+    return found
+  end
+  local leaseEnd = tonumber(redis.call('ZSCORE', endsKey, name))
+  if leaseEnd and leaseEnd > nowMs then found[#found + 1] = name end
+end
+if #names == limit * 4 + 16 then found[2] = names[#names] end
+return found
+`,
+);
+
+/** The held count and the stats hash: `{nowMs, held, field, value, ...}`. Read-only. */
+export const READ_STATS = defineScript(
+  "read_stats",
+  `
+local statsKey = KEYS[1]
+local endsKey  = KEYS[2]
+${NOW}
+local reply = {nowMs, redis.call('ZCOUNT', endsKey, '(' .. nowMs, '+inf')}
+for _, v in ipairs(redis.call('HGETALL', statsKey)) do reply[#reply + 1] = v end
+return reply
+`,
+);
+
+/** The number of audit entries a prefix keeps (its stream is trimmed to them). */
+export const AUDIT_LENGTH = 1000;
+
+/**
+ * Break a held lock (an operator's act): the lease ends now, its fence stays the floor, so the
+ * holder's renew and release fail and the next grant gets a higher fence; waiters keep their
+ * places. Recorded in the audit stream. Returns `{1, fence, nowMs}`, or `{0, nowMs}` when it was
+ * not held.
+ */
+export const BREAK = defineScript(
+  "break",
+  `
+local lockKey  = KEYS[1]
+local auditKey = KEYS[#KEYS]
+local statsKey, namesKey, endsKey -- nil with stats off
+if #KEYS == 5 then statsKey, namesKey, endsKey = KEYS[2], KEYS[3], KEYS[4] end
+local graceMs  = tonumber(ARGV[1])
+local name     = ARGV[2]
+local by       = ARGV[3]
+local reason   = ARGV[4]
+${NOW}${RECORD}${INDEX}${STATS_LUA}
+local r = readRecord(lockKey)
+if not r or not r.token or nowMs >= r.leaseEnd then
+  return {0, nowMs}
+end
+r.released = r.fence .. ':' .. string.sub(redis.sha1hex('broken:' .. r.token), 1, 12)
+writeReleased(lockKey, r, graceMs)
+indexDrop(namesKey, endsKey, {name})
+count(statsKey, nowMs, 'break.broken')
+redis.call('XADD', auditKey, 'MAXLEN', ${AUDIT_LENGTH}, '*', 'action', 'break', 'name', name,
+  'fence', r.fence, 'by', by, 'reason', reason, 'at', nowMs)
+redis.call('PEXPIRE', auditKey, ${STATS_RETENTION_MS})
+return {1, tonumber(r.fence), nowMs}
+`,
+);
+
+/** The latest audit entries, newest first: XREVRANGE's reply. Read-only. */
+export const READ_AUDIT = defineScript(
+  "read_audit",
+  `
+return redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', tonumber(ARGV[1]))
 `,
 );
 

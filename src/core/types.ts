@@ -77,8 +77,76 @@ export type LockInfo =
     fence: number;
     ttlMs: number;
     expiresAt: number;
+    /** Callers waiting in its queue now. */
+    waiters?: number;
     meta?: Record<string, unknown>;
   };
+
+/** Options for `list`. */
+export interface ListOptions {
+  /** Only names that start with this. @default "" */
+  prefix?: string;
+  /** The `cursor` of the previous page. */
+  cursor?: string;
+  /** The most locks on this page, 1–1000. @default 100 */
+  limit?: number;
+}
+
+/** One page of held locks, by name; `cursor` is absent on the last page. */
+export interface LockList {
+  locks: (LockInfo & { held: true })[];
+  cursor?: string;
+}
+
+/** Who breaks a lock and why, for the audit stream. */
+export interface BreakOptions {
+  /** Who broke it (an operator's name), 1–64 printable characters. */
+  by: string;
+  /** Why, up to 200 printable characters. @default "" */
+  reason?: string;
+}
+
+/** The outcome of `break`: the fence of the lease that was ended, or not held. */
+export type BreakResult = { broken: true; fence: number } | { broken: false };
+
+/** One entry of the audit stream. */
+export interface AuditEntry {
+  /** The stream entry's id. */
+  id: string;
+  action: "break";
+  name: string;
+  fence: number;
+  by: string;
+  reason: string;
+  /** When, ms since the epoch (server clock). */
+  at: number;
+}
+
+/**
+ * What a `Locks` tells its `onEvent` hook: one event per operation's outcome (`wait` for each
+ * look that found the lock busy while waiting), `lost` when `withLock` aborted its routine, and
+ * `error` when Redis failed. `at` is when it ended (`Date.now()`), `durationMs` how long the
+ * operation took.
+ */
+export type LockEvent =
+  & { name: string; at: number; durationMs: number }
+  & (
+    | {
+      type: "acquire";
+      outcome: "granted" | "busy" | "timeout" | "queue_full" | "aborted";
+      fence?: number;
+      waitedMs: number;
+    }
+    | { type: "wait"; position: number; retryAfterMs: number }
+    | { type: "renew"; outcome: "renewed" | "lost"; fence?: number }
+    | { type: "release"; outcome: "released" | "lost"; fence?: number }
+    | { type: "lost"; fence: number; reason: string }
+    | {
+      type: "error";
+      operation: "acquire" | "renew" | "release" | "inspect" | "list" | "break" | "stats";
+      error: unknown;
+    }
+  );
 
 /** Options for `withLock`. */
 export interface WithLockOptions extends AcquireOptions {}

@@ -16,12 +16,14 @@ export async function withLock<T>(
   name: string,
   options: WithLockOptions,
   fn: (lease: Lease, signal: AbortSignal) => Promise<T> | T,
+  onLost?: (lease: Lease, error: EdgelockError) => void,
 ): Promise<T> {
   if (typeof fn !== "function") throw new TypeError("withLock needs a function to run");
   const startedAt = performance.now();
   const result = await locks.acquire(name, options);
   if (!result.acquired) throw busyError(name, result);
   let lease = result.lease;
+  let lost = false; // a renewal found the lease gone: no release to send
   try {
     return await hold({
       what: `lock "${name}"`,
@@ -33,12 +35,16 @@ export async function withLock<T>(
       async renew() {
         const renewal = await locks.renew(lease, { ttlMs: lease.ttlMs });
         if (renewal.renewed) lease = renewal.lease;
+        lost = !renewal.renewed;
         return renewal.renewed;
       },
     }, (signal) => fn(lease, signal));
+  } catch (error) {
+    if (error instanceof EdgelockError && error.code === "lock_lost") onLost?.(lease, error);
+    throw error;
   } finally {
     // A failed release is harmless: the lease then runs out on its own within ttlMs.
-    await locks.release(lease).catch(() => false);
+    if (!lost) await locks.release(lease).catch(() => false);
   }
 }
 

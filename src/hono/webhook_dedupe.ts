@@ -51,9 +51,11 @@ export function webhookDedupe(
       );
     }
     if (Math.abs(now() / 1000 - Number(timestamp)) > toleranceSec) {
+      await records.noteSignatureFailure?.();
       return problem(401, "unauthorized", "The webhook timestamp is outside the tolerance");
     }
     if (!(await verify(await keys, `${id}.${timestamp}.${body}`, signatures))) {
+      await records.noteSignatureFailure?.();
       return problem(401, "unauthorized", "The webhook signature does not match");
     }
     let claim;

@@ -3,7 +3,7 @@ import { EdgelockError } from "../core/errors.ts";
 import { checkDuration, checkName, checkPrefix, checkToken, newToken } from "../core/_validate.ts";
 import { FENCE_GRACE_MS } from "../core/scripts.ts";
 import type { Script } from "../core/_lua.ts";
-import type { StoreOptions } from "./records.ts";
+import { statsKeys, type StoreOptions } from "./records.ts";
 import { EXTEND_JOB, FINISH_JOB, START_JOB } from "./scripts.ts";
 
 /** Options for {@linkcode Jobs.start}. */
@@ -52,13 +52,15 @@ export class Jobs implements JobStore {
   readonly #redis: RedisLike;
   readonly #prefix: string;
   readonly #timeoutMs: number;
+  readonly #statsKeys: string[];
 
   /** Jobs on `redis` (an `@upstash/redis` client), its keys under `prefix`. */
-  constructor(redis: RedisLike, { prefix = "edgelock", timeoutMs }: StoreOptions = {}) {
+  constructor(redis: RedisLike, { prefix = "edgelock", timeoutMs, stats }: StoreOptions = {}) {
     checkRedis(redis, "Jobs");
     this.#prefix = checkPrefix(prefix);
     this.#redis = redis;
     this.#timeoutMs = checkTimeout(timeoutMs);
+    this.#statsKeys = statsKeys(prefix, stats);
   }
 
   /** Starts a run of `job` unless it runs elsewhere, ran too recently, or ran for this tick. */
@@ -79,7 +81,7 @@ export class Jobs implements JobStore {
     const [jobKey, fenceKey] = this.#jobKeys(job);
     const reply = await this.#run(
       START_JOB,
-      [jobKey, fenceKey, `${jobKey}:tick:${tick ?? ""}`],
+      [jobKey, fenceKey, `${jobKey}:tick:${tick ?? ""}`, ...this.#statsKeys],
       [token, atMostMs, atLeastMs, tickRetentionMs, FENCE_GRACE_MS, tick === undefined ? 0 : 1],
     );
     const [run, a, b, c] = integers(START_JOB, reply, 4) as number[];

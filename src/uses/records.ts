@@ -21,7 +21,7 @@ import {
 import { sha256Hex } from "../core/_crypto.ts";
 import { FENCE_GRACE_MS } from "../core/scripts.ts";
 import type { Script } from "../core/_lua.ts";
-import { CLAIM, COMPLETE, GET_RECORD, RELEASE_CLAIM, RENEW_CLAIM } from "./scripts.ts";
+import { CLAIM, COMPLETE, GET_RECORD, NOTE, RELEASE_CLAIM, RENEW_CLAIM } from "./scripts.ts";
 
 /** Options for {@linkcode Records} and {@linkcode Jobs}. */
 export interface StoreOptions {
@@ -29,6 +29,8 @@ export interface StoreOptions {
   prefix?: string;
   /** How long one Redis request may take, 1–60000 ms, then `backend_unavailable`. @default 2000 */
   timeoutMs?: number;
+  /** Count outcomes in the prefix's stats (`Locks.stats()`), in the same scripts. @default true */
+  stats?: boolean;
 }
 
 /** Record kinds; each has its own key space. */
@@ -114,6 +116,8 @@ export interface RecordStore {
   release(kind: RecordKind, id: string, token: string): Promise<boolean>;
   /** The record's state; never its token. */
   get(kind: RecordKind, id: string): Promise<RecordState>;
+  /** Counts a webhook whose signature failed, where stats are kept; never throws. */
+  noteSignatureFailure?(): Promise<void>;
 }
 
 /** The outcome of {@linkcode RecordStore.renew}. */
@@ -129,13 +133,24 @@ export class Records implements RecordStore {
   readonly #redis: RedisLike;
   readonly #prefix: string;
   readonly #timeoutMs: number;
+  readonly #statsKeys: string[];
 
   /** Records on `redis` (an `@upstash/redis` client), its keys under `prefix`. */
-  constructor(redis: RedisLike, { prefix = "edgelock", timeoutMs }: StoreOptions = {}) {
+  constructor(redis: RedisLike, { prefix = "edgelock", timeoutMs, stats }: StoreOptions = {}) {
     checkRedis(redis, "Records");
     this.#prefix = checkPrefix(prefix);
     this.#redis = redis;
     this.#timeoutMs = checkTimeout(timeoutMs);
+    this.#statsKeys = statsKeys(prefix, stats);
+  }
+
+  /**
+   * Counts a webhook whose signature failed in the stats (`dedupe.signature_failed`): no claim
+   * script sees it. Never throws; nothing with stats off.
+   */
+  async noteSignatureFailure(): Promise<void> {
+    if (this.#statsKeys.length === 0) return;
+    await this.#run(NOTE, this.#statsKeys, ["dedupe.signature_failed"]).catch(() => {});
   }
 
   /** Claims `kind`/`id` for one worker, or says why not. */
@@ -148,12 +163,13 @@ export class Records implements RecordStore {
     if (typeof fingerprint !== "string" || fingerprint.length > MAX_FINGERPRINT) {
       throw new RangeError(`fingerprint must be a string of at most ${MAX_FINGERPRINT} characters`);
     }
-    const reply = await this.#run(CLAIM, keys, [
+    const reply = await this.#run(CLAIM, [...keys, ...this.#statsKeys], [
       token,
       leaseMs,
       retentionMs,
       fingerprint,
       FENCE_GRACE_MS,
+      kind,
     ]);
     const [outcome] = integers(CLAIM, reply, 2);
     if (outcome === 1) {
@@ -240,4 +256,10 @@ export class Records implements RecordStore {
     const base = `${this.#prefix}:${kind}:{${id}}`;
     return [base, `${base}:fence`];
   }
+}
+
+/** The prefix's stats hash as the scripts' last key, or none with stats off. */
+export function statsKeys(prefix: string, stats: unknown = true): string[] {
+  if (typeof stats !== "boolean") throw new TypeError("stats must be true or false");
+  return stats ? [`${prefix}:stats`] : [];
 }

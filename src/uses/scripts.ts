@@ -6,10 +6,12 @@
  */
 import { defineScript, NOW } from "../core/_lua.ts";
 import { LIMITS } from "../core/_validate.ts";
+import { STATS_LUA } from "../core/stats.ts";
 
 // ---- Records: absent → claimed (short lease, owner token, fence) → completed (retention) ----
 // KEYS[1] the record hash (state, token, fence, fingerprint, retentionMs, response), whose TTL
-// is the lease while claimed and the retention once completed; KEYS[2] the fence floor.
+// is the lease while claimed and the retention once completed; KEYS[2] the fence floor; KEYS[3]
+// the prefix's stats hash (absent with stats off), counted under ARGV's label.
 
 /**
  * Claim. Returns `{1, fence, leaseMs, nowMs}` when claimed (again, for the same token),
@@ -26,19 +28,24 @@ local leaseMs     = tonumber(ARGV[2]) -- milliseconds
 local retentionMs = ARGV[3]           -- milliseconds, applied on complete
 local fingerprint = ARGV[4]           -- '' for none
 local graceMs     = tonumber(ARGV[5])
-${NOW}
+local label       = ARGV[6]           -- 'idempotency' or 'dedupe', for the stats
+local statsKey    = KEYS[3]
+${NOW}${STATS_LUA}
 local record = redis.call('HMGET', recordKey, 'state', 'token', 'fence', 'fingerprint', 'response')
 local state, holder, fence, known = record[1], record[2], record[3], record[4]
 if state then
   if fingerprint ~= '' and known and known ~= '' and known ~= fingerprint then
+    count(statsKey, nowMs, label .. '.mismatch')
     return {3, nowMs}
   end
   if state == 'completed' then
     ttlOrSet(recordKey, tonumber(redis.call('HGET', recordKey, 'retentionMs')) or ${LIMITS.retentionMs.max})
+    count(statsKey, nowMs, label .. '.replay')
     return {2, nowMs, record[5] or ''}
   end
   -- Another token's claim, or a record this script did not write: in progress until its TTL.
   if state ~= 'claimed' or holder ~= token or not tonumber(fence) then
+    count(statsKey, nowMs, label .. '.conflict')
     return {0, ttlOrSet(recordKey, leaseMs), nowMs}
   end
   redis.call('PEXPIRE', recordKey, leaseMs)
@@ -51,6 +58,7 @@ redis.call('HSET', recordKey, 'state', 'claimed', 'token', token, 'fence', fence
   'fingerprint', fingerprint, 'retentionMs', retentionMs)
 redis.call('PEXPIRE', recordKey, leaseMs)
 redis.call('SET', fenceKey, fence, 'PX', leaseMs + graceMs)
+count(statsKey, nowMs, label .. '.first')
 return {1, tonumber(fence), leaseMs, nowMs}
 `,
 );
@@ -143,7 +151,8 @@ return {2, nowMs, pttl, record[3] or ''}
 
 // ---- Cron jobs, ShedLock semantics ----
 // KEYS[1] the job lock (token, fence, finished, notBefore), TTL atMostMs while running and the rest
-// of atLeastMs after finish; KEYS[2] the fence floor; KEYS[3] the tick marker (used with a tick).
+// of atLeastMs after finish; KEYS[2] the fence floor; KEYS[3] the tick marker (used with a tick);
+// KEYS[4] the prefix's stats hash (absent with stats off).
 
 /**
  * Start a run. Returns `{1, fence, atMostMs, nowMs}` when this caller should run the job,
@@ -162,14 +171,17 @@ local atLeastMs    = tonumber(ARGV[3]) -- milliseconds: held at least this long 
 local tickKeepMs   = tonumber(ARGV[4]) -- milliseconds a tick marker is kept
 local graceMs      = tonumber(ARGV[5])
 local hasTick      = ARGV[6] == '1'
-${NOW}
+local statsKey     = KEYS[4]
+${NOW}${STATS_LUA}
 if hasTick and redis.call('EXISTS', tickKey) == 1 then
+  count(statsKey, nowMs, 'cron.tick_done')
   return {0, 3, math.max(1, ttlOrSet(tickKey, tickKeepMs)), nowMs}
 end
 local job = redis.call('HMGET', jobKey, 'token', 'finished')
 if job[1] then
   local reason = 2
   if job[2] ~= '1' then reason = 1 end
+  count(statsKey, nowMs, reason == 1 and 'cron.running' or 'cron.too_soon')
   return {0, reason, math.max(1, ttlOrSet(jobKey, math.max(atMostMs, atLeastMs))), nowMs}
 end
 local floor = tonumber(redis.call('GET', fenceKey) or '0') or 0
@@ -181,6 +193,7 @@ redis.call('SET', fenceKey, fence, 'PX', math.max(atMostMs, atLeastMs) + graceMs
 if hasTick then
   redis.call('SET', tickKey, fence, 'PX', tickKeepMs)
 end
+count(statsKey, nowMs, 'cron.run')
 return {1, tonumber(fence), atMostMs, nowMs}
 `,
 );
@@ -233,6 +246,17 @@ if left > 0 then
 else
   redis.call('DEL', jobKey)
 end
+return 1
+`,
+);
+
+/** Count one event that no decision script sees, e.g. a webhook's bad signature. Returns 1. */
+export const NOTE = defineScript(
+  "note",
+  `
+local statsKey = KEYS[1]
+${NOW}${STATS_LUA}
+count(statsKey, nowMs, ARGV[1])
 return 1
 `,
 );

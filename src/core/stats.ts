@@ -1,0 +1,246 @@
+/**
+ * Stats kept by the scripts themselves, per key prefix (per tenant in the service), in the same
+ * atomic call that makes each decision: no extra request, and every isolate's calls count in one
+ * place. One Redis hash per prefix holds
+ *
+ * - `t:<field>`: totals since the hash was created (Prometheus counters), with `t:wait.sum` and
+ *   `t:hold.sum` in milliseconds;
+ * - `<slot>:<field>`: the same counts per minute, in a ring of 60 slots (`slot` = minute mod 60,
+ *   `<slot>:m` the minute it holds, cleared when the slot turns over), for the last hour.
+ *
+ * Granted acquisitions are counted by the wait histogram and releases by the hold histogram, so
+ * each costs one field. The hash lives {@linkcode STATS_RETENTION_MS} past the last minute that
+ * counted anything; its size is bounded by the field list: at most 60 × 61 + 61 fields.
+ *
+ * @module
+ */
+
+/** The counters, by operation: `<operation>.<outcome>` in Redis, snake_case as in Prometheus. */
+export const COUNTERS = {
+  acquire: ["busy", "timeout", "queue_full", "aborted"],
+  renew: ["renewed", "lost"],
+  release: ["lost"],
+  break: ["broken"],
+  idempotency: ["first", "replay", "conflict", "mismatch"],
+  dedupe: ["first", "replay", "conflict", "mismatch", "signature_failed"],
+  cron: ["run", "running", "too_soon", "tick_done"],
+} as const;
+
+/** Upper bounds of the wait-time buckets, ms (a last bucket takes the rest). */
+export const WAIT_BUCKETS_MS = [1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000];
+/** Upper bounds of the hold-time buckets, ms (a last bucket takes the rest). */
+export const HOLD_BUCKETS_MS = [
+  10,
+  50,
+  100,
+  250,
+  500,
+  1000,
+  2500,
+  5000,
+  10000,
+  30000,
+  60000,
+  300000,
+];
+
+/** How long a prefix's stats outlive its last counted minute: a week. */
+export const STATS_RETENTION_MS = 7 * 86_400_000;
+/** The minutes of per-minute counts kept. */
+export const WINDOW_MINUTES = 60;
+
+const FIELDS = [
+  ...Object.entries(COUNTERS).flatMap(([op, outcomes]) => outcomes.map((o) => `${op}.${o}`)),
+  ...[...WAIT_BUCKETS_MS, 0].map((_, i) => `wait.${i}`),
+  ...[...HOLD_BUCKETS_MS, 0].map((_, i) => `hold.${i}`),
+];
+
+const luaList = (values: readonly (string | number)[]) =>
+  `{${values.map((v) => typeof v === "number" ? v : `'${v}'`).join(", ")}}`;
+
+/**
+ * Lua for the scripts that count: `count(key, nowMs, field)` adds one to a counter and
+ * `observe(key, nowMs, 'wait'|'hold', ms)` to a histogram, both nothing when `key` is nil (stats
+ * off). Every command runs through `pcall`: a stats key of the wrong type (a hand edit) stops the
+ * counting, never the decision.
+ */
+export const STATS_LUA = `
+local STAT_FIELDS = ${luaList(FIELDS)}
+local function count(key, nowMs, field)
+  if not key then return end
+  local minute = string.format('%d', math.floor(nowMs / 60000))
+  local slot = string.format('%d', math.floor(nowMs / 60000) % ${WINDOW_MINUTES}) .. ':'
+  local held = redis.pcall('HGET', key, slot .. 'm')
+  if type(held) == 'table' then return end
+  if held ~= minute then
+    local old = {}
+    for i, f in ipairs(STAT_FIELDS) do old[i] = slot .. f end
+    redis.pcall('HDEL', key, unpack(old))
+    redis.pcall('HSET', key, slot .. 'm', minute)
+    redis.pcall('PEXPIRE', key, ${STATS_RETENTION_MS})
+  end
+  redis.pcall('HINCRBY', key, slot .. field, 1)
+  redis.pcall('HINCRBY', key, 't:' .. field, 1)
+end
+local BUCKETS = {wait = ${luaList(WAIT_BUCKETS_MS)}, hold = ${luaList(HOLD_BUCKETS_MS)}}
+local function observe(key, nowMs, histogram, ms)
+  if not key then return end
+  ms = math.max(0, math.floor(ms))
+  local bounds = BUCKETS[histogram]
+  local i = #bounds
+  for j = 1, #bounds do
+    if ms <= bounds[j] then i = j - 1; break end
+  end
+  count(key, nowMs, histogram .. '.' .. i)
+  redis.pcall('HINCRBY', key, 't:' .. histogram .. '.sum', ms)
+end
+`;
+
+/** A histogram of times: counts per bucket (not cumulative), `leMs` null for the last one. */
+export interface Histogram {
+  count: number;
+  /** The sum of the times observed, ms (totals only). */
+  sum_ms?: number;
+  /** Times up to this bound fell here, ms; estimated percentiles, ms. */
+  buckets: { le_ms: number | null; count: number }[];
+  p50_ms: number | null;
+  p99_ms: number | null;
+}
+
+/** The counts of one period: by operation and outcome, plus the two histograms. */
+export interface Counts {
+  acquire: Record<"granted" | (typeof COUNTERS.acquire)[number], number>;
+  renew: Record<(typeof COUNTERS.renew)[number], number>;
+  release: Record<"released" | (typeof COUNTERS.release)[number], number>;
+  /** Renewals and releases that found their lease gone (expired, broken or taken over). */
+  lease_lost: number;
+  break: Record<(typeof COUNTERS.break)[number], number>;
+  idempotency: Record<(typeof COUNTERS.idempotency)[number], number>;
+  dedupe: Record<(typeof COUNTERS.dedupe)[number], number>;
+  cron: Record<(typeof COUNTERS.cron)[number], number>;
+  wait: Histogram;
+  hold: Histogram;
+}
+
+/** One minute of the last hour, for rates and charts. */
+export interface MinuteStats {
+  /** The minute's start, ms since the epoch (server clock). */
+  at: number;
+  granted: number;
+  busy: number;
+  timeout: number;
+  lease_lost: number;
+  wait_p50_ms: number | null;
+  wait_p99_ms: number | null;
+}
+
+/** What {@linkcode Locks.stats} answers. */
+export interface Stats {
+  /** The server time of the reading, ms since the epoch. */
+  at: number;
+  /** Locks held now. */
+  locks_held: number;
+  /** Since the stats began (or were last dropped after a week without counts). */
+  total: Counts;
+  /** The last 60 minutes, this one included. */
+  last_hour: Counts;
+  /** The last 60 minutes one by one, oldest first; a minute without counts is all zero. */
+  minutes: MinuteStats[];
+}
+
+/** Builds the stats from the hash's fields (HGETALL as a flat array or an object). */
+export function toStats(raw: unknown, nowMs: number, locksHeld: number): Stats {
+  const hash = new Map<string, number>();
+  const entries: [unknown, unknown][] = Array.isArray(raw)
+    ? raw.flatMap((v, i) => i % 2 === 0 ? [[v, raw[i + 1]] as [unknown, unknown]] : [])
+    : Object.entries((raw ?? {}) as Record<string, unknown>);
+  for (const [k, v] of entries) {
+    const n = Number(v);
+    if (typeof k === "string" && Number.isFinite(n)) hash.set(k, n);
+  }
+  const minute = Math.floor(nowMs / 60_000);
+  const minutes: MinuteStats[] = [];
+  const slots: ((field: string) => number)[] = [];
+  for (let m = minute - WINDOW_MINUTES + 1; m <= minute; m++) {
+    const slot = `${m % WINDOW_MINUTES}:`;
+    const get = hash.get(`${slot}m`) === m ? (f: string) => hash.get(slot + f) ?? 0 : () => 0;
+    slots.push(get);
+    const c = counts(get);
+    minutes.push({
+      at: m * 60_000,
+      granted: c.acquire.granted,
+      busy: c.acquire.busy,
+      timeout: c.acquire.timeout,
+      lease_lost: c.lease_lost,
+      wait_p50_ms: c.wait.p50_ms,
+      wait_p99_ms: c.wait.p99_ms,
+    });
+  }
+  const total = (f: string) => hash.get(`t:${f}`) ?? 0;
+  return {
+    at: nowMs,
+    locks_held: locksHeld,
+    total: counts(total, true),
+    last_hour: counts((f) => slots.reduce((sum, get) => sum + get(f), 0)),
+    minutes,
+  };
+}
+
+function counts(get: (field: string) => number, sums = false): Counts {
+  const group = <K extends keyof typeof COUNTERS>(op: K) =>
+    Object.fromEntries(COUNTERS[op].map((o) => [o, get(`${op}.${o}`)])) as Record<
+      (typeof COUNTERS)[K][number],
+      number
+    >;
+  const wait = histogram(get, "wait", WAIT_BUCKETS_MS, sums);
+  const hold = histogram(get, "hold", HOLD_BUCKETS_MS, sums);
+  const renew = group("renew");
+  const release = group("release");
+  return {
+    acquire: { granted: wait.count, ...group("acquire") },
+    renew,
+    release: { released: hold.count, ...release },
+    lease_lost: renew.lost + release.lost,
+    break: group("break"),
+    idempotency: group("idempotency"),
+    dedupe: group("dedupe"),
+    cron: group("cron"),
+    wait,
+    hold,
+  };
+}
+
+function histogram(
+  get: (field: string) => number,
+  name: string,
+  bounds: number[],
+  sums: boolean,
+): Histogram {
+  const buckets = [...bounds, null].map((le_ms, i) => ({ le_ms, count: get(`${name}.${i}`) }));
+  const count = buckets.reduce((sum, b) => sum + b.count, 0);
+  return {
+    count,
+    ...(sums && { sum_ms: get(`${name}.sum`) }),
+    buckets,
+    p50_ms: quantile(buckets, count, 0.5),
+    p99_ms: quantile(buckets, count, 0.99),
+  };
+}
+
+// As Prometheus's histogram_quantile: linear within the bucket where the rank falls; a rank in
+// the last, unbounded bucket answers the highest bound.
+function quantile(buckets: Histogram["buckets"], count: number, q: number): number | null {
+  if (count === 0) return null;
+  const rank = q * count;
+  let below = 0;
+  let lower = 0;
+  for (const { le_ms, count: n } of buckets) {
+    if (le_ms === null) return lower;
+    if (below + n >= rank && n > 0) {
+      return Math.round(lower + (le_ms - lower) * ((rank - below) / n));
+    }
+    below += n;
+    lower = le_ms;
+  }
+  return lower;
+}

@@ -1,0 +1,325 @@
+// The stats the scripts keep, the held index, break and audit: counts compared exactly with what
+// a scripted workload did, against a real redis-server through the bridge.
+import assert from "node:assert/strict";
+import { startShiftedRedisServer } from "../dev/clock_shift.ts";
+import { Locks } from "../src/core/mod.ts";
+import type { LockEvent } from "../src/core/types.ts";
+import { type Counts, STATS_RETENTION_MS } from "../src/core/stats.ts";
+import { Jobs, recordId, Records } from "../src/uses/mod.ts";
+import { keygen, startBackend, until } from "./_backend.ts";
+
+const acquired = <T extends { acquired: boolean }>(r: T) => {
+  assert.ok(r.acquired, JSON.stringify(r));
+  return (r as T & { acquired: true; lease: import("../src/core/types.ts").Lease }).lease;
+};
+
+// The counters of a Counts, flat (`acquire.granted` …), without the histograms' buckets.
+function flat(counts: Counts): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const [op, value] of Object.entries(counts)) {
+    if (typeof value === "number") out[op] = value;
+    else if (op === "wait" || op === "hold") out[`${op}.count`] = value.count;
+    else for (const [k, n] of Object.entries(value)) out[`${op}.${k}`] = n as number;
+  }
+  return out;
+}
+
+Deno.test("stats kept by the scripts", async (t) => {
+  const backend = await startBackend();
+  const { redis } = backend;
+
+  try {
+    await t.step(
+      "count exactly what a scripted workload did, in the totals, the last hour and its minutes",
+      async () => {
+        const prefix = keygen("stats");
+        const events: LockEvent[] = [];
+        const locks = new Locks(redis, { prefix, maxWaiters: 1, onEvent: (e) => events.push(e) });
+        const records = new Records(redis, { prefix });
+        const jobs = new Jobs(redis, { prefix });
+
+        const a = acquired(await locks.acquire("a", { ttlMs: 5000 })); // granted 1
+        const b = acquired(await locks.acquire("b", { ttlMs: 5000 })); // granted 2
+        assert.equal((await locks.acquire("a")).acquired, false); // busy 1
+        assert.equal((await locks.acquire("a")).acquired, false); // busy 2
+        const waiter = locks.acquire("a", { waitMs: 3000 }); // queued, the only waiter allowed
+        await until("the waiter queued", async () =>
+          (await locks.inspect("a")).held &&
+          ((await locks.inspect("a")) as { waiters: number }).waiters === 1);
+        const full = await locks.acquire("a", { waitMs: 200 }); // queue_full 1
+        assert.ok(!full.acquired && full.reason === "queue_full");
+        assert.equal((await locks.renew(a)).renewed, true); // renewed 1
+        assert.equal(await locks.release(a), true); // released 1
+        const w = acquired(await waiter); // granted 3, after a wait
+        assert.equal(
+          (await locks.renew({ name: "a", token: "not-the-holder-0001" })).renewed,
+          false,
+        ); // renew lost 1
+        assert.deepEqual(await locks.break("a", { by: "ops", reason: "stuck" }), {
+          broken: true,
+          fence: w.fence,
+        }); // broken 1
+        assert.equal(await locks.release(w), false); // release lost 1
+        const timedOut = await locks.acquire("b", { waitMs: 150 }); // timeout 1
+        assert.ok(!timedOut.acquired && timedOut.reason === "busy");
+        const aborted = new AbortController();
+        const gone = locks.acquire("b", { waitMs: 3000, signal: aborted.signal });
+        setTimeout(() => aborted.abort(new Error("caller left")), 50);
+        await assert.rejects(gone, /caller left/); // aborted 1
+
+        const id = recordId("user", keygen("k"));
+        const claim = await records.claim("idempotency", id, { fingerprint: "f" }); // first
+        assert.equal(claim.state, "claimed");
+        await records.claim("idempotency", id); // conflict
+        await records.claim("idempotency", id, { fingerprint: "g" }); // mismatch
+        await records.complete("idempotency", id, (claim as { token: string }).token, {});
+        await records.claim("idempotency", id); // replay
+        await records.claim("idempotency", id); // replay
+        const hook = recordId("stripe", keygen("evt"));
+        const first = await records.claim("dedupe", hook); // first
+        await records.claim("dedupe", hook); // conflict (in progress)
+        await records.complete("dedupe", hook, (first as { token: string }).token);
+        await records.claim("dedupe", hook); // replay (a duplicate delivery)
+        await records.noteSignatureFailure(); // signature_failed
+
+        const job = keygen("job");
+        const run = await jobs.start(job, { atMostMs: 5000, atLeastMs: 1000, tick: 7 }); // run
+        assert.ok(run.run);
+        await jobs.start(job, { atMostMs: 5000, tick: 7 }); // tick_done
+        await jobs.start(job, { atMostMs: 5000 }); // running
+        await jobs.finish(job, run.token);
+        await jobs.start(job, { atMostMs: 5000 }); // too_soon
+
+        const expected = {
+          "acquire.granted": 3,
+          "acquire.busy": 2,
+          "acquire.timeout": 1,
+          "acquire.queue_full": 1,
+          "acquire.aborted": 1,
+          "renew.renewed": 1,
+          "renew.lost": 1,
+          "release.released": 1,
+          "release.lost": 1,
+          "lease_lost": 2,
+          "break.broken": 1,
+          "idempotency.first": 1,
+          "idempotency.replay": 2,
+          "idempotency.conflict": 1,
+          "idempotency.mismatch": 1,
+          "dedupe.first": 1,
+          "dedupe.replay": 1,
+          "dedupe.conflict": 1,
+          "dedupe.mismatch": 0,
+          "dedupe.signature_failed": 1,
+          "cron.run": 1,
+          "cron.running": 1,
+          "cron.too_soon": 1,
+          "cron.tick_done": 1,
+          "wait.count": 3,
+          "hold.count": 1,
+        };
+        const stats = await locks.stats();
+        assert.deepEqual(flat(stats.total), expected);
+        assert.deepEqual(flat(stats.last_hour), expected);
+        assert.equal(stats.locks_held, 1, "b is held; a was broken");
+        const minutes = stats.minutes.reduce(
+          (sum, m) => ({
+            granted: sum.granted + m.granted,
+            busy: sum.busy + m.busy,
+            timeout: sum.timeout + m.timeout,
+            lease_lost: sum.lease_lost + m.lease_lost,
+          }),
+          { granted: 0, busy: 0, timeout: 0, lease_lost: 0 },
+        );
+        assert.deepEqual(minutes, { granted: 3, busy: 2, timeout: 1, lease_lost: 2 });
+        assert.equal(stats.minutes.length, 60);
+        assert.ok(stats.total.wait.sum_ms! >= 1, "the waiter's wait counted");
+        assert.ok(stats.total.wait.p99_ms! > 0);
+
+        const outcomes = events.map((e) => `${e.type}${"outcome" in e ? `:${e.outcome}` : ""}`)
+          .filter((e) => e !== "wait");
+        assert.deepEqual(outcomes.sort(), [
+          "acquire:aborted",
+          "acquire:busy",
+          "acquire:busy",
+          "acquire:granted",
+          "acquire:granted",
+          "acquire:granted",
+          "acquire:queue_full",
+          "acquire:timeout",
+          "release:lost",
+          "release:released",
+          "renew:lost",
+          "renew:renewed",
+        ]);
+        assert.ok(events.some((e) => e.type === "wait"), "each busy look while waiting is told");
+        assert.ok(events.every((e) => e.durationMs >= 0 && e.at > 0));
+
+        const audit = await locks.audit();
+        assert.equal(audit.length, 1);
+        assert.deepEqual({ ...audit[0], id: undefined, at: undefined }, {
+          id: undefined,
+          at: undefined,
+          action: "break",
+          name: "a",
+          fence: w.fence,
+          by: "ops",
+          reason: "stuck",
+        });
+        const next = acquired(await locks.acquire("a"));
+        assert.ok(next.fence > w.fence, "after a break the next fence is higher");
+        await locks.release(next);
+        await locks.release(b);
+      },
+    );
+
+    await t.step(
+      "list exactly the held locks, by prefix and page, never an expired one",
+      async () => {
+        const prefix = keygen("list");
+        const locks = new Locks(redis, { prefix });
+        const names = Array.from({ length: 25 }, (_, i) => `job:${String(i).padStart(2, "0")}`);
+        const leases = [];
+        for (const name of names) {
+          leases.push(acquired(await locks.acquire(name, { ttlMs: 10_000, meta: { i: name } })));
+        }
+        const short = acquired(await locks.acquire("job:short", { ttlMs: 150 }));
+        acquired(await locks.acquire("other:1", { ttlMs: 10_000 }));
+        await locks.release(leases[3]!);
+        const pages: string[][] = [];
+        let cursor: string | undefined;
+        do {
+          const page = await locks.list({ prefix: "job:", limit: 10, ...(cursor && { cursor }) });
+          pages.push(page.locks.map((l) => l.name));
+          for (const lock of page.locks) {
+            assert.ok(lock.expiresAt > Date.now() - 1000 && lock.fence > 0);
+          }
+          cursor = page.cursor;
+        } while (cursor);
+        const held = names.filter((_, i) => i !== 3);
+        assert.deepEqual(pages.flat(), [...held, "job:short"].sort());
+        assert.ok(pages.every((p) => p.length <= 10));
+        await until(
+          "the short lease ran out",
+          async () => !(await locks.inspect("job:short")).held,
+        );
+        const after = await locks.list({ prefix: "job:", limit: 1000 });
+        assert.deepEqual(
+          after.locks.map((l) => l.name),
+          held,
+          "the expired one is gone",
+        );
+        assert.equal(after.cursor, undefined);
+        assert.deepEqual(after.locks[0]!.meta, { i: "job:00" });
+        assert.equal((await locks.stats()).locks_held, 25, "24 job: locks and other:1");
+        assert.equal(short.name, "job:short");
+        await assert.rejects(locks.list({ limit: 0 }), RangeError);
+        await assert.rejects(locks.list({ prefix: "a b" }), RangeError);
+        await assert.rejects(locks.list({ cursor: "../x" }), RangeError);
+      },
+    );
+
+    await t.step(
+      "a lease that ran out unreleased leaves the index within the next grants",
+      async () => {
+        const prefix = keygen("prune");
+        const locks = new Locks(redis, { prefix });
+        for (let i = 0; i < 8; i++) acquired(await locks.acquire(`gone:${i}`, { ttlMs: 100 }));
+        await until("they ran out", async () => !(await locks.inspect("gone:7")).held);
+        acquired(await locks.acquire("next", { ttlMs: 1000 }));
+        assert.equal(await redis.zcard(`${prefix}:held:ends`), 1, "only the held one is left");
+        assert.equal(await redis.zcard(`${prefix}:held`), 1);
+      },
+    );
+
+    await t.step(
+      "with stats off, no stats or index key is written, and list() says why",
+      async () => {
+        const prefix = keygen("off");
+        const locks = new Locks(redis, { prefix, stats: false });
+        const lease = acquired(await locks.acquire("x"));
+        await locks.renew(lease);
+        await locks.release(lease);
+        assert.equal((await redis.keys(`${prefix}:*`)).some((k) => !k.includes(":lock:")), false);
+        await assert.rejects(locks.list(), /needs stats on/);
+        await assert.rejects(locks.stats(), /needs stats on/);
+        assert.throws(() => new Locks(redis, { stats: "yes" as unknown as boolean }), TypeError);
+      },
+    );
+
+    await t.step("a damaged stats key stops the counting, never the decision", async () => {
+      const prefix = keygen("damaged");
+      await redis.set(`${prefix}:stats`, "not a hash");
+      await redis.set(`${prefix}:held`, "not a zset");
+      const locks = new Locks(redis, { prefix });
+      const lease = acquired(await locks.acquire("x"));
+      assert.equal((await locks.renew(lease)).renewed, true);
+      assert.equal(await locks.release(lease), true);
+      assert.equal(await redis.get(`${prefix}:stats`), "not a hash");
+    });
+
+    await t.step("break refuses bad input and answers not held for a free name", async () => {
+      const locks = new Locks(redis, { prefix: keygen("brk") });
+      assert.deepEqual(await locks.break("free", { by: "ops" }), { broken: false });
+      await assert.rejects(locks.break("x", { by: "" }), RangeError);
+      await assert.rejects(locks.break("x", { by: "a\nb" }), RangeError);
+      await assert.rejects(locks.break("x", { by: "ops", reason: "r".repeat(201) }), RangeError);
+      await assert.rejects(locks.break("x", undefined as unknown as { by: string }), TypeError);
+      assert.deepEqual(await locks.audit(), []);
+    });
+
+    await t.step("the onEvent hook's own errors never break a lock operation", async () => {
+      const locks = new Locks(redis, {
+        prefix: keygen("hook"),
+        onEvent: () => {
+          throw new Error("the hook failed");
+        },
+      });
+      const lease = acquired(await locks.acquire("x"));
+      assert.equal(await locks.release(lease), true);
+    });
+  } finally {
+    await backend.stop();
+  }
+});
+
+Deno.test("the stats' minute ring under a stepping server clock", async (t) => {
+  const server = await startShiftedRedisServer();
+  const backend = await startBackend([], server);
+  const { redis } = backend;
+
+  try {
+    await t.step(
+      "keeps the last 60 minutes, clears a slot that turns over, and stays bounded",
+      async () => {
+        const prefix = keygen("ring");
+        const locks = new Locks(redis, { prefix });
+        // 90 minutes, two grants and one busy each: the ring turns over one and a half times.
+        for (let minute = 0; minute < 90; minute++) {
+          await server.shift(minute * 60_000);
+          const lease = acquired(await locks.acquire("x", { ttlMs: 1000 }));
+          assert.equal((await locks.acquire("x")).acquired, false);
+          await locks.release(lease);
+          acquired(await locks.acquire(`y${minute}`, { ttlMs: 100 }));
+        }
+        const stats = await locks.stats();
+        assert.equal(stats.total.acquire.granted, 180);
+        assert.equal(stats.total.acquire.busy, 90);
+        assert.equal(stats.last_hour.acquire.granted, 120, "only the last 60 minutes");
+        assert.equal(stats.last_hour.acquire.busy, 60);
+        assert.ok(stats.minutes.every((m) => m.granted === 2 && m.busy === 1));
+        const fields = await redis.hlen(`${prefix}:stats`);
+        assert.ok(fields <= 60 * 6 + 10, `${fields} fields`);
+        const pttl = await redis.pttl(`${prefix}:stats`);
+        assert.ok(pttl > STATS_RETENTION_MS - 60_000 && pttl <= STATS_RETENTION_MS);
+        assert.ok(
+          await redis.zcard(`${prefix}:held:ends`) <= 9,
+          "grants prune the leases that ran out",
+        );
+        await server.shift(0);
+      },
+    );
+  } finally {
+    await backend.stop();
+  }
+});
