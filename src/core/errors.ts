@@ -2,6 +2,7 @@
 export type ErrorCode =
   | "invalid_request"
   | "unauthorized"
+  | "forbidden"
   | "not_found"
   | "payload_too_large"
   | "lock_busy"

@@ -3,12 +3,26 @@ import type { Locks } from "../core/locks.ts";
 import type { Jobs } from "../uses/jobs.ts";
 import type { Records } from "../uses/records.ts";
 
+/** One tenant's stores, as the service keeps them. */
+export interface TenantStores {
+  locks: Locks;
+  records: Records;
+  jobs: Jobs;
+  wait: <T>(fn: () => Promise<T>) => Promise<T>;
+}
+
 /** What the service's middleware sets for each request: the tenant and its own stores. */
 export type AppEnv = {
   Variables: {
     /** This request's id: the caller's `x-request-id`, or a new one. */
     requestId: string;
-    /** The tenant the API key belongs to. */
+    /** `tenant` for a tenant's key (LOCK_API_KEYS), `operator` for an operator's (OPERATOR_API_KEYS). */
+    role: "tenant" | "operator";
+    /** The operator's name, for an operator's key. */
+    operator?: string;
+    /** Every tenant's stores by name (operators pick one with `?tenant=`). */
+    tenants: ReadonlyMap<string, TenantStores>;
+    /** The tenant the API key belongs to (or, for an operator, the one it chose). */
     tenant: string;
     /** The tenant's locks. */
     locks: Locks;

@@ -5,11 +5,12 @@ import { HTTPException } from "hono/http-exception";
 import { EdgelockError, type ErrorCode } from "../core/errors.ts";
 import { problem } from "../hono/_problem.ts";
 
-type Status = 400 | 401 | 404 | 405 | 409 | 413 | 422 | 429 | 500 | 503;
+type Status = 400 | 401 | 403 | 404 | 405 | 409 | 413 | 422 | 429 | 500 | 503;
 
 const PROBLEMS: Record<ErrorCode, [Status, string]> = {
   invalid_request: [400, "The request is not valid"],
   unauthorized: [401, "Missing or unknown API key"],
+  forbidden: [403, "This API key may not do this"],
   not_found: [404, "No such route"],
   method_not_allowed: [405, "This route does not take this method"],
   payload_too_large: [413, "The request body is too large"],

@@ -9,13 +9,16 @@ import { checkTimeout, type RedisLike, runScript } from "../core/_runner.ts";
 import { PING } from "../core/scripts.ts";
 import { Jobs } from "../uses/jobs.ts";
 import { Records } from "../uses/records.ts";
-import type { AppEnv } from "./_env.ts";
+import type { AppEnv, TenantStores } from "./_env.ts";
 import { problemResponse, toEdgelockError } from "./_errors.ts";
 import { tenantLimiter, type TenantLimits } from "./_limits.ts";
 import { json, problemDoc } from "./_schemas.ts";
 import { jobRoutes } from "./routes/jobs.ts";
 import { lockRoutes } from "./routes/locks.ts";
 import { recordRoutes } from "./routes/records.ts";
+import { isOperatorRoute, opsRoutes } from "./routes/ops.ts";
+import type { MiddlewareHandler } from "hono";
+import type { LockEvent } from "../core/types.ts";
 
 /** What {@linkcode createApp} needs; each runtime's entry builds it from its own environment. */
 export interface AppDeps {
@@ -23,6 +26,13 @@ export interface AppDeps {
   redis: RedisLike;
   /** The tenants and their secrets, e.g. from `parseApiKeys(LOCK_API_KEYS)`. */
   apiKeys: readonly ApiKey[];
+  /**
+   * Operators' keys, e.g. from `parseOperatorKeys(OPERATOR_API_KEYS)`: they read every tenant's
+   * stats, list and audit, break locks, and scrape `/metrics` for all tenants; they cannot lock.
+   */
+  operatorKeys?: readonly ApiKey[];
+  /** Told of every lock operation of every tenant, e.g. `openTelemetry()` from `/otel`. */
+  onEvent?: (event: LockEvent & { tenant: string }) => void;
   /** Prefix of every Redis key; each tenant's keys live under `<prefix>:<tenant>`. @default "edgelock" */
   keyPrefix?: string;
   /** How long one Redis request may take before the reply is 503, ms. @default 2000 */
@@ -61,6 +71,8 @@ export interface RequestLog {
   error?: string;
 }
 
+const OPERATOR = "operator:";
+
 /** The largest request body, in bytes. */
 export const MAX_BODY_BYTES = 64 * 1024;
 
@@ -90,19 +102,34 @@ const healthRoute = createRoute({
 
 /** The edgelock HTTP service as a Hono app; runtime-agnostic. */
 export function createApp(
-  { redis, apiKeys, keyPrefix = "edgelock", redisTimeoutMs, limits, log = logLine }: AppDeps,
+  {
+    redis,
+    apiKeys,
+    operatorKeys = [],
+    keyPrefix = "edgelock",
+    redisTimeoutMs,
+    limits,
+    log = logLine,
+    onEvent,
+  }: AppDeps,
 ): OpenAPIHono<AppEnv> {
   if (apiKeys.length === 0) throw new RangeError("createApp needs at least one API key");
   const timeoutMs = checkTimeout(redisTimeoutMs);
   const limiter = tenantLimiter(limits);
   const known = new Map<string, string>();
-  const digests = Promise.all(
-    apiKeys.map(async ({ tenant, secret }) => ({ tenant, digest: await sha256(secret) })),
-  );
-  const byTenant = new Map(apiKeys.map(({ tenant }) => {
+  // Operators are found as `operator:<name>`, which no tenant name can be (no colon).
+  const digests = Promise.all([
+    ...apiKeys.map(async ({ tenant, secret }) => ({ tenant, digest: await sha256(secret) })),
+    ...operatorKeys.map(async ({ tenant, secret }) => ({
+      tenant: `${OPERATOR}${tenant}`,
+      digest: await sha256(secret),
+    })),
+  ]);
+  const byTenant: ReadonlyMap<string, TenantStores> = new Map(apiKeys.map(({ tenant }) => {
     const options = { prefix: `${keyPrefix}:${tenant}`, timeoutMs };
+    const tell = onEvent && ((event: LockEvent) => onEvent({ ...event, tenant }));
     return [tenant, {
-      locks: new Locks(redis, options),
+      locks: new Locks(redis, { ...options, ...(tell && { onEvent: tell }) }),
       records: new Records(redis, options),
       jobs: new Jobs(redis, options),
       wait: <T>(fn: () => Promise<T>) => limiter.wait(tenant, fn),
@@ -158,29 +185,54 @@ export function createApp(
       },
     }),
   );
-  app.use("/v1/*", async (c, next) => {
+  const authenticate: MiddlewareHandler<AppEnv> = async (c, next) => {
     const match = BEARER.exec(c.req.header("authorization") ?? "");
     const presented = match?.[1];
     // A key that matched once is found again without hashing: the map holds only the service's
     // own keys, so it cannot grow past them.
-    let tenant = presented === undefined ? undefined : known.get(presented);
-    if (presented !== undefined && tenant === undefined) {
-      tenant = await findTenant(await digests, presented);
-      if (tenant !== undefined) known.set(presented, tenant);
+    let principal = presented === undefined ? undefined : known.get(presented);
+    if (presented !== undefined && principal === undefined) {
+      principal = await findTenant(await digests, presented);
+      if (principal !== undefined) known.set(presented, principal);
     }
-    if (!tenant) {
+    if (!principal) {
       throw new EdgelockError("unauthorized", "Send Authorization: Bearer <api key>");
     }
+    c.set("tenants", byTenant);
+    const asked = c.req.query("tenant");
+    let tenant = principal;
+    if (principal.startsWith(OPERATOR)) {
+      c.set("role", "operator");
+      c.set("operator", principal.slice(OPERATOR.length));
+      if (!isOperatorRoute(c.req.method, c.req.path)) {
+        throw new EdgelockError(
+          "forbidden",
+          "An operator key reads stats, lists and the audit, and breaks locks; lock with a " +
+            "tenant's key",
+        );
+      }
+      if (asked === undefined) return await next();
+      if (!byTenant.has(asked)) throw new EdgelockError("not_found", "No such tenant");
+      tenant = asked;
+    } else {
+      c.set("role", "tenant");
+      if (asked !== undefined && asked !== principal) {
+        throw new EdgelockError("forbidden", "A tenant's key reads only its own tenant");
+      }
+      limiter.admit(tenant);
+    }
     c.set("tenant", tenant);
-    limiter.admit(tenant);
     const { locks, records, jobs, wait } = byTenant.get(tenant)!;
     c.set("locks", locks);
     c.set("records", records);
     c.set("jobs", jobs);
     c.set("wait", wait);
     await next();
-  });
+  };
+  app.use("/v1/*", authenticate);
+  app.use("/metrics", authenticate);
 
+  opsRoutes(app);
   lockRoutes(app);
   recordRoutes(app);
   jobRoutes(app);

@@ -13,23 +13,7 @@ const SECRET_PATTERN = /^[\x21-\x7e]{16,256}$/;
 
 /** Parses `LOCK_API_KEYS`: comma-separated `tenant:secret` pairs. Throws on any malformed pair. */
 export function parseApiKeys(text: string | undefined): ApiKey[] {
-  const keys = (text ?? "").split(",").map((pair) => pair.trim()).filter(Boolean).map((pair) => {
-    const at = pair.indexOf(":");
-    const tenant = pair.slice(0, at);
-    const secret = pair.slice(at + 1);
-    if (at < 1 || !TENANT_PATTERN.test(tenant)) {
-      throw new RangeError(
-        "LOCK_API_KEYS: each entry is tenant:secret, the tenant 1–64 characters of A-Z a-z 0-9 _ -",
-      );
-    }
-    if (!SECRET_PATTERN.test(secret) || secret.includes(",")) {
-      throw new RangeError(
-        `LOCK_API_KEYS: the secret of tenant "${tenant}" must be 16–256 printable characters ` +
-          "without commas",
-      );
-    }
-    return { tenant, secret };
-  });
+  const keys = parseKeys(text, "LOCK_API_KEYS", "tenant");
   if (keys.length === 0) {
     throw new RangeError(
       "LOCK_API_KEYS is not set: give comma-separated tenant:secret pairs, each secret 16–256 " +
@@ -40,6 +24,45 @@ export function parseApiKeys(text: string | undefined): ApiKey[] {
     throw new RangeError("LOCK_API_KEYS: two tenants share a secret");
   }
   return keys;
+}
+
+/**
+ * Parses `OPERATOR_API_KEYS`, in the same `name:secret` form (none when unset): operators read
+ * every tenant's stats and may break locks. No operator shares a secret with a tenant.
+ */
+export function parseOperatorKeys(
+  text: string | undefined,
+  tenants: readonly ApiKey[] = [],
+): ApiKey[] {
+  const keys = parseKeys(text, "OPERATOR_API_KEYS", "operator");
+  const secrets = new Set(tenants.map((key) => key.secret));
+  if (new Set(keys.map((key) => key.secret)).size !== keys.length) {
+    throw new RangeError("OPERATOR_API_KEYS: two operators share a secret");
+  }
+  if (keys.some((key) => secrets.has(key.secret))) {
+    throw new RangeError("OPERATOR_API_KEYS: an operator shares a secret with a tenant");
+  }
+  return keys;
+}
+
+function parseKeys(text: string | undefined, setting: string, who: string): ApiKey[] {
+  return (text ?? "").split(",").map((pair) => pair.trim()).filter(Boolean).map((pair) => {
+    const at = pair.indexOf(":");
+    const tenant = pair.slice(0, at);
+    const secret = pair.slice(at + 1);
+    if (at < 1 || !TENANT_PATTERN.test(tenant)) {
+      throw new RangeError(
+        `${setting}: each entry is ${who}:secret, the ${who} 1–64 characters of A-Z a-z 0-9 _ -`,
+      );
+    }
+    if (!SECRET_PATTERN.test(secret) || secret.includes(",")) {
+      throw new RangeError(
+        `${setting}: the secret of ${who} "${tenant}" must be 16–256 printable characters ` +
+          "without commas",
+      );
+    }
+    return { tenant, secret };
+  });
 }
 
 /**

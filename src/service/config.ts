@@ -1,4 +1,4 @@
-import { type ApiKey, parseApiKeys } from "./auth.ts";
+import { type ApiKey, parseApiKeys, parseOperatorKeys } from "./auth.ts";
 import type { TenantLimits } from "./_limits.ts";
 
 /** The service's settings, read from env vars or Worker bindings by each entry. */
@@ -9,6 +9,8 @@ export interface ServiceConfig {
   redisToken: string;
   /** `LOCK_API_KEYS`, parsed */
   apiKeys: ApiKey[];
+  /** `OPERATOR_API_KEYS`, parsed: keys that read every tenant's stats and may break locks */
+  operatorKeys: ApiKey[];
   /** `LOCK_KEY_PREFIX` @default "edgelock" */
   keyPrefix: string;
   /** `REDIS_TIMEOUT_MS`: how long one Redis request may take, ms. @default 2000 */
@@ -22,6 +24,7 @@ export const SETTINGS = [
   "UPSTASH_REDIS_REST_URL",
   "UPSTASH_REDIS_REST_TOKEN",
   "LOCK_API_KEYS",
+  "OPERATOR_API_KEYS",
   "LOCK_KEY_PREFIX",
   "REDIS_TIMEOUT_MS",
   "LOCK_MAX_WAITS",
@@ -73,12 +76,14 @@ export function readConfig(env: Record<string, unknown>): ServiceConfig {
     return Number(value);
   };
   const redisTimeoutMs = integer("REDIS_TIMEOUT_MS", 1, 60_000, "milliseconds");
+  const apiKeys = parseApiKeys(text("LOCK_API_KEYS"));
   const maxWaits = integer("LOCK_MAX_WAITS", 1, 10_000, "waits per tenant");
   const requestsPerSecond = integer("LOCK_RATE_LIMIT", 0, 1_000_000_000, "requests a second");
   return {
     redisUrl,
     redisToken,
-    apiKeys: parseApiKeys(text("LOCK_API_KEYS")),
+    apiKeys,
+    operatorKeys: parseOperatorKeys(text("OPERATOR_API_KEYS"), apiKeys),
     keyPrefix,
     ...(redisTimeoutMs !== undefined && { redisTimeoutMs }),
     limits: {
@@ -112,7 +117,19 @@ function checkRestUrl(value: string | undefined): string {
 
 /** The parts of a {@linkcode ServiceConfig} that `createApp` takes besides the Redis client. */
 export function appSettings(
-  { apiKeys, keyPrefix, redisTimeoutMs, limits }: ServiceConfig,
-): { apiKeys: ApiKey[]; keyPrefix: string; redisTimeoutMs?: number; limits: TenantLimits } {
-  return { apiKeys, keyPrefix, ...(redisTimeoutMs !== undefined && { redisTimeoutMs }), limits };
+  { apiKeys, operatorKeys, keyPrefix, redisTimeoutMs, limits }: ServiceConfig,
+): {
+  apiKeys: ApiKey[];
+  operatorKeys: ApiKey[];
+  keyPrefix: string;
+  redisTimeoutMs?: number;
+  limits: TenantLimits;
+} {
+  return {
+    apiKeys,
+    operatorKeys,
+    keyPrefix,
+    ...(redisTimeoutMs !== undefined && { redisTimeoutMs }),
+    limits,
+  };
 }
