@@ -17,6 +17,7 @@ import { jobRoutes } from "./routes/jobs.ts";
 import { lockRoutes } from "./routes/locks.ts";
 import { recordRoutes } from "./routes/records.ts";
 import { isOperatorRoute, opsRoutes } from "./routes/ops.ts";
+import { dashboardRoutes } from "./dashboard.ts";
 import type { MiddlewareHandler } from "hono";
 import type { LockEvent } from "../core/types.ts";
 
@@ -233,6 +234,7 @@ export function createApp(
   app.use("/metrics", authenticate);
 
   opsRoutes(app);
+  dashboardRoutes(app);
   lockRoutes(app);
   recordRoutes(app);
   jobRoutes(app);

@@ -1,0 +1,162 @@
+/// <reference lib="dom" />
+// The dashboard in a real browser: Debian's chromium driven by playwright-core. What the page
+// shows is checked against the API, an operator breaks a lock from it, and the key never leaves
+// sessionStorage. Set SCREENSHOT=1 to refresh bench/dashboard.png for the README.
+import assert from "node:assert/strict";
+import { chromium } from "playwright-core";
+import { createApp } from "../src/service/app.ts";
+import { parseApiKeys, parseOperatorKeys } from "../src/service/auth.ts";
+import { createClient } from "../src/client/client.ts";
+import { keygen, startBackend } from "./_backend.ts";
+import type { Lease } from "../src/core/types.ts";
+
+const A = "tenant-a-secret-0123456789";
+const OPS = "operator-secret-0123456789";
+const apiKeys = parseApiKeys(`a:${A}`);
+const operatorKeys = parseOperatorKeys(`ops:${OPS}`, apiKeys);
+const CHROMIUM = Deno.env.get("CHROMIUM_PATH") ?? "/usr/bin/chromium";
+
+Deno.test("the dashboard in headless Chromium", async (t) => {
+  const backend = await startBackend();
+  const app = createApp({
+    redis: backend.redis,
+    apiKeys,
+    operatorKeys,
+    keyPrefix: keygen("dash"),
+    log: () => {},
+  });
+  const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, app.fetch);
+  const base = `http://127.0.0.1:${server.addr.port}`;
+  const client = createClient({ baseUrl: base, apiKey: A });
+  const browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    args: ["--no-sandbox", "--disable-dev-shm-usage"],
+  });
+
+  try {
+    const leases: Lease[] = [];
+    for (const name of ["invoice:1", "invoice:2", "report:daily"]) {
+      const r = await client.acquire(name, { ttlMs: 60_000 });
+      assert.ok(r.acquired);
+      leases.push(r.lease);
+    }
+    assert.equal((await client.acquire("invoice:1")).acquired, false);
+    await client.release(
+      await (async () => {
+        const r = await client.acquire("short", { ttlMs: 5000 });
+        assert.ok(r.acquired);
+        return r.lease;
+      })(),
+    );
+
+    const page = await browser.newPage();
+    const requests: string[] = [];
+    page.on("request", (request) => requests.push(request.url()));
+    const errors: string[] = [];
+    page.on("pageerror", (error) => errors.push(error.message));
+
+    await t.step(
+      "a tenant's key shows its held locks, fences and counts as the API has them",
+      async () => {
+        await page.goto(`${base}/dashboard`);
+        await page.fill("#key", A);
+        await page.click("#login button");
+        await page.waitForSelector("#locks tbody tr");
+        await page.waitForFunction(() => document.querySelectorAll("#locks tbody tr").length === 3);
+        const rows = await page.$$eval(
+          "#locks tbody tr",
+          (trs) =>
+            trs.map((tr) => [...tr.querySelectorAll("td")].map((td) => td.textContent ?? "")),
+        );
+        const api = await (await fetch(`${base}/v1/locks`, {
+          headers: { authorization: `Bearer ${A}` },
+        })).json();
+        assert.deepEqual(
+          rows.map((r) => [r[0], r[1], r[2]]),
+          api.locks.map((l: { name: string; fence: number; waiters: number }) => [
+            l.name,
+            String(l.fence),
+            String(l.waiters),
+          ]),
+        );
+        const seconds = Number(rows[0]![3]!.replace(" s", ""));
+        assert.ok(seconds > 50 && seconds <= 60, `countdown ${rows[0]![3]}`);
+        const card = (label: string) =>
+          page.$eval(`[data-stat="${label}"] b`, (b) => b.textContent ?? "");
+        assert.equal(await card("held now"), "3");
+        assert.equal(await card("granted"), "4");
+        assert.equal(await card("busy"), "1");
+        assert.ok((await page.$$("#rate rect")).length >= 1, "the rate chart has bars");
+        assert.equal(await page.$("#locks button"), null, "a tenant's key gets no break button");
+        const later = Number(
+          (await page.$eval("#locks tbody tr .countdown", (td) => td.textContent ?? "")).replace(
+            " s",
+            "",
+          ),
+        );
+        await page.waitForTimeout(600);
+        const after = Number(
+          (await page.$eval("#locks tbody tr .countdown", (td) => td.textContent ?? "")).replace(
+            " s",
+            "",
+          ),
+        );
+        assert.ok(after < later, `the countdown runs: ${later} → ${after}`);
+      },
+    );
+
+    await t.step(
+      "the key stays in sessionStorage: never in a URL, a cookie or localStorage",
+      async () => {
+        assert.ok(requests.every((url) => !url.includes(A)), "not in any URL");
+        assert.deepEqual(await page.context().cookies(), []);
+        assert.equal(await page.evaluate(() => localStorage.length), 0);
+        assert.equal(await page.evaluate(() => sessionStorage.getItem("edgelock.apiKey")), A);
+      },
+    );
+
+    await t.step(
+      "an operator breaks a stuck lock from the page, and the audit shows it",
+      async () => {
+        await page.click("#logout");
+        await page.waitForSelector("#key:not([hidden])");
+        await page.fill("#key", OPS);
+        await page.click("#login button");
+        await page.waitForSelector("#locks tbody tr button");
+        page.once("dialog", (dialog) => dialog.accept());
+        await page.click('#locks tbody tr[data-name="report:daily"] button');
+        await page.waitForFunction(() => document.querySelectorAll("#audit tbody tr").length === 1);
+        const audit = await page.$$eval(
+          "#audit tbody td",
+          (tds) => tds.map((td) => td.textContent),
+        );
+        assert.equal(audit[1], "ops");
+        assert.equal(audit[2], "report:daily");
+        assert.equal(audit[3], String(leases[2]!.fence));
+        assert.equal((await client.renew(leases[2]!)).renewed, false, "its holder lost it");
+        await page.waitForFunction(() => document.querySelectorAll("#locks tbody tr").length === 2);
+        const shot = Deno.env.get("SCREENSHOT") === "1"
+          ? new URL("../bench/dashboard.png", import.meta.url).pathname
+          : `${await Deno.makeTempDir()}/dashboard.png`;
+        await page.setViewportSize({ width: 1200, height: 900 });
+        await page.screenshot({ path: shot, fullPage: true });
+        assert.ok((await Deno.stat(shot)).size > 10_000);
+        assert.deepEqual(errors, [], "no script errors on the page");
+      },
+    );
+
+    await t.step("the page allows only its own script, style and API", async () => {
+      const res = await fetch(`${base}/dashboard`);
+      const csp = res.headers.get("content-security-policy") ?? "";
+      await res.body?.cancel();
+      assert.match(csp, /default-src 'none'/);
+      assert.match(csp, /script-src 'self'/);
+      assert.match(csp, /frame-ancestors 'none'/);
+    });
+    for (const lease of leases) await client.release(lease);
+  } finally {
+    await browser.close();
+    await server.shutdown();
+    await backend.stop();
+  }
+});
