@@ -69,6 +69,7 @@ type Cycle = (name: string) => Promise<void>;
 
 function cyclesFor(redis: Redis, service?: string) {
   const locks = new Locks(redis);
+  const bare = new Locks(redis, { stats: false });
   const floorSha = redis.scriptLoad(
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
   );
@@ -84,6 +85,11 @@ function cyclesFor(redis: Redis, service?: string) {
       const result = await locks.acquire(name);
       if (!result.acquired) throw new Error("library: busy");
       await locks.release(result.lease);
+    },
+    "library, stats off": async (name) => {
+      const result = await bare.acquire(name);
+      if (!result.acquired) throw new Error("library: busy");
+      await bare.release(result.lease);
     },
     "@upstash/lock": async (name) => {
       const lock = new UpstashLock({
@@ -308,11 +314,36 @@ try {
   const redis = new Redis({ url: bridge.url, token, enableTelemetry: false });
   const { cycles } = cyclesFor(redis);
   const c16: Record<string, Awaited<ReturnType<typeof measure>>> = {};
-  for (const label of ["floor", "library", "@upstash/lock"]) {
+  for (const label of ["floor", "library", "library, stats off", "@upstash/lock"]) {
     c16[label] = await measure(cycles[label]!, 2000, 16);
   }
   const lib = c16.library!;
   const floor = c16.floor!;
+  const bare = c16["library, stats off"]!;
+  const bareLoop = loopback["library, stats off"]!;
+  target(
+    "stats' cost, loopback, concurrency 1: p50 of a cycle with stats vs without",
+    `${round(loopback.library!.p50Ms, 3)} ms vs ${round(bareLoop.p50Ms, 3)} ms`,
+    loopback.library!.p50Ms / bareLoop.p50Ms,
+    "≤ 1.05",
+    loopback.library!.p50Ms / bareLoop.p50Ms <= 1.05,
+  );
+  target(
+    "stats' cost, loopback, concurrency 16: throughput with stats vs without",
+    `${round(lib.opsPerSec, 0)}/s vs ${round(bare.opsPerSec, 0)}/s`,
+    lib.opsPerSec / bare.opsPerSec,
+    "≥ 0.95",
+    lib.opsPerSec / bare.opsPerSec >= 0.95,
+  );
+  target(
+    "stats' cost: Redis commands and CPU per cycle with stats vs without",
+    `${round(lib.commands, 1)} vs ${round(bare.commands, 1)} commands, ${round(lib.usec, 1)} vs ${
+      round(bare.usec, 1)
+    } µs`,
+    lib.usec / bare.usec,
+    "bounded (stated)",
+    true,
+  );
   target(
     "uncontended cycle: Redis commands (scripts' inner calls included)",
     `${round(lib.commands, 1)} vs the floor's ${round(floor.commands, 1)}`,

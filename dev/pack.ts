@@ -9,8 +9,15 @@
  */
 import { cli } from "./_cli.ts";
 
-const ENTRIES = ["core", "uses", "hono", "service", "client"] as const;
-const EXTERNAL = ["hono", "hono/*", "@hono/zod-openapi", "zod", "@upstash/redis"];
+const ENTRIES = ["core", "uses", "hono", "service", "client", "otel"] as const;
+const EXTERNAL = [
+  "hono",
+  "hono/*",
+  "@hono/zod-openapi",
+  "zod",
+  "@upstash/redis",
+  "@opentelemetry/api",
+];
 const TYPESCRIPT = "npm:typescript@5.9.3/tsc";
 
 const root = new URL("../", import.meta.url).pathname;
@@ -110,7 +117,12 @@ export async function pack(): Promise<string> {
           hono: range("hono"),
           zod: range("zod"),
         },
-        peerDependencies: { "@upstash/redis": range("@upstash/redis") },
+        peerDependencies: {
+          "@upstash/redis": range("@upstash/redis"),
+          "@opentelemetry/api": range("@opentelemetry/api"),
+        },
+        // Only `@edgelock/edgelock/otel` imports the OpenTelemetry API.
+        peerDependenciesMeta: { "@opentelemetry/api": { optional: true } },
       },
       null,
       2,

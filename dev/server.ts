@@ -44,6 +44,7 @@ const flags = cli(
   },
 );
 const DEV_KEY = "dev:dev-secret-0123456789abcdef";
+const DEV_OPERATOR_KEY = "ops:dev-operator-0123456789abcdef";
 let server: RedisServer | undefined;
 let bridge: Bridge | undefined;
 
@@ -76,7 +77,11 @@ async function checkFree(port: number, what: string, setting: string): Promise<v
 
 try {
   await checkFree(flags.port, "the service", "--port or PORT");
-  const settings: Record<string, string> = { ...env, LOCK_API_KEYS: env.LOCK_API_KEYS ?? DEV_KEY };
+  const settings: Record<string, string> = {
+    ...env,
+    LOCK_API_KEYS: env.LOCK_API_KEYS ?? DEV_KEY,
+    OPERATOR_API_KEYS: env.OPERATOR_API_KEYS ?? (env.LOCK_API_KEYS ? "" : DEV_OPERATOR_KEY),
+  };
   if (!env.UPSTASH_REDIS_REST_URL) {
     await checkFree(flags["bridge-port"], "the REST bridge", "--bridge-port or BRIDGE_PORT");
     let redisUrl = env.REDIS_URL;
@@ -110,6 +115,8 @@ try {
   if (!env.LOCK_API_KEYS) {
     const key = DEV_KEY.slice(4);
     console.log(`Dev API key (tenant "dev"): ${key}`);
+    console.log(`Dev operator key (may break locks): ${DEV_OPERATOR_KEY.slice(4)}`);
+    console.log(`Dashboard: ${base}/dashboard`);
     console.log(
       `Try: curl -s -X POST ${base}/v1/locks/demo/acquire ` +
         `-H 'authorization: Bearer ${key}' -H 'content-type: application/json' -d '{}'`,

@@ -361,6 +361,8 @@ Deno.test("the HTTP service", async (t) => {
       const paths = r.body.paths as Record<string, Json>;
       assert.deepEqual(Object.keys(paths).sort(), [
         "/healthz",
+        "/metrics",
+        "/v1/audit",
         "/v1/dedupe/{namespace}/{id}",
         "/v1/dedupe/{namespace}/{id}/claim",
         "/v1/dedupe/{namespace}/{id}/done",
@@ -374,11 +376,15 @@ Deno.test("the HTTP service", async (t) => {
         "/v1/jobs/{job}/extend",
         "/v1/jobs/{job}/finish",
         "/v1/jobs/{job}/start",
+        "/v1/locks",
         "/v1/locks/renew",
         "/v1/locks/{name}",
         "/v1/locks/{name}/acquire",
+        "/v1/locks/{name}/break",
         "/v1/locks/{name}/release",
         "/v1/locks/{name}/renew",
+        "/v1/me",
+        "/v1/stats",
       ]);
       const file = await Deno.makeTempFile({ suffix: ".json" });
       try {

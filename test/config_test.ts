@@ -81,6 +81,7 @@ Deno.test("readConfig reads a good configuration, with defaults", () => {
     keyPrefix: "edgelock",
     redisTimeoutMs: 500,
     limits: {},
+    operatorKeys: [],
   });
 });
 

@@ -1,9 +1,8 @@
-/// <reference lib="dom" />
 // The dashboard in a real browser: Debian's chromium driven by playwright-core. What the page
 // shows is checked against the API, an operator breaks a lock from it, and the key never leaves
 // sessionStorage. Set SCREENSHOT=1 to refresh bench/dashboard.png for the README.
 import assert from "node:assert/strict";
-import { chromium } from "playwright-core";
+import { chromium, type Page } from "playwright-core";
 import { createApp } from "../src/service/app.ts";
 import { parseApiKeys, parseOperatorKeys } from "../src/service/auth.ts";
 import { createClient } from "../src/client/client.ts";
@@ -14,6 +13,18 @@ const A = "tenant-a-secret-0123456789";
 const OPS = "operator-secret-0123456789";
 const apiKeys = parseApiKeys(`a:${A}`);
 const operatorKeys = parseOperatorKeys(`ops:${OPS}`, apiKeys);
+// The page's globals, typed here without the DOM library (it clashes with Deno's types). Functions,
+// not strings: the page's CSP refuses eval, which string expressions need.
+type Win = {
+  document: { querySelectorAll(selector: string): { length: number } };
+  localStorage: { length: number };
+  sessionStorage: { getItem(key: string): string | null };
+};
+const rowsAre = (page: Page, selector: string, count: number) =>
+  page.waitForFunction(
+    ([s, n]) => (globalThis as unknown as Win).document.querySelectorAll(s).length === n,
+    [selector, count] as const,
+  );
 const CHROMIUM = Deno.env.get("CHROMIUM_PATH") ?? "/usr/bin/chromium";
 
 Deno.test("the dashboard in headless Chromium", async (t) => {
@@ -62,7 +73,7 @@ Deno.test("the dashboard in headless Chromium", async (t) => {
         await page.fill("#key", A);
         await page.click("#login button");
         await page.waitForSelector("#locks tbody tr");
-        await page.waitForFunction(() => document.querySelectorAll("#locks tbody tr").length === 3);
+        await rowsAre(page, "#locks tbody tr", 3);
         const rows = await page.$$eval(
           "#locks tbody tr",
           (trs) =>
@@ -110,8 +121,16 @@ Deno.test("the dashboard in headless Chromium", async (t) => {
       async () => {
         assert.ok(requests.every((url) => !url.includes(A)), "not in any URL");
         assert.deepEqual(await page.context().cookies(), []);
-        assert.equal(await page.evaluate(() => localStorage.length), 0);
-        assert.equal(await page.evaluate(() => sessionStorage.getItem("edgelock.apiKey")), A);
+        assert.equal(
+          await page.evaluate(() => (globalThis as unknown as Win).localStorage.length),
+          0,
+        );
+        assert.equal(
+          await page.evaluate(() =>
+            (globalThis as unknown as Win).sessionStorage.getItem("edgelock.apiKey")
+          ),
+          A,
+        );
       },
     );
 
@@ -125,7 +144,7 @@ Deno.test("the dashboard in headless Chromium", async (t) => {
         await page.waitForSelector("#locks tbody tr button");
         page.once("dialog", (dialog) => dialog.accept());
         await page.click('#locks tbody tr[data-name="report:daily"] button');
-        await page.waitForFunction(() => document.querySelectorAll("#audit tbody tr").length === 1);
+        await rowsAre(page, "#audit tbody tr", 1);
         const audit = await page.$$eval(
           "#audit tbody td",
           (tds) => tds.map((td) => td.textContent),
@@ -134,7 +153,7 @@ Deno.test("the dashboard in headless Chromium", async (t) => {
         assert.equal(audit[2], "report:daily");
         assert.equal(audit[3], String(leases[2]!.fence));
         assert.equal((await client.renew(leases[2]!)).renewed, false, "its holder lost it");
-        await page.waitForFunction(() => document.querySelectorAll("#locks tbody tr").length === 2);
+        await rowsAre(page, "#locks tbody tr", 2);
         const shot = Deno.env.get("SCREENSHOT") === "1"
           ? new URL("../bench/dashboard.png", import.meta.url).pathname
           : `${await Deno.makeTempDir()}/dashboard.png`;

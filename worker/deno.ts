@@ -2,6 +2,7 @@
 import { Redis } from "@upstash/redis";
 import { createApp } from "../src/service/app.ts";
 import { appSettings, readConfig, type ServiceConfig } from "../src/service/config.ts";
+import { openTelemetry } from "../src/otel/mod.ts";
 import { Jobs } from "../src/uses/jobs.ts";
 import { EXAMPLE_JOB, REDIS_OPTIONS, runExampleJob } from "./_shared.ts";
 
@@ -38,5 +39,6 @@ Deno.serve(
     port: Number(Deno.env.get("PORT") ?? 8000),
     hostname: Deno.env.get("HOSTNAME") ?? "127.0.0.1",
   },
-  createApp({ redis, ...appSettings(config) }).fetch,
+  // Spans and metrics through @opentelemetry/api: exported by Deno itself with OTEL_DENO=true.
+  createApp({ redis, ...appSettings(config), onEvent: openTelemetry() }).fetch,
 );

@@ -35,11 +35,18 @@ export type { PipelineLike, RedisLike } from "./_runner.ts";
 export type {
   AcquireOptions,
   AcquireResult,
+  AuditEntry,
+  BreakOptions,
+  BreakResult,
   Lease,
   LeaseRef,
+  ListOptions,
   LockClient,
+  LockEvent,
   LockInfo,
+  LockList,
   RenewOptions,
   RenewResult,
   WithLockOptions,
 } from "./types.ts";
+export type { Counts, Histogram, MinuteStats, Stats } from "./stats.ts";

@@ -20,7 +20,8 @@
  * moving average of hold times, for waiters' hints; `flag` is 1 while the lock is contended (a
  * busy reply or a queued waiter since the last grant): then acquire looks at the queue and release
  * samples the hold time. Without contention an acquire+release cycle runs six commands inside
- * its two scripts (TIME, GET, SET each), eight with the two EVALSHA calls.
+ * its two scripts (TIME, GET, SET each), eight with the two EVALSHA calls; the stats and the held
+ * index (`KEYS[4..6]`, `../core/stats.ts`) add eleven when they are on, in the same scripts.
  *
  * @module
  */
@@ -80,27 +81,37 @@ local function writeReleased(key, r, ms)
 end
 `;
 
-// The held index, kept only with stats on (its keys are then passed, else nil): the prefix's held
-// names in order (`names`, all scores 0, for listing by prefix and cursor) and by lease end
-// (`ends`, for the held count and for pruning leases that ran out unreleased: each grant drops up
-// to 8 of them). Through pcall, like the stats: a damaged index never stops a decision.
+// The held index, kept only with stats on (its keys are then passed, else nil): the prefix's
+// recent names in order (`names`, all scores 0, for listing by prefix and cursor) and their lease
+// ends (`ends`; minus the release time once released), so a name is held while its end is in the
+// future. A name stays a minute after its release (acquiring it again is then cheaper); names
+// released longer ago or whose lease ran out leave both sets, up to 1000 at the first grant of each
+// minute and up to 4 at each grant of a name new to the index, so the sets hold about the names
+// used in the last minute. Through pcall, like the stats: a damaged index never stops a decision.
 const INDEX = `
-local function indexPut(namesKey, endsKey, name, leaseEnd)
+local function indexPrune(namesKey, endsKey, nowMs, limit)
   if not namesKey then return end
-  redis.pcall('ZADD', namesKey, 0, name)
-  redis.pcall('ZADD', endsKey, leaseEnd, name)
-  redis.pcall('PEXPIRE', namesKey, ${STATS_RETENTION_MS})
-  redis.pcall('PEXPIRE', endsKey, ${STATS_RETENTION_MS})
+  local ended = redis.pcall('ZRANGEBYSCORE', endsKey,
+    '(' .. string.format('%.0f', 60000 - nowMs), nowMs, 'LIMIT', 0, limit)
+  if type(ended) == 'table' and not ended.err and #ended > 0 then
+    redis.pcall('ZREM', namesKey, unpack(ended))
+    redis.pcall('ZREM', endsKey, unpack(ended))
+  end
 end
-local function indexDrop(namesKey, endsKey, names)
-  if not namesKey or #names == 0 then return end
-  redis.pcall('ZREM', namesKey, unpack(names))
-  redis.pcall('ZREM', endsKey, unpack(names))
-end
-local function indexPrune(namesKey, endsKey, nowMs)
+local function indexPut(namesKey, endsKey, name, leaseEnd, nowMs)
   if not namesKey then return end
-  local lapsed = redis.pcall('ZRANGEBYSCORE', endsKey, '-inf', nowMs, 'LIMIT', 0, 8)
-  if type(lapsed) == 'table' and not lapsed.err then indexDrop(namesKey, endsKey, lapsed) end
+  if redis.pcall('ZADD', namesKey, 0, name) == 1 then
+    -- A new member may have made the keys: both get their TTL (the two hold the same names).
+    redis.pcall('PEXPIRE', namesKey, ${STATS_RETENTION_MS})
+    redis.pcall('ZADD', endsKey, leaseEnd, name)
+    redis.pcall('PEXPIRE', endsKey, ${STATS_RETENTION_MS})
+    indexPrune(namesKey, endsKey, nowMs, 4)
+  else
+    redis.pcall('ZADD', endsKey, leaseEnd, name)
+  end
+end
+local function indexEnd(endsKey, name, nowMs)
+  if endsKey then redis.pcall('ZADD', endsKey, 'XX', -nowMs, name) end
 end
 `;
 
@@ -139,9 +150,8 @@ local waiting    = ARGV[9] == '1'    -- the caller waits: a busy reply is not it
 local statsKey, namesKey, endsKey = KEYS[4], KEYS[5], KEYS[6] -- nil with stats off
 ${NOW}${RECORD}${INDEX}${STATS_LUA}
 local function granted(leaseEnd)
-  indexPut(namesKey, endsKey, name, leaseEnd)
-  indexPrune(namesKey, endsKey, nowMs)
-  observe(statsKey, nowMs, 'wait', waitedMs)
+  if observe(statsKey, nowMs, 'wait', waitedMs) then indexPrune(namesKey, endsKey, nowMs, 1000) end
+  indexPut(namesKey, endsKey, name, leaseEnd, nowMs)
 end
 local r = readRecord(lockKey)
 if r and r.foreign then
@@ -285,7 +295,7 @@ if not r or r.token ~= token or nowMs >= r.leaseEnd then
 end
 r.leaseEnd = nowMs + ttlMs
 writeHeld(lockKey, r, nowMs, graceMs)
-indexPut(namesKey, endsKey, name, r.leaseEnd)
+indexPut(namesKey, endsKey, name, r.leaseEnd, nowMs)
 count(statsKey, nowMs, 'renew.renewed')
 return {1, tonumber(r.fence), ttlMs, nowMs}
 `,
@@ -341,7 +351,7 @@ end
 r.hold = holdMs
 r.released = r.fence .. ':' .. sha
 writeReleased(lockKey, r, graceMs)
-indexDrop(namesKey, endsKey, {name})
+indexEnd(endsKey, name, nowMs)
 observe(statsKey, nowMs, 'hold', nowMs - r.at)
 return 1
 `,
@@ -440,7 +450,7 @@ if not r or not r.token or nowMs >= r.leaseEnd then
 end
 r.released = r.fence .. ':' .. string.sub(redis.sha1hex('broken:' .. r.token), 1, 12)
 writeReleased(lockKey, r, graceMs)
-indexDrop(namesKey, endsKey, {name})
+indexEnd(endsKey, name, nowMs)
 count(statsKey, nowMs, 'break.broken')
 redis.call('XADD', auditKey, 'MAXLEN', ${AUDIT_LENGTH}, '*', 'action', 'break', 'name', name,
   'fence', r.fence, 'by', by, 'reason', reason, 'at', nowMs)

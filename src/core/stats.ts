@@ -61,64 +61,90 @@ const luaList = (values: readonly (string | number)[]) =>
 /**
  * Lua for the scripts that count: `count(key, nowMs, field)` adds one to a counter and
  * `observe(key, nowMs, 'wait'|'hold', ms)` to a histogram, both nothing when `key` is nil (stats
- * off). Every command runs through `pcall`: a stats key of the wrong type (a hand edit) stops the
+ * off); both return true when the minute's slot turned over (once a minute per prefix). Every command runs through `pcall`: a stats key of the wrong type (a hand edit) stops the
  * counting, never the decision.
  */
 export const STATS_LUA = `
-local STAT_FIELDS = ${luaList(FIELDS)}
 local function count(key, nowMs, field)
   if not key then return end
   local minute = string.format('%d', math.floor(nowMs / 60000))
   local slot = string.format('%d', math.floor(nowMs / 60000) % ${WINDOW_MINUTES}) .. ':'
   local held = redis.pcall('HGET', key, slot .. 'm')
-  if type(held) == 'table' then return end
-  if held ~= minute then
-    local old = {}
-    for i, f in ipairs(STAT_FIELDS) do old[i] = slot .. f end
+  if type(held) == 'table' then return false end
+  local turned = held ~= minute
+  if turned then
+    local old = ${luaList(FIELDS)}
+    for i, f in ipairs(old) do old[i] = slot .. f end
     redis.pcall('HDEL', key, unpack(old))
     redis.pcall('HSET', key, slot .. 'm', minute)
     redis.pcall('PEXPIRE', key, ${STATS_RETENTION_MS})
   end
   redis.pcall('HINCRBY', key, slot .. field, 1)
   redis.pcall('HINCRBY', key, 't:' .. field, 1)
+  return turned
 end
-local BUCKETS = {wait = ${luaList(WAIT_BUCKETS_MS)}, hold = ${luaList(HOLD_BUCKETS_MS)}}
 local function observe(key, nowMs, histogram, ms)
   if not key then return end
   ms = math.max(0, math.floor(ms))
-  local bounds = BUCKETS[histogram]
+  local bounds = ${luaList(WAIT_BUCKETS_MS)}
+  if histogram == 'hold' then bounds = ${luaList(HOLD_BUCKETS_MS)} end
   local i = #bounds
   for j = 1, #bounds do
     if ms <= bounds[j] then i = j - 1; break end
   end
-  count(key, nowMs, histogram .. '.' .. i)
+  local turned = count(key, nowMs, histogram .. '.' .. i)
   redis.pcall('HINCRBY', key, 't:' .. histogram .. '.sum', ms)
+  return turned
 end
 `;
 
-/** A histogram of times: counts per bucket (not cumulative), `leMs` null for the last one. */
+/** A histogram of times: counts per bucket (not cumulative). */
 export interface Histogram {
+  /** How many times were observed. */
   count: number;
   /** The sum of the times observed, ms (totals only). */
   sum_ms?: number;
-  /** Times up to this bound fell here, ms; estimated percentiles, ms. */
+  /** Times up to `le_ms` (null: the rest) and how many fell there. */
   buckets: { le_ms: number | null; count: number }[];
+  /** The estimated median, ms (null without observations). */
   p50_ms: number | null;
+  /** The estimated 99th percentile, ms (null without observations). */
   p99_ms: number | null;
 }
 
-/** The counts of one period: by operation and outcome, plus the two histograms. */
+/** The counts of one period, by operation and outcome (the Prometheus `outcome` labels). */
 export interface Counts {
-  acquire: Record<"granted" | (typeof COUNTERS.acquire)[number], number>;
-  renew: Record<(typeof COUNTERS.renew)[number], number>;
-  release: Record<"released" | (typeof COUNTERS.release)[number], number>;
+  /** Acquire calls: granted, busy (no wait), timeout, queue_full, aborted. */
+  acquire: {
+    granted: number;
+    busy: number;
+    timeout: number;
+    queue_full: number;
+    aborted: number;
+  };
+  /** Renewals: renewed, or lost (the lease was gone). */
+  renew: { renewed: number; lost: number };
+  /** Releases: released, or lost (the lease had ended); a retried release is not counted. */
+  release: { released: number; lost: number };
   /** Renewals and releases that found their lease gone (expired, broken or taken over). */
   lease_lost: number;
-  break: Record<(typeof COUNTERS.break)[number], number>;
-  idempotency: Record<(typeof COUNTERS.idempotency)[number], number>;
-  dedupe: Record<(typeof COUNTERS.dedupe)[number], number>;
-  cron: Record<(typeof COUNTERS.cron)[number], number>;
+  /** Locks an operator broke. */
+  break: { broken: number };
+  /** Idempotency keys: first runs, replays, conflicts (in flight), payload mismatches. */
+  idempotency: { first: number; replay: number; conflict: number; mismatch: number };
+  /** Webhook deliveries and other dedupe ids, and webhook signatures that failed. */
+  dedupe: {
+    first: number;
+    replay: number;
+    conflict: number;
+    mismatch: number;
+    signature_failed: number;
+  };
+  /** Cron job starts, and skips by reason. */
+  cron: { run: number; running: number; too_soon: number; tick_done: number };
+  /** From each acquire call to its grant, granted acquires only (the caller's clock). */
   wait: Histogram;
+  /** From each grant to its release (the Redis clock). */
   hold: Histogram;
 }
 
@@ -126,11 +152,17 @@ export interface Counts {
 export interface MinuteStats {
   /** The minute's start, ms since the epoch (server clock). */
   at: number;
+  /** Acquisitions granted. */
   granted: number;
+  /** Acquires without a wait that found the lock busy. */
   busy: number;
+  /** Waiting acquires that gave up. */
   timeout: number;
+  /** Renewals and releases that found their lease gone. */
   lease_lost: number;
+  /** The minute's median wait, ms. */
   wait_p50_ms: number | null;
+  /** The minute's 99th-percentile wait, ms. */
   wait_p99_ms: number | null;
 }
 
@@ -188,10 +220,9 @@ export function toStats(raw: unknown, nowMs: number, locksHeld: number): Stats {
 
 function counts(get: (field: string) => number, sums = false): Counts {
   const group = <K extends keyof typeof COUNTERS>(op: K) =>
-    Object.fromEntries(COUNTERS[op].map((o) => [o, get(`${op}.${o}`)])) as Record<
-      (typeof COUNTERS)[K][number],
-      number
-    >;
+    Object.fromEntries(COUNTERS[op].map((o) => [o, get(`${op}.${o}`)])) as {
+      [O in (typeof COUNTERS)[K][number]]: number;
+    };
   const wait = histogram(get, "wait", WAIT_BUCKETS_MS, sums);
   const hold = histogram(get, "hold", HOLD_BUCKETS_MS, sums);
   const renew = group("renew");

@@ -94,7 +94,9 @@ export interface ListOptions {
 
 /** One page of held locks, by name; `cursor` is absent on the last page. */
 export interface LockList {
+  /** The held locks of this page, by name. */
   locks: (LockInfo & { held: true })[];
+  /** Pass it to the next call for the next page. */
   cursor?: string;
 }
 
@@ -113,10 +115,15 @@ export type BreakResult = { broken: true; fence: number } | { broken: false };
 export interface AuditEntry {
   /** The stream entry's id. */
   id: string;
+  /** What was done. */
   action: "break";
+  /** The lock's name. */
   name: string;
+  /** The fence of the lease that was ended. */
   fence: number;
+  /** Who did it. */
   by: string;
+  /** Why, as given. */
   reason: string;
   /** When, ms since the epoch (server clock). */
   at: number;

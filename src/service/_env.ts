@@ -5,9 +5,13 @@ import type { Records } from "../uses/records.ts";
 
 /** One tenant's stores, as the service keeps them. */
 export interface TenantStores {
+  /** The tenant's locks. */
   locks: Locks;
+  /** The tenant's idempotency and deduplication records. */
   records: Records;
+  /** The tenant's cron jobs. */
   jobs: Jobs;
+  /** Runs a server-side wait within the tenant's cap on concurrent waits. */
   wait: <T>(fn: () => Promise<T>) => Promise<T>;
 }
 

@@ -15,7 +15,7 @@
  * @module
  */
 export { type AppDeps, createApp, MAX_BODY_BYTES, type RequestLog } from "./app.ts";
-export type { AppEnv } from "./_env.ts";
+export type { AppEnv, TenantStores } from "./_env.ts";
 export { DEFAULT_LIMITS, type TenantLimits } from "./_limits.ts";
-export { type ApiKey, parseApiKeys } from "./auth.ts";
+export { type ApiKey, parseApiKeys, parseOperatorKeys } from "./auth.ts";
 export { appSettings, readConfig, type ServiceConfig } from "./config.ts";
