@@ -3,7 +3,7 @@
  * interleaved in rounds so both see the same machine, on loopback and behind a latency proxy;
  * with Redis commands and Redis CPU per cycle from INFO commandstats.
  *
- *   deno run -A bench/stats.ts [--rounds 10] [--cycles 200] [--delay 20]
+ *   deno run -A bench/stats.ts [--rounds 10] [--cycles 200] [--delay 20] [--concurrency 1]
  *
  * @module
  */
@@ -19,6 +19,7 @@ const flags = cli("edgelock bench/stats.ts", "deno run -A bench/stats.ts [flags]
   rounds: { type: "string", default: "10", help: "interleaved rounds" },
   cycles: { type: "string", default: "200", help: "cycles per round and mode on loopback" },
   delay: { type: "string", default: "20", help: "one-way delay of the second run, ms" },
+  concurrency: { type: "string", default: "1", help: "cycles in flight at once" },
 });
 const server = await startRedisServer();
 const token = crypto.randomUUID();
@@ -53,11 +54,14 @@ async function run(url: string, cycles: number) {
     for (const [label, locks] of Object.entries(modes)) {
       const before = await commandStats();
       const started = performance.now();
-      for (let i = 0; i < cycles; i++) {
-        const result = await locks.acquire(`n${i % 16}`);
-        if (!result.acquired) throw new Error("busy");
-        await locks.release(result.lease);
-      }
+      const lanes = Number(flags.concurrency);
+      await Promise.all(Array.from({ length: lanes }, async (_, lane) => {
+        for (let i = lane; i < cycles; i += lanes) {
+          const result = await locks.acquire(`n${lane}:${i % 4}`);
+          if (!result.acquired) throw new Error("busy");
+          await locks.release(result.lease);
+        }
+      }));
       ms[label]!.push((performance.now() - started) / cycles);
       const after = await commandStats();
       work[label]!.commands += (after.commands - before.commands) / cycles;

@@ -100,14 +100,13 @@ local function indexPrune(namesKey, endsKey, nowMs, limit)
 end
 local function indexPut(namesKey, endsKey, name, leaseEnd, nowMs)
   if not namesKey then return end
-  if redis.pcall('ZADD', namesKey, 0, name) == 1 then
-    -- A new member may have made the keys: both get their TTL (the two hold the same names).
+  -- The two sets hold the same names: a name new to one is new to both, and may have made the
+  -- keys, which then get their TTL.
+  if redis.pcall('ZADD', endsKey, leaseEnd, name) == 1 then
+    redis.pcall('ZADD', namesKey, 0, name)
     redis.pcall('PEXPIRE', namesKey, ${STATS_RETENTION_MS})
-    redis.pcall('ZADD', endsKey, leaseEnd, name)
     redis.pcall('PEXPIRE', endsKey, ${STATS_RETENTION_MS})
     indexPrune(namesKey, endsKey, nowMs, 4)
-  else
-    redis.pcall('ZADD', endsKey, leaseEnd, name)
   end
 end
 local function indexEnd(endsKey, name, nowMs)
