@@ -234,16 +234,22 @@ Deno.test("stats kept by the scripts", async (t) => {
       },
     );
 
-    await t.step("a damaged stats key stops the counting, never the decision", async () => {
-      const prefix = keygen("damaged");
-      await redis.set(`${prefix}:stats`, "not a hash");
-      await redis.set(`${prefix}:held`, "not a zset");
-      const locks = new Locks(redis, { prefix });
-      const lease = acquired(await locks.acquire("x"));
-      assert.equal((await locks.renew(lease)).renewed, true);
-      assert.equal(await locks.release(lease), true);
-      assert.equal(await redis.get(`${prefix}:stats`), "not a hash");
-    });
+    await t.step(
+      "a damaged stats or index key stops the counting, never the decision, and reads as empty",
+      async () => {
+        const prefix = keygen("damaged");
+        await redis.set(`${prefix}:stats`, "not a hash");
+        await redis.set(`${prefix}:held`, "not a zset");
+        const locks = new Locks(redis, { prefix });
+        const lease = acquired(await locks.acquire("x"));
+        assert.equal((await locks.renew(lease)).renewed, true);
+        assert.equal(await locks.release(lease), true);
+        assert.equal(await redis.get(`${prefix}:stats`), "not a hash");
+        const stats = await locks.stats();
+        assert.equal(stats.total.acquire.granted, 0, "a damaged stats key reads as empty");
+        assert.deepEqual((await locks.list()).locks, [], "a damaged index lists nothing");
+      },
+    );
 
     await t.step("break refuses bad input and answers not held for a free name", async () => {
       const locks = new Locks(redis, { prefix: keygen("brk") });

@@ -21,7 +21,7 @@
  * busy reply or a queued waiter since the last grant): then acquire looks at the queue and release
  * samples the hold time. Without contention an acquire+release cycle runs six commands inside
  * its two scripts (TIME, GET, SET each), eight with the two EVALSHA calls; the stats and the held
- * index (`KEYS[4..6]`, `../core/stats.ts`) add eleven when they are on, in the same scripts.
+ * index (`KEYS[4..6]`, `../core/stats.ts`) add ten when they are on, in the same scripts.
  *
  * @module
  */
@@ -394,14 +394,15 @@ local low = '[' .. prefix
 if cursor ~= '' and cursor >= prefix then low = '(' .. cursor end
 local high = '+'
 if prefix ~= '' then high = '[' .. prefix .. '\\255' end
-local names = redis.call('ZRANGEBYLEX', namesKey, low, high, 'LIMIT', 0, limit * 4 + 16)
+local names = redis.pcall('ZRANGEBYLEX', namesKey, low, high, 'LIMIT', 0, limit * 4 + 16)
+if names.err then names = {} end -- a damaged index lists nothing
 local found = {nowMs, ''}
 for i, name in ipairs(names) do
   if #found - 2 == limit then
     found[2] = names[i - 1]
     return found
   end
-  local leaseEnd = tonumber(redis.call('ZSCORE', endsKey, name))
+  local leaseEnd = tonumber(redis.pcall('ZSCORE', endsKey, name)) -- nil when damaged
   if leaseEnd and leaseEnd > nowMs then found[#found + 1] = name end
 end
 if #names == limit * 4 + 16 then found[2] = names[#names] end
@@ -416,8 +417,13 @@ export const READ_STATS = defineScript(
 local statsKey = KEYS[1]
 local endsKey  = KEYS[2]
 ${NOW}
-local reply = {nowMs, redis.call('ZCOUNT', endsKey, '(' .. nowMs, '+inf')}
-for _, v in ipairs(redis.call('HGETALL', statsKey)) do reply[#reply + 1] = v end
+-- A damaged key (a hand edit, another type) reads as empty, as the scripts that count skip it.
+local held = redis.pcall('ZCOUNT', endsKey, '(' .. nowMs, '+inf')
+if type(held) ~= 'number' then held = 0 end
+local reply = {nowMs, held}
+local fields = redis.pcall('HGETALL', statsKey)
+if fields.err then fields = {} end
+for _, v in ipairs(fields) do reply[#reply + 1] = v end
 return reply
 `,
 );
