@@ -179,6 +179,37 @@ Deno.test("operating the service", async (t) => {
       },
     );
 
+    await t.step(
+      "the typed client reads the same list, stats and audit, and breaks with an operator key",
+      async () => {
+        const held = await client.acquire("client:1", { ttlMs: 10_000 });
+        assert.ok(held.acquired);
+        const page = await client.list({ prefix: "client:" });
+        assert.deepEqual(page.locks.map((l) => [l.name, l.fence]), [[
+          "client:1",
+          held.lease.fence,
+        ]]);
+        const before = await client.stats();
+        assert.equal(before.tenant, "a");
+        assert.deepEqual(before.total, (await call("/v1/stats")).body.total);
+        const operator = createClient({
+          baseUrl: "http://edgelock.test",
+          apiKey: OPS,
+          tenant: "a",
+          fetch: (input, init) => Promise.resolve(app.fetch(new Request(input, init))),
+        });
+        await assert.rejects(client.break("client:1"), { code: "forbidden" });
+        assert.deepEqual(await operator.break("client:1", { reason: "test" }), {
+          broken: true,
+          fence: held.lease.fence,
+        });
+        const [latest] = await operator.audit({ limit: 1 });
+        assert.equal(latest!.name, "client:1");
+        assert.equal((await operator.stats()).total.break.broken, before.total.break.broken + 1);
+        await assert.rejects(operator.acquire("x"), { code: "forbidden" });
+      },
+    );
+
     await t.step("keys are kept to their roles, and bad queries are 400s, never 5xx", async () => {
       const me = await call("/v1/me");
       assert.deepEqual(me.body, { role: "tenant", name: "a", tenants: ["a"] });

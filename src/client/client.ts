@@ -13,14 +13,19 @@ import { EdgelockError, type ErrorCode } from "../core/errors.ts";
 import type {
   AcquireOptions,
   AcquireResult,
+  AuditEntry,
+  BreakResult,
   Lease,
   LeaseRef,
+  ListOptions,
   LockClient,
   LockInfo,
+  LockList,
   RenewOptions,
   RenewResult,
   WithLockOptions,
 } from "../core/types.ts";
+import type { Stats } from "../core/stats.ts";
 import { withLock } from "../core/with_lock.ts";
 import { noteSentAt } from "../core/_granted.ts";
 import type {
@@ -46,6 +51,8 @@ export interface ClientOptions {
    * first attempt, so a repeated acquire returns the same lease. @default 2
    */
   retries?: number;
+  /** For an operator's key: the tenant that `list`, `stats`, `audit` and `break` act on. */
+  tenant?: string;
 }
 
 /**
@@ -58,6 +65,14 @@ export interface EdgelockClient extends LockClient {
   readonly records: RecordStore;
   /** Cron jobs, as `Jobs` has them. */
   readonly jobs: JobStore;
+  /** The tenant's held locks by name, a page at a time, as `Locks.list` (`GET /v1/locks`). */
+  list(options?: ListOptions): Promise<LockList>;
+  /** The tenant's stats, as `Locks.stats` (`GET /v1/stats`). */
+  stats(): Promise<Stats & { tenant: string }>;
+  /** The tenant's latest breaks, newest first (`GET /v1/audit`). */
+  audit(options?: { limit?: number }): Promise<AuditEntry[]>;
+  /** Ends a held lease now; needs an operator's key (`POST /v1/locks/{name}/break`). */
+  break(name: string, options?: { reason?: string }): Promise<BreakResult>;
 }
 
 /**
@@ -71,7 +86,7 @@ export interface EdgelockClient extends LockClient {
  * ```
  */
 export function createClient(options: ClientOptions): EdgelockClient {
-  const { baseUrl, apiKey, fetch: fetchFn = globalThis.fetch, retries = 2 } = options;
+  const { baseUrl, apiKey, fetch: fetchFn = globalThis.fetch, retries = 2, tenant } = options;
   let base: URL;
   try {
     base = new URL(baseUrl.endsWith("/") ? baseUrl : `${baseUrl}/`);
@@ -127,6 +142,20 @@ export function createClient(options: ClientOptions): EdgelockClient {
 
   const lockPath = (name: string, action?: string) =>
     `v1/locks/${encodeURIComponent(name)}${action ? `/${action}` : ""}`;
+  // The operations routes, with the operator's chosen tenant.
+  const opsPath = (path: string, query: Record<string, string | number | undefined> = {}) => {
+    const params = new URLSearchParams();
+    for (const [key, value] of Object.entries({ ...query, tenant })) {
+      if (value !== undefined && value !== "") params.set(key, String(value));
+    }
+    const text = params.toString();
+    return text ? `${path}?${text}` : path;
+  };
+  const read = async <T>(path: string): Promise<T> => {
+    const { status, data } = await call("GET", path);
+    if (status !== 200) throw fromProblem(status, data);
+    return data as T;
+  };
 
   const records: RecordStore = {
     async claim(kind: RecordKind, id: string, opts: ClaimOptions = {}): Promise<ClaimResult> {
@@ -291,6 +320,30 @@ export function createClient(options: ClientOptions): EdgelockClient {
       fn: (lease: Lease, signal: AbortSignal) => Promise<T> | T,
     ): Promise<T> {
       return withLock(client, name, opts, fn);
+    },
+
+    list(opts: ListOptions = {}): Promise<LockList> {
+      if (opts.cursor !== undefined) checkName(opts.cursor);
+      return read(
+        opsPath("v1/locks", { prefix: opts.prefix, cursor: opts.cursor, limit: opts.limit }),
+      );
+    },
+
+    stats(): Promise<Stats & { tenant: string }> {
+      return read(opsPath("v1/stats"));
+    },
+
+    async audit(opts: { limit?: number } = {}): Promise<AuditEntry[]> {
+      return (await read<{ entries: AuditEntry[] }>(opsPath("v1/audit", { limit: opts.limit })))
+        .entries;
+    },
+
+    async break(name: string, opts: { reason?: string } = {}): Promise<BreakResult> {
+      checkName(name);
+      const body = opts.reason === undefined ? {} : { reason: opts.reason };
+      const { status, data } = await call("POST", opsPath(lockPath(name, "break")), body);
+      if (status === 200) return data as unknown as BreakResult;
+      throw fromProblem(status, data);
     },
   };
   return client;
