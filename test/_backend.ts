@@ -4,6 +4,7 @@ import { type Bridge, startBridge } from "../dev/bridge.ts";
 import { type RedisServer, startRedisServer } from "../dev/redis_server.ts";
 import { type RedisLike, runScript } from "../src/core/_runner.ts";
 import { ACQUIRE, FENCE_GRACE_MS } from "../src/core/scripts.ts";
+import type { AcquireResult, Lease } from "../src/core/types.ts";
 
 export interface Backend {
   server: RedisServer;
@@ -46,6 +47,14 @@ export async function startBackend(
       await server.stop();
     },
   };
+}
+
+/** The lease of an acquire that must have been granted; fails the test with the reply otherwise. */
+export function acquired(result: AcquireResult): Lease {
+  if (!result.acquired) {
+    throw new Error(`expected the lock to be acquired: ${JSON.stringify(result)}`);
+  }
+  return result.lease;
 }
 
 /** A fresh random name for one test, so tests never share keys. */

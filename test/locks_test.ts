@@ -3,7 +3,7 @@ import { EdgelockError, type Lease, Locks } from "@edgelock/edgelock";
 import { Redis } from "@upstash/redis";
 import { freePort } from "../dev/redis_server.ts";
 import { FENCE_GRACE_MS } from "../src/core/scripts.ts";
-import { holderOf, keygen, startBackend, until } from "./_backend.ts";
+import { acquired, holderOf, keygen, startBackend, until } from "./_backend.ts";
 
 const lockKey = (name: string) => `edgelock:lock:{${name}}`;
 
@@ -17,11 +17,6 @@ async function redisPid(url: string): Promise<number> {
   } finally {
     client.disconnect();
   }
-}
-
-function acquired(result: Awaited<ReturnType<Locks["acquire"]>>): Lease {
-  assert.ok(result.acquired, "expected the lock to be acquired");
-  return result.lease;
 }
 
 Deno.test("Locks", async (t) => {

@@ -6,12 +6,7 @@ import { Locks } from "../src/core/mod.ts";
 import type { LockEvent } from "../src/core/types.ts";
 import { type Counts, STATS_RETENTION_MS } from "../src/core/stats.ts";
 import { Jobs, recordId, Records } from "../src/uses/mod.ts";
-import { keygen, startBackend, until } from "./_backend.ts";
-
-const acquired = <T extends { acquired: boolean }>(r: T) => {
-  assert.ok(r.acquired, JSON.stringify(r));
-  return (r as T & { acquired: true; lease: import("../src/core/types.ts").Lease }).lease;
-};
+import { acquired, keygen, startBackend, until } from "./_backend.ts";
 
 // The counters of a Counts, flat (`acquire.granted` …), without the histograms' buckets.
 function flat(counts: Counts): Record<string, number> {

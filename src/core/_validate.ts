@@ -5,6 +5,8 @@
  * or `..`, which URLs normalise away: every name the library takes is reachable over HTTP too.
  */
 export const NAME_PATTERN = /^(?!\.\.?$)[A-Za-z0-9._:-]{1,200}$/;
+/** What a name may start with, for listing by prefix: up to 200 of its characters. */
+export const NAME_PREFIX_PATTERN = /^[A-Za-z0-9._:-]{0,200}$/;
 /** A record id segment's source: a name, or `#` and a SHA-256 in hex. */
 export const SEGMENT = "(?:(?!\\.\\.?(?:/|$))[A-Za-z0-9._:-]{1,200}|#[0-9a-f]{64})";
 /** One segment of a record id: a name, or `#` and a SHA-256 in hex (from `safeName`). */

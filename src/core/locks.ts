@@ -17,6 +17,7 @@ import {
   checkPrefix,
   checkSignal,
   checkToken,
+  NAME_PREFIX_PATTERN,
   newToken,
 } from "./_validate.ts";
 import {
@@ -33,7 +34,7 @@ import {
   RENEW,
 } from "./scripts.ts";
 import { type Script } from "./_lua.ts";
-import { type Stats, toStats } from "./stats.ts";
+import { type Stats, statsKeys, toStats } from "./stats.ts";
 import type {
   AcquireOptions,
   AcquireResult,
@@ -124,7 +125,8 @@ export class Locks implements LockClient {
   readonly #maxWaiters: number;
   readonly #timeoutMs: number;
   readonly #fenceWindowMs: number;
-  readonly #stats: boolean;
+  // The stats hash and the held index (names, lease ends) the scripts take; none with stats off.
+  readonly #statsKeys: string[];
   readonly #onEvent: ((event: LockEvent) => void) | undefined;
 
   /** Locks on `redis` (an `@upstash/redis` client), their keys under `prefix`. */
@@ -149,11 +151,11 @@ export class Locks implements LockClient {
     this.#maxWaiters = maxWaiters;
     this.#timeoutMs = checkTimeout(timeoutMs);
     this.#fenceWindowMs = checkDuration(fenceWindowMs, "fenceWindowMs", FENCE_GRACE_MS);
-    if (typeof stats !== "boolean") throw new TypeError("stats must be true or false");
+    const hash = statsKeys(prefix, stats);
+    this.#statsKeys = hash.length === 0 ? [] : [...hash, `${prefix}:held`, `${prefix}:held:ends`];
     if (onEvent !== undefined && typeof onEvent !== "function") {
       throw new TypeError("onEvent must be a function");
     }
-    this.#stats = stats;
     this.#onEvent = onEvent;
   }
 
@@ -220,7 +222,7 @@ export class Locks implements LockClient {
     const started = performance.now();
     const deadline = started + waitMs;
     const keys = this.#keys(name);
-    const acquireKeys = [...keys, ...this.#statsKeys()];
+    const acquireKeys = [...keys, ...this.#statsKeys];
     const waiting = waitMs > 0 ? "1" : "0";
     const outcome = (outcome: (LockEvent & { type: "acquire" })["outcome"], fence?: number) =>
       this.#emit({
@@ -301,7 +303,7 @@ export class Locks implements LockClient {
   // Best effort: a ticket left behind lapses by itself within MAX_POLL_MS + TICKET_MARGIN_MS.
   // `outcome` ('timeout', 'aborted' or '') is counted in the stats.
   async #leaveQueue(keys: string[], token: string, outcome: string): Promise<void> {
-    const leaveKeys = [keys[1]!, keys[2]!, ...this.#statsKeys().slice(0, 1)];
+    const leaveKeys = [keys[1]!, keys[2]!, ...this.#statsKeys.slice(0, 1)];
     await this.#run(LEAVE_QUEUE, leaveKeys, [token, outcome]).catch(() => {});
   }
 
@@ -405,7 +407,7 @@ export class Locks implements LockClient {
     const prefix = options.prefix ?? "";
     const cursor = options.cursor ?? "";
     const limit = options.limit ?? 100;
-    if (prefix !== "" && !LIST_PREFIX.test(prefix)) {
+    if (typeof prefix !== "string" || !NAME_PREFIX_PATTERN.test(prefix)) {
       throw new RangeError("prefix must be up to 200 characters of A-Z a-z 0-9 . _ : -");
     }
     if (cursor !== "") checkName(cursor);
@@ -413,7 +415,7 @@ export class Locks implements LockClient {
       throw new RangeError(`limit must be an integer from 1 to ${MAX_BATCH}`);
     }
     return await this.#observe(prefix, "list", async () => {
-      const [, names, ends] = this.#statsKeys();
+      const [, names, ends] = this.#statsKeys;
       const reply = await this.#run(LIST, [names!, ends!], [prefix, cursor, limit]);
       const [, next, ...found] = Array.isArray(reply) ? reply.map(String) : [];
       const calls = found.map((name) => {
@@ -436,7 +438,7 @@ export class Locks implements LockClient {
   async stats(): Promise<Stats> {
     this.#needStats("stats");
     return await this.#observe("", "stats", async () => {
-      const [stats, , ends] = this.#statsKeys();
+      const [stats, , ends] = this.#statsKeys;
       const reply = await this.#run(READ_STATS, [stats!, ends!], []);
       const [now, held] = integers(READ_STATS, reply, 2);
       return toStats((reply as unknown[]).slice(2), now!, held!);
@@ -469,7 +471,7 @@ export class Locks implements LockClient {
     }
     const reply = await this.#observe(
       "",
-      "stats",
+      "audit",
       () => this.#run(READ_AUDIT, [this.#auditKey()], [limit]),
     );
     return (Array.isArray(reply) ? reply : []).map(toAuditEntry);
@@ -498,28 +500,20 @@ export class Locks implements LockClient {
     return [base, `${base}:queue`, `${base}:tickets`];
   }
 
-  // The stats hash and the held index (names, lease ends); none with stats off.
-  #statsKeys(): string[] {
-    if (!this.#stats) return [];
-    return [`${this.#prefix}:stats`, `${this.#prefix}:held`, `${this.#prefix}:held:ends`];
-  }
-
   #auditKey(): string {
     return `${this.#prefix}:audit`;
   }
 
   #leaseKeys(name: string): string[] {
-    return [this.#keys(name)[0], ...this.#statsKeys()];
+    return [this.#keys(name)[0], ...this.#statsKeys];
   }
 
   #needStats(what: string): void {
-    if (!this.#stats) {
+    if (this.#statsKeys.length === 0) {
       throw new TypeError(`${what}() needs stats on (new Locks(redis, { stats: true }))`);
     }
   }
 }
-
-const LIST_PREFIX = /^[A-Za-z0-9._:-]{1,200}$/;
 
 function toInfo(name: string, reply: unknown): LockInfo {
   if (integers(INSPECT, reply, 1)[0] !== 1) return { name, held: false };

@@ -26,6 +26,15 @@ export const COUNTERS = {
   cron: ["run", "running", "too_soon", "tick_done"],
 } as const;
 
+/**
+ * The stats hash of `prefix` as the counting scripts take it, in a one-key list; none with stats
+ * off. One definition for `Locks`, `Records` and `Jobs`, so they count into the same hash.
+ */
+export function statsKeys(prefix: string, stats: unknown = true): string[] {
+  if (typeof stats !== "boolean") throw new TypeError("stats must be true or false");
+  return stats ? [`${prefix}:stats`] : [];
+}
+
 /** Upper bounds of the wait-time buckets, ms (a last bucket takes the rest). */
 export const WAIT_BUCKETS_MS = [1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000];
 /** Upper bounds of the hold-time buckets, ms (a last bucket takes the rest). */

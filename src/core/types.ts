@@ -150,7 +150,15 @@ export type LockEvent =
     | { type: "lost"; fence: number; reason: string }
     | {
       type: "error";
-      operation: "acquire" | "renew" | "release" | "inspect" | "list" | "break" | "stats";
+      operation:
+        | "acquire"
+        | "renew"
+        | "release"
+        | "inspect"
+        | "list"
+        | "break"
+        | "stats"
+        | "audit";
       error: unknown;
     }
   );

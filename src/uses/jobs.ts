@@ -3,7 +3,8 @@ import { EdgelockError } from "../core/errors.ts";
 import { checkDuration, checkName, checkPrefix, checkToken, newToken } from "../core/_validate.ts";
 import { FENCE_GRACE_MS } from "../core/scripts.ts";
 import type { Script } from "../core/_lua.ts";
-import { statsKeys, type StoreOptions } from "./records.ts";
+import type { StoreOptions } from "./records.ts";
+import { statsKeys } from "../core/stats.ts";
 import { EXTEND_JOB, FINISH_JOB, START_JOB } from "./scripts.ts";
 
 /** Options for {@linkcode Jobs.start}. */

@@ -22,6 +22,7 @@ import { sha256Hex } from "../core/_crypto.ts";
 import { FENCE_GRACE_MS } from "../core/scripts.ts";
 import type { Script } from "../core/_lua.ts";
 import { CLAIM, COMPLETE, GET_RECORD, NOTE, RELEASE_CLAIM, RENEW_CLAIM } from "./scripts.ts";
+import { statsKeys } from "../core/stats.ts";
 
 /** Options for {@linkcode Records} and {@linkcode Jobs}. */
 export interface StoreOptions {
@@ -256,10 +257,4 @@ export class Records implements RecordStore {
     const base = `${this.#prefix}:${kind}:{${id}}`;
     return [base, `${base}:fence`];
   }
-}
-
-/** The prefix's stats hash as the scripts' last key, or none with stats off. */
-export function statsKeys(prefix: string, stats: unknown = true): string[] {
-  if (typeof stats !== "boolean") throw new TypeError("stats must be true or false");
-  return stats ? [`${prefix}:stats`] : [];
 }

@@ -4,6 +4,7 @@
 import { createRoute, type OpenAPIHono, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import { EdgelockError } from "../../core/errors.ts";
+import { NAME_PREFIX_PATTERN } from "../../core/_validate.ts";
 import type { Stats } from "../../core/stats.ts";
 import type { AppEnv } from "../_env.ts";
 import { toPrometheus } from "../metrics.ts";
@@ -15,7 +16,7 @@ const TenantQuery = z.object({
   }),
 });
 const ListQuery = TenantQuery.extend({
-  prefix: z.string().regex(/^[A-Za-z0-9._:-]{0,200}$/).optional().openapi({
+  prefix: z.string().regex(NAME_PREFIX_PATTERN).optional().openapi({
     description: "Only names that start with this",
   }),
   cursor: Name.optional().openapi({ description: "The previous page's cursor" }),
