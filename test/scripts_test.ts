@@ -4,9 +4,12 @@
 import assert from "node:assert/strict";
 import { Redis as IORedis } from "ioredis";
 import { Locks } from "../src/core/locks.ts";
+import type { Lease } from "../src/core/types.ts";
 import { Jobs } from "../src/uses/jobs.ts";
 import { recordId, Records } from "../src/uses/records.ts";
 import * as scripts from "../src/core/scripts.ts";
+import * as sharedScripts from "../src/core/shared_scripts.ts";
+import * as multiScripts from "../src/core/multi_scripts.ts";
 import * as useScripts from "../src/uses/scripts.ts";
 import type { Script } from "../src/core/_lua.ts";
 import { startShiftedRedisServer } from "../dev/clock_shift.ts";
@@ -32,7 +35,7 @@ function slotOf(key: string): number {
 }
 
 /** Every script of both script modules. */
-const ALL = [...Object.values(scripts), ...Object.values(useScripts)].filter((
+const ALL = [scripts, sharedScripts, multiScripts, useScripts].flatMap(Object.values).filter((
   value,
 ): value is Script =>
   typeof value === "object" && value !== null && "source" in value && "sha1" in value
@@ -68,6 +71,47 @@ async function everyOperation(backend: Backend) {
   await locks.inspect(name);
   await locks.release(again.lease);
   await redis.del(lockKey(name));
+
+  // Shared, semaphore, reentrant and multi-name leases, and their mismatches.
+  const readers = await Promise.all([1, 2].map(() => locks.acquire(name, { mode: "shared" })));
+  await locks.acquire(name, {
+    mode: "shared",
+    token: (readers[0] as { lease: Lease }).lease.token,
+  });
+  const writer = locks.acquire(name, { waitMs: 1000 }); // queues behind the readers
+  await sleep(50);
+  await locks.acquire(name, { mode: "shared" }); // busy behind the writer
+  await locks.acquire(name, { limit: 2 }).catch(() => {}); // mode_mismatch
+  await locks.inspect(name);
+  for (const reader of readers) if (reader.acquired) await locks.renew(reader.lease);
+  for (const reader of readers) if (reader.acquired) await locks.release(reader.lease);
+  if (readers[0]!.acquired) await locks.release(readers[0]!.lease); // a retry
+  const wrote = await writer;
+  assert.ok(wrote.acquired);
+  await locks.release(wrote.lease);
+  const permits = await locks.acquire(name, { limit: 3, permits: 2, reentrant: true });
+  await locks.acquire(name, { limit: 4 }).catch(() => {}); // limit_mismatch
+  await locks.acquire(name, { limit: 3, permits: 2, waitMs: 120 }); // queues, leaves
+  if (permits.acquired) {
+    await locks.acquire(name, {
+      limit: 3,
+      permits: 2,
+      reentrant: true,
+      token: permits.lease.token,
+    });
+    await locks.release(permits.lease);
+  }
+  await locks.break(name, { by: "ops" });
+  const twice = await locks.acquire(name, { reentrant: true });
+  if (twice.acquired) {
+    await locks.acquire(name, { reentrant: true, token: twice.lease.token });
+    await locks.release(twice.lease);
+    await locks.release(twice.lease);
+  }
+  const group = [`{${name}}a`, `{${name}}b`];
+  const both = await locks.acquireAll(group, { ttlMs: 2000 });
+  await locks.acquireAll(group, { waitMs: 120 }); // queues in both, then leaves both
+  if (both.acquired) { for (const lease of both.leases) await locks.release(lease); }
 
   const id = recordId("user-1", keygen("k"));
   const claim = await records.claim("idempotency", id, { fingerprint: "f1" });

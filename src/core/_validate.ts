@@ -5,8 +5,13 @@
  * or `..`, which URLs normalise away: every name the library takes is reachable over HTTP too.
  */
 export const NAME_PATTERN = /^(?!\.\.?$)[A-Za-z0-9._:-]{1,200}$/;
-/** What a name may start with, for listing by prefix: up to 200 of its characters. */
-export const NAME_PREFIX_PATTERN = /^[A-Za-z0-9._:-]{0,200}$/;
+/**
+ * Lock names: as {@linkcode NAME_PATTERN}, and `{` `}` too, so names can share a Redis Cluster
+ * hash slot: names that agree up to their first `}` (e.g. `{bank}acct:1`, `{bank}acct:2`) do.
+ */
+export const LOCK_NAME_PATTERN = /^(?!\.\.?$)[A-Za-z0-9._:{}-]{1,200}$/;
+/** What a lock name may start with, for listing by prefix: up to 200 of its characters. */
+export const NAME_PREFIX_PATTERN = /^[A-Za-z0-9._:{}-]{0,200}$/;
 /** A record id segment's source: a name, or `#` and a SHA-256 in hex. */
 export const SEGMENT = "(?:(?!\\.\\.?(?:/|$))[A-Za-z0-9._:-]{1,200}|#[0-9a-f]{64})";
 /** One segment of a record id: a name, or `#` and a SHA-256 in hex (from `safeName`). */
@@ -32,6 +37,9 @@ export const LIMITS = {
   fenceWindowMs: { min: 1000, max: 86_400_000 },
 } as const;
 
+/** The most permits a semaphore has (its `limit`). */
+export const MAX_LIMIT = 1000;
+
 export function checkName(name: unknown, what = "lock name"): string {
   if (typeof name !== "string") throw new TypeError(`The ${what} must be a string`);
   if (!NAME_PATTERN.test(name)) {
@@ -41,6 +49,27 @@ export function checkName(name: unknown, what = "lock name"): string {
     );
   }
   return name;
+}
+
+export function checkLockName(name: unknown): string {
+  if (typeof name !== "string") throw new TypeError("The lock name must be a string");
+  if (!LOCK_NAME_PATTERN.test(name)) {
+    throw new RangeError(
+      `The lock name "${name.slice(0, 50)}" must be 1–200 characters of A-Z a-z 0-9 . _ : - { } ` +
+        `(and not . or ..)`,
+    );
+  }
+  return name;
+}
+
+/**
+ * The part of a lock name that picks its Redis Cluster slot: up to its first `}` (its key is
+ * `<prefix>:lock:{<name>}`, and Redis hashes what lies between the first `{` and the first `}`
+ * after it), else all of it.
+ */
+export function slotTag(name: string): string {
+  const end = name.indexOf("}");
+  return end > 0 ? name.slice(0, end) : name;
 }
 
 export function checkPrefix(prefix: unknown): string {

@@ -7,6 +7,8 @@ export type ErrorCode =
   | "payload_too_large"
   | "lock_busy"
   | "queue_full"
+  | "mode_mismatch"
+  | "limit_mismatch"
   | "too_many_requests"
   | "lock_lost"
   | "in_progress"

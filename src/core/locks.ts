@@ -12,14 +12,18 @@ import { noteSentAt } from "./_granted.ts";
 import { EdgelockError } from "./errors.ts";
 import {
   checkDuration,
+  checkLockName,
   checkMeta,
-  checkName,
   checkPrefix,
   checkSignal,
   checkToken,
+  MAX_LIMIT,
   NAME_PREFIX_PATTERN,
   newToken,
+  slotTag,
 } from "./_validate.ts";
+import { ACQUIRE_SHARED } from "./shared_scripts.ts";
+import { ACQUIRE_ALL, MAX_NAMES } from "./multi_scripts.ts";
 import {
   ACQUIRE,
   AUDIT_LENGTH,
@@ -36,12 +40,14 @@ import {
 import { type Script } from "./_lua.ts";
 import { type Stats, statsKeys, toStats } from "./stats.ts";
 import type {
+  AcquireAllResult,
   AcquireOptions,
   AcquireResult,
   AuditEntry,
   BreakOptions,
   BreakResult,
   Lease,
+  LeaseOptions,
   LeaseRef,
   ListOptions,
   LockClient,
@@ -194,50 +200,147 @@ export class Locks implements LockClient {
   }
 
   /**
-   * Acquires `name`. When it is busy and `waitMs` > 0, waits in a fair FIFO queue, looking again
-   * when the server expects its turn (from recent hold times), never past the holder's TTL.
+   * Acquires `name`: exclusively (the default), `shared` (a read-write lock's reader), or
+   * `permits` of a semaphore of `limit`. When it is busy and `waitMs` > 0, waits in a fair FIFO
+   * queue, looking again when the server expects its turn (from recent hold times), never past
+   * the holder's TTL. Throws `mode_mismatch` or `limit_mismatch` when the name is held in
+   * another mode or with another limit.
    */
   async acquire(name: string, options: AcquireOptions = {}): Promise<AcquireResult> {
-    checkName(name);
-    const ttlMs = checkDuration(options.ttlMs, "ttlMs", DEFAULT_TTL_MS);
-    const waitMs = checkDuration(options.waitMs, "waitMs", 0);
-    const token = options.token === undefined ? newToken() : checkToken(options.token);
-    const meta = checkMeta(options.meta);
-    const signal = checkSignal(options.signal);
-    return await this.#observe(
-      name,
-      "acquire",
-      () => this.#acquire(name, token, ttlMs, waitMs, meta, signal),
-    );
+    checkLockName(name);
+    const { ttlMs, waitMs, token, meta, signal } = checkLeaseOptions(options);
+    const { mode, limit, permits } = checkMode(options);
+    const reentrant = checkFlag(options.reentrant, "reentrant") ? "1" : "0";
+    const [record, queue, tickets, holders] = this.#keys(name);
+    const kind = mode === "exclusive" ? {} : { mode, ...(limit > 0 && { limit, permits }) };
+    const call: Attempt<Lease> = mode === "exclusive"
+      ? {
+        script: ACQUIRE,
+        keys: [record, queue, tickets, ...this.#statsKeys],
+        args: (ticketMs, waitedMs, waiting) => [
+          ...this.#acquireArgs(token, ttlMs, meta, ticketMs),
+          name,
+          waitedMs,
+          waiting,
+          reentrant,
+        ],
+        members: [token],
+        grant: (reply) => ({
+          ...toLease(name, token, ACQUIRE, reply),
+          ...holdCount(reply, reentrant),
+        }),
+      }
+      : {
+        script: ACQUIRE_SHARED,
+        keys: [record, queue, tickets, holders, ...this.#statsKeys],
+        args: (ticketMs, waitedMs, waiting) => [
+          ...this.#acquireArgs(token, ttlMs, meta, ticketMs),
+          name,
+          waitedMs,
+          waiting,
+          limit,
+          permits,
+          reentrant,
+        ],
+        members: [`${token}~${limit > 0 ? permits : "s"}`],
+        grant: (reply) => ({
+          ...toLease(name, token, ACQUIRE_SHARED, reply),
+          ...kind,
+          ...holdCount(reply, reentrant),
+        }),
+      };
+    return await this.#observe(name, "acquire", async () => {
+      const result = await this.#attempt(name, [name], call, waitMs, signal);
+      return result.acquired ? { acquired: true, lease: result.granted } : result;
+    });
   }
 
-  async #acquire(
-    name: string,
-    token: string,
-    ttlMs: number,
+  /**
+   * Acquires every name exclusively, all or nothing, in one script per attempt (up to 32 names,
+   * one token, one fence per name): a multi-name lock. Waits like `acquire`, in every name's
+   * queue at once, so overlapping sets never deadlock (see `./multi_scripts.ts`). All names must
+   * share a Redis Cluster slot: start each with the same `{group}`, e.g. `{bank}acct:1` and
+   * `{bank}acct:2`. Renew and release the leases one by one or with `renewMany`.
+   */
+  async acquireAll(
+    names: readonly string[],
+    options: LeaseOptions = {},
+  ): Promise<AcquireAllResult> {
+    if (!Array.isArray(names) || names.length < 1 || names.length > MAX_NAMES) {
+      throw new RangeError(`acquireAll takes 1 to ${MAX_NAMES} lock names`);
+    }
+    names.forEach(checkLockName);
+    if (new Set(names).size !== names.length) throw new RangeError("The lock names must differ");
+    const tag = slotTag(names[0]!);
+    const stray = names.find((name) => slotTag(name) !== tag);
+    if (stray !== undefined) {
+      throw new RangeError(
+        `The names of one multi-name lock must share a Redis Cluster slot: "${stray}" does not ` +
+          `start like "${names[0]}". Start each with the same {group}, e.g. {bank}acct:1 and ` +
+          `{bank}acct:2`,
+      );
+    }
+    const { ttlMs, waitMs, token, meta, signal } = checkLeaseOptions(options);
+    const call: Attempt<Lease[]> = {
+      script: ACQUIRE_ALL,
+      keys: [...names.flatMap((name) => this.#keys(name).slice(0, 3)), ...this.#statsKeys],
+      args: (ticketMs, waitedMs, waiting) => [
+        ...this.#acquireArgs(token, ttlMs, meta, ticketMs),
+        names.length,
+        waitedMs,
+        waiting,
+        ...names,
+      ],
+      members: names.map(() => token),
+      grant: (reply) => {
+        const [, now, ttl, ...fences] = integers(ACQUIRE_ALL, reply, 3 + names.length);
+        return names.map((name, i) => ({
+          name,
+          token,
+          fence: fences[i]!,
+          ttlMs: ttl!,
+          expiresAt: now! + ttl!,
+          serverTime: now!,
+        }));
+      },
+    };
+    const label = names.join(",");
+    return await this.#observe(label, "acquire", async () => {
+      const result = await this.#attempt(label, names, call, waitMs, signal);
+      return result.acquired ? { acquired: true, leases: result.granted } : result;
+    });
+  }
+
+  #acquireArgs(token: string, ttlMs: number, meta: string, ticketMs: number): (string | number)[] {
+    return [token, ttlMs, meta, this.#fenceWindowMs, ticketMs, this.#maxWaiters];
+  }
+
+  // The waiting loop of every acquire: one script call per look.
+  async #attempt<T extends Lease | Lease[]>(
+    label: string,
+    names: readonly string[],
+    call: Attempt<T>,
     waitMs: number,
-    meta: string,
     signal: AbortSignal | undefined,
-  ): Promise<AcquireResult> {
+  ): Promise<{ acquired: true; granted: T } | Exclude<AcquireResult, { acquired: true }>> {
     const started = performance.now();
     const deadline = started + waitMs;
-    const keys = this.#keys(name);
-    const acquireKeys = [...keys, ...this.#statsKeys];
     const waiting = waitMs > 0 ? "1" : "0";
     const outcome = (outcome: (LockEvent & { type: "acquire" })["outcome"], fence?: number) =>
       this.#emit({
         type: "acquire",
-        name,
+        name: label,
         outcome,
         ...(fence !== undefined && { fence }),
         waitedMs: performance.now() - started,
         ...this.#timing(started),
       });
     let queued = false;
+    const leave = (why: string) => queued ? this.#leaveQueues(names, call.members, why) : undefined;
 
     for (;;) {
       if (signal?.aborted) {
-        if (queued) await this.#leaveQueue(keys, token, "aborted");
+        await leave("aborted");
         outcome("aborted");
         signal.throwIfAborted();
       }
@@ -245,26 +348,27 @@ export class Locks implements LockClient {
       // A waiter holds a FIFO ticket that outlives its next look by a margin.
       const ticketMs = left > 0 ? Math.ceil(Math.min(left, MAX_POLL_MS) + TICKET_MARGIN_MS) : 0;
       const waitedMs = Math.round(performance.now() - started);
-      const args = [
-        token,
-        ttlMs,
-        meta,
-        this.#fenceWindowMs,
-        ticketMs,
-        this.#maxWaiters,
-        name,
-        waitedMs,
-        waiting,
-      ];
       queued ||= ticketMs > 0;
       const sentAt = performance.now();
-      const reply = await this.#run(ACQUIRE, acquireKeys, args);
-      if (integers(ACQUIRE, reply, 1)[0] === 1) {
-        const lease = noteSentAt(toLease(name, token, ACQUIRE, reply), sentAt);
-        outcome("granted", lease.fence);
-        return { acquired: true, lease };
+      const reply = await this.#run(call.script, call.keys, call.args(ticketMs, waitedMs, waiting));
+      const [status, code] = integers(call.script, reply, 2);
+      if (status === 1) {
+        const granted = call.grant(reply);
+        for (const lease of [granted].flat()) noteSentAt(lease, sentAt);
+        outcome("granted", [granted].flat()[0]!.fence);
+        return { acquired: true, granted };
       }
-      const [, hint, now, position, pttl] = integers(ACQUIRE, reply, 5);
+      if (status === MISMATCH) {
+        await leave("");
+        outcome("busy");
+        throw code === 2
+          ? new EdgelockError(
+            "limit_mismatch",
+            `Lock "${label}" is held as a semaphore with another limit`,
+          )
+          : new EdgelockError("mode_mismatch", `Lock "${label}" is held in another mode`);
+      }
+      const [, hint, now, position, pttl] = integers(call.script, reply, 5);
       const retryAfterMs = Math.max(1, hint!);
       const busy = {
         acquired: false as const,
@@ -272,20 +376,20 @@ export class Locks implements LockClient {
         ...(pttl! > 0 && { lockExpiresAt: now! + pttl! }),
       };
       if (position === QUEUE_FULL) {
-        if (queued) await this.#leaveQueue(keys, token, "");
+        await leave("");
         outcome("queue_full");
         return { ...busy, reason: "queue_full" };
       }
       const remaining = deadline - performance.now();
       if (remaining <= 0) {
-        if (queued) await this.#leaveQueue(keys, token, "timeout");
+        await leave("timeout");
         outcome(queued ? "timeout" : "busy");
         return { ...busy, reason: "busy" };
       }
       if (signal?.aborted) continue;
       this.#emit({
         type: "wait",
-        name,
+        name: label,
         position: position!,
         retryAfterMs,
         ...this.#timing(sentAt),
@@ -301,10 +405,18 @@ export class Locks implements LockClient {
   }
 
   // Best effort: a ticket left behind lapses by itself within MAX_POLL_MS + TICKET_MARGIN_MS.
-  // `outcome` ('timeout', 'aborted' or '') is counted in the stats.
-  async #leaveQueue(keys: string[], token: string, outcome: string): Promise<void> {
-    const leaveKeys = [keys[1]!, keys[2]!, ...this.#statsKeys.slice(0, 1)];
-    await this.#run(LEAVE_QUEUE, leaveKeys, [token, outcome]).catch(() => {});
+  // `outcome` ('timeout', 'aborted' or '') is counted in the stats, once.
+  async #leaveQueues(names: readonly string[], members: string[], outcome: string): Promise<void> {
+    const calls = names.map((name, i) => {
+      const [, queue, tickets] = this.#keys(name);
+      return {
+        keys: [queue, tickets, ...(i === 0 ? this.#statsKeys.slice(0, 1) : [])],
+        args: [members[i]!, i === 0 ? outcome : ""],
+      };
+    });
+    await (calls.length === 1
+      ? this.#run(LEAVE_QUEUE, calls[0]!.keys, calls[0]!.args)
+      : runScripts(this.#redis, LEAVE_QUEUE, calls, this.#timeoutMs)).catch(() => {});
   }
 
   /** Extends a lease still held by its token; the fence stays the same. */
@@ -315,10 +427,10 @@ export class Locks implements LockClient {
       const started = performance.now();
       const reply = await this.#run(
         RENEW,
-        this.#leaseKeys(name),
+        this.#renewKeys(name),
         this.#renewArgs(name, token, ttlMs),
       );
-      return this.#renewed(name, token, reply, started);
+      return this.#renewed(lease, reply, started);
     });
   }
 
@@ -326,8 +438,9 @@ export class Locks implements LockClient {
     return [token, ttlMs, this.#fenceWindowMs, name];
   }
 
-  #renewed(name: string, token: string, reply: unknown, started: number): RenewResult {
-    const result = toRenewal(name, token, reply);
+  #renewed(lease: LeaseRef, reply: unknown, started: number): RenewResult {
+    const { name } = lease;
+    const result = toRenewal(lease, reply);
     this.#emit({
       type: "renew",
       name,
@@ -350,7 +463,7 @@ export class Locks implements LockClient {
     const ttlMs = checkDuration(options.ttlMs, "ttlMs", DEFAULT_TTL_MS);
     const refs = leases.map(checkLease);
     const calls = refs.map(({ name, token }) => ({
-      keys: this.#leaseKeys(name),
+      keys: this.#renewKeys(name),
       args: this.#renewArgs(name, token, ttlMs),
     }));
     const started = performance.now();
@@ -359,7 +472,7 @@ export class Locks implements LockClient {
       "renew",
       () => runScripts(this.#redis, RENEW, calls, this.#timeoutMs),
     );
-    return refs.map(({ name, token }, i) => this.#renewed(name, token, replies[i], started));
+    return refs.map((ref, i) => this.#renewed(ref, replies[i], started));
   }
 
   /**
@@ -371,7 +484,9 @@ export class Locks implements LockClient {
     const args = [token, this.#fenceWindowMs, fenceArg(lease), name];
     return await this.#observe(name, "release", async () => {
       const started = performance.now();
-      const reply = await this.#run(RELEASE, this.#leaseKeys(name), args);
+      const [record, , , holders, marks] = this.#keys(name);
+      const keys = [record, holders, marks, ...this.#statsKeys];
+      const reply = await this.#run(RELEASE, keys, args);
       const released = integers(RELEASE, [reply], 1)[0] === 1;
       this.#emit({
         type: "release",
@@ -389,10 +504,9 @@ export class Locks implements LockClient {
    * token.
    */
   async inspect(name: string): Promise<LockInfo> {
-    checkName(name);
+    checkLockName(name);
     return await this.#observe(name, "inspect", async () => {
-      const [lock, , tickets] = this.#keys(name);
-      return toInfo(name, await this.#run(INSPECT, [lock, tickets], []));
+      return toInfo(name, await this.#run(INSPECT, this.#inspectKeys(name), []));
     });
   }
 
@@ -410,7 +524,7 @@ export class Locks implements LockClient {
     if (typeof prefix !== "string" || !NAME_PREFIX_PATTERN.test(prefix)) {
       throw new RangeError("prefix must be up to 200 characters of A-Z a-z 0-9 . _ : -");
     }
-    if (cursor !== "") checkName(cursor);
+    if (cursor !== "") checkLockName(cursor);
     if (!Number.isInteger(limit) || limit < 1 || limit > MAX_BATCH) {
       throw new RangeError(`limit must be an integer from 1 to ${MAX_BATCH}`);
     }
@@ -418,10 +532,7 @@ export class Locks implements LockClient {
       const [, names, ends] = this.#statsKeys;
       const reply = await this.#run(LIST, [names!, ends!], [prefix, cursor, limit]);
       const [, next, ...found] = Array.isArray(reply) ? reply.map(String) : [];
-      const calls = found.map((name) => {
-        const [lock, , tickets] = this.#keys(name);
-        return { keys: [lock, tickets], args: [] };
-      });
+      const calls = found.map((name) => ({ keys: this.#inspectKeys(name), args: [] }));
       const infos = calls.length > 0
         ? await runScripts(this.#redis, INSPECT, calls, this.#timeoutMs)
         : [];
@@ -452,11 +563,12 @@ export class Locks implements LockClient {
    * late writes; one that does not is not protected from it.
    */
   async break(name: string, options: BreakOptions): Promise<BreakResult> {
-    checkName(name);
+    checkLockName(name);
     const by = checkText(options?.by, "by", 1, 64);
     const reason = checkText(options?.reason ?? "", "reason", 0, 200);
     return await this.#observe(name, "break", async () => {
-      const keys = [...this.#leaseKeys(name), this.#auditKey()];
+      const [record, , , holders] = this.#keys(name);
+      const keys = [record, holders, ...this.#statsKeys, this.#auditKey()];
       const reply = await this.#run(BREAK, keys, [this.#fenceWindowMs, name, by, reason]);
       if (integers(BREAK, reply, 1)[0] !== 1) return { broken: false };
       return { broken: true, fence: integers(BREAK, reply, 2)[1]! };
@@ -494,18 +606,25 @@ export class Locks implements LockClient {
       }));
   }
 
-  // The name sits in a hash tag so all keys of a lock share a cluster slot.
-  #keys(name: string): [string, string, string] {
+  // The name sits in a hash tag so all keys of a lock share a cluster slot (see slotTag): the
+  // record, the queue, its tickets, the shared holders and their last releases.
+  #keys(name: string): [string, string, string, string, string] {
     const base = `${this.#prefix}:lock:{${name}}`;
-    return [base, `${base}:queue`, `${base}:tickets`];
+    return [base, `${base}:queue`, `${base}:tickets`, `${base}:holders`, `${base}:released`];
+  }
+
+  #renewKeys(name: string): string[] {
+    const [record, , , holders] = this.#keys(name);
+    return [record, holders, ...this.#statsKeys];
+  }
+
+  #inspectKeys(name: string): string[] {
+    const [record, , tickets, holders] = this.#keys(name);
+    return [record, tickets, holders];
   }
 
   #auditKey(): string {
     return `${this.#prefix}:audit`;
-  }
-
-  #leaseKeys(name: string): string[] {
-    return [this.#keys(name)[0], ...this.#statsKeys];
   }
 
   #needStats(what: string): void {
@@ -518,7 +637,8 @@ export class Locks implements LockClient {
 function toInfo(name: string, reply: unknown): LockInfo {
   if (integers(INSPECT, reply, 1)[0] !== 1) return { name, held: false };
   const [, fence, ttlMs, now, waiters] = integers(INSPECT, reply, 5) as number[];
-  const meta = parseJsonText((reply as unknown[])[5]);
+  const [rawMeta, mode, holders, permits, limit] = (reply as unknown[]).slice(5);
+  const meta = parseJsonText(rawMeta);
   return {
     name,
     held: true,
@@ -527,6 +647,10 @@ function toInfo(name: string, reply: unknown): LockInfo {
     expiresAt: now! + ttlMs!,
     waiters: waiters!,
     ...(meta && { meta }),
+    mode: mode === "shared" || mode === "semaphore" ? mode : "exclusive",
+    holders: Number(holders),
+    permits: Number(permits),
+    ...(mode === "semaphore" && { limit: Number(limit) }),
   };
 }
 
@@ -558,9 +682,78 @@ function checkText(value: unknown, what: string, min: number, max: number): stri
 // The acquire script's position when the queue was full.
 const QUEUE_FULL = -2;
 
-function toRenewal(name: string, token: string, reply: unknown): RenewResult {
+// A renewed lease keeps what the acquire told of it: mode, limit, permits, hold count.
+function toRenewal(ref: LeaseRef, reply: unknown): RenewResult {
   if (integers(RENEW, reply, 1)[0] !== 1) return { renewed: false };
-  return { renewed: true, lease: toLease(name, token, RENEW, reply) };
+  const { mode, limit, permits, holdCount } = ref as Partial<Lease>;
+  return {
+    renewed: true,
+    lease: {
+      ...toLease(ref.name, ref.token, RENEW, reply),
+      ...(mode && { mode }),
+      ...(limit !== undefined && { limit, permits }),
+      ...(holdCount !== undefined && { holdCount: integers(RENEW, reply, 5)[4]! }),
+    },
+  };
+}
+
+// The hold count a reentrant acquire reports.
+function holdCount(reply: unknown, reentrant: string): { holdCount?: number } {
+  return reentrant === "1" ? { holdCount: (reply as number[])[4]! } : {};
+}
+
+// The acquire scripts' first reply field when the name is held in another mode or limit.
+const MISMATCH = -1;
+
+/** One acquire's script call, the same at each look but for the ticket and the time waited. */
+interface Attempt<T> {
+  script: Script;
+  keys: string[];
+  args(ticketMs: number, waitedMs: number, waiting: string): (string | number)[];
+  /** What the caller is in each name's queue, for leaving it. */
+  members: string[];
+  grant(reply: unknown): T;
+}
+
+function checkLeaseOptions(options: LeaseOptions) {
+  return {
+    ttlMs: checkDuration(options.ttlMs, "ttlMs", DEFAULT_TTL_MS),
+    waitMs: checkDuration(options.waitMs, "waitMs", 0),
+    token: options.token === undefined ? newToken() : checkToken(options.token),
+    meta: checkMeta(options.meta),
+    signal: checkSignal(options.signal),
+  };
+}
+
+// The mode and, for a semaphore, its limit and this caller's permits (limit 0: not a semaphore).
+function checkMode(options: AcquireOptions): {
+  mode: "exclusive" | "shared" | "semaphore";
+  limit: number;
+  permits: number;
+} {
+  const { mode, limit, permits } = options;
+  if (mode !== undefined && mode !== "exclusive" && mode !== "shared") {
+    throw new RangeError('mode must be "exclusive" or "shared"');
+  }
+  if (limit === undefined) {
+    if (permits !== undefined) throw new TypeError("permits needs limit (a semaphore)");
+    return { mode: mode ?? "exclusive", limit: 0, permits: 1 };
+  }
+  if (mode !== undefined) throw new TypeError("A semaphore (limit) takes no mode");
+  if (!Number.isInteger(limit) || limit < 1 || limit > MAX_LIMIT) {
+    throw new RangeError(`limit must be an integer from 1 to ${MAX_LIMIT}`);
+  }
+  const taken = permits ?? 1;
+  if (!Number.isInteger(taken) || taken < 1 || taken > limit) {
+    throw new RangeError(`permits must be an integer from 1 to limit (${limit})`);
+  }
+  return { mode: "semaphore", limit, permits: taken };
+}
+
+function checkFlag(value: unknown, what: string): boolean {
+  if (value === undefined) return false;
+  if (typeof value !== "boolean") throw new TypeError(`${what} must be a boolean`);
+  return value;
 }
 
 export function toLease(name: string, token: string, script: Script, reply: unknown): Lease {
@@ -577,7 +770,7 @@ function checkLease(lease: LeaseRef): LeaseRef {
   if (typeof lease !== "object" || lease === null) {
     throw new TypeError("Expected a lease returned by acquire or renew");
   }
-  checkName(lease.name);
+  checkLockName(lease.name);
   checkToken(lease.token);
   if (lease.fence !== undefined && !(Number.isSafeInteger(lease.fence) && lease.fence > 0)) {
     throw new RangeError("The lease's fence must be a positive integer");

@@ -4,12 +4,15 @@
  * semantics (Upstash) and Redis 7.x. Every key a script touches is passed in `KEYS`, and every
  * key a script writes carries a TTL.
  *
- * Keys per lock name, all in one hash slot: `KEYS[1]` the lock record, one string, and
- * `KEYS[2]`/`KEYS[3]` the wait queue (tokens by arrival) and its tickets (tokens by deadline),
- * which exist only while callers wait and live as long as the latest ticket. The record is
+ * Keys per lock name, all in one hash slot: the lock record, one string; the wait queue (members
+ * by arrival) and its tickets (members by deadline), which exist only while callers wait and live
+ * as long as the latest ticket; for shared and semaphore leases (`./shared_scripts.ts`) the
+ * holders' hash and the last releases. The record is
  *
- * - `H<fence>|<leaseEndMs>|<atMs>|<holdMs>|<flag>|<token>|<released>|<meta>` while a lease may be
- *   held: it is held until `leaseEndMs` on the server clock;
+ * - `H<fence>|<leaseEndMs>|<atMs>|<holdMs>|<flag>|<token>|<released>|<holdCount>|<meta>` while an
+ *   exclusive lease may be held: it is held until `leaseEndMs` on the server clock;
+ * - `S<fence>|<leaseEndMs>|<atMs>|<holdMs>|<flag>|<limit>|<released>` while shared or semaphore
+ *   leases may be held, until the latest holder's `leaseEndMs`;
  * - `R<fence>|<holdMs>|<flag>|<sha>` once it was released (`released` is then `<fence>:<sha>`).
  *
  * `released` is `<fence>:<sha>` of the last release, `sha` the first 12 hex digits of the SHA-1 of
@@ -45,18 +48,27 @@ const MAX_HOLD_MS = LIMITS.ttlMs.max;
 
 // The lock record: read, and written with a TTL that keeps the fence `graceMs` past the lease.
 // A value this code did not write is `foreign`: busy until its TTL (given one if it has none).
-const RECORD = `
+export const RECORD_LUA = `
 local function clamp(value, low, high) return math.min(math.max(value, low), high) end
 local function readRecord(key)
   local value = redis.call('GET', key)
   if not value then return nil end
   local kind = string.sub(value, 1, 1)
   if kind == 'H' then
-    local fence, leaseEnd, at, hold, flag, token, released, meta =
-      string.match(value, '^H(%d+)|(%d+)|(%d+)|(%d+)|([01])|([%w_-]+)|([%d:%x]*)|(.*)$')
+    local fence, leaseEnd, at, hold, flag, token, released, count, meta = string.match(value,
+      '^H(%d+)|(%d+)|(%d+)|(%d+)|([01])|([%w_-]+)|([%d:%x]*)|(%d+)|(.*)$')
     if fence then
       return {fence = fence, leaseEnd = tonumber(leaseEnd), at = tonumber(at),
-        hold = tonumber(hold), flag = flag, token = token, released = released, meta = meta}
+        hold = tonumber(hold), flag = flag, token = token, released = released,
+        count = tonumber(count), meta = meta}
+    end
+  elseif kind == 'S' then
+    local fence, leaseEnd, at, hold, flag, limit, released =
+      string.match(value, '^S(%d+)|(%d+)|(%d+)|(%d+)|([01])|(%d+)|([%d:%x]*)$')
+    if fence then
+      return {fence = fence, leaseEnd = tonumber(leaseEnd), at = tonumber(at),
+        hold = tonumber(hold), flag = flag, limit = tonumber(limit), released = released,
+        shared = true}
     end
   elseif kind == 'R' then
     local fence, hold, flag, sha = string.match(value, '^R(%d+)|(%d+)|([01])|(%x+)$')
@@ -67,17 +79,127 @@ local function readRecord(key)
   end
   return {foreign = true}
 end
+local function ms(value) return string.format('%.0f', value) end
 local function writeHeld(key, r, nowMs, graceMs)
-  redis.call('SET', key, 'H' .. r.fence .. '|' .. string.format('%.0f', r.leaseEnd) .. '|' ..
-    string.format('%.0f', r.at) .. '|' .. string.format('%d', math.floor(r.hold)) .. '|' ..
-    r.flag .. '|' .. r.token .. '|' .. r.released .. '|' .. r.meta, 'PX',
-    math.max(1, r.leaseEnd - nowMs + graceMs))
+  redis.call('SET', key, 'H' .. r.fence .. '|' .. ms(r.leaseEnd) .. '|' .. ms(r.at) .. '|' ..
+    string.format('%d', math.floor(r.hold)) .. '|' .. r.flag .. '|' .. r.token .. '|' ..
+    r.released .. '|' .. (r.count or 1) .. '|' .. r.meta, 'PX', math.max(1, r.leaseEnd - nowMs + graceMs))
 end
--- ms: the record's new TTL, or nil to keep its TTL.
-local function writeReleased(key, r, ms)
+local function writeShared(key, r, nowMs, graceMs)
+  redis.call('SET', key, 'S' .. r.fence .. '|' .. ms(r.leaseEnd) .. '|' .. ms(r.at) .. '|' ..
+    string.format('%d', math.floor(r.hold)) .. '|' .. r.flag .. '|' .. r.limit .. '|' .. r.released,
+    'PX', math.max(1, r.leaseEnd - nowMs + graceMs))
+end
+-- ttl: the record's new TTL, or nil to keep its TTL.
+local function writeReleased(key, r, ttl)
   local value = 'R' .. r.fence .. '|' .. string.format('%d', math.floor(r.hold)) .. '|' .. r.flag ..
     '|' .. string.match(r.released, ':(%x+)$')
-  if ms then redis.call('SET', key, value, 'PX', ms) else redis.call('SET', key, value, 'KEEPTTL') end
+  if ttl then redis.call('SET', key, value, 'PX', ttl) else redis.call('SET', key, value, 'KEEPTTL') end
+end
+local function writeRecord(key, r, nowMs, graceMs)
+  if r.free then writeReleased(key, r, nil)
+  elseif r.shared then writeShared(key, r, nowMs, graceMs)
+  else writeHeld(key, r, nowMs, graceMs) end
+end
+`;
+
+// The holders of a name held shared or as a semaphore (record kind S), one hash field each:
+// token -> `<leaseEnd>|<fence>|<permits>|<count>|<meta>`. The record's lease end is the latest
+// holder's, and the hash lives until then: past it the name is free and the hash gone. Holders
+// whose lease ran out are dropped when read.
+export const HOLDERS_LUA = `
+local function readHolder(raw)
+  local leaseEnd, fence, permits, count, meta = string.match(raw or '', '^(%d+)|(%d+)|(%d+)|(%d+)|(.*)$')
+  if not leaseEnd then return nil end
+  return {leaseEnd = tonumber(leaseEnd), fence = fence, permits = tonumber(permits),
+    count = tonumber(count), meta = meta}
+end
+-- The live holders by token, the permits they hold, and the latest lease end; with prune, the
+-- others leave the hash.
+local function readHolders(holdersKey, nowMs, prune)
+  local holders, used, latest = {}, 0, 0
+  local raw = redis.call('HGETALL', holdersKey)
+  for i = 1, #raw, 2 do
+    local h = readHolder(raw[i + 1])
+    if h and h.leaseEnd > nowMs then
+      holders[raw[i]] = h
+      used = used + h.permits
+      latest = math.max(latest, h.leaseEnd)
+    elseif prune then
+      redis.call('HDEL', holdersKey, raw[i])
+    end
+  end
+  return holders, used, latest
+end
+local function writeHolder(holdersKey, token, h)
+  redis.call('HSET', holdersKey, token, ms(h.leaseEnd) .. '|' .. h.fence .. '|' .. h.permits .. '|' ..
+    h.count .. '|' .. h.meta)
+end
+`;
+
+// The wait queue: tokens by arrival and by ticket deadline. A member is a token (an exclusive
+// waiter) or `<token>~s` (shared) or `<token>~<permits>` (a semaphore), so a look at the queue
+// knows what each waiter asks for.
+export const QUEUE_LUA = `
+-- The head of the queue, once lapsed tickets are dropped (at most maxWaiters of them).
+local function queueHead(queueKey, ticketsKey, nowMs, maxWaiters)
+  local head = redis.call('ZRANGE', queueKey, 0, 0)[1]
+  if head then -- the queue and its tickets hold the same members: no head, no tickets
+    local lapsed = redis.call('ZRANGEBYSCORE', ticketsKey, '-inf', nowMs, 'LIMIT', 0, maxWaiters)
+    if #lapsed > 0 then
+      redis.call('ZREM', queueKey, unpack(lapsed))
+      redis.call('ZREM', ticketsKey, unpack(lapsed))
+      head = redis.call('ZRANGE', queueKey, 0, 0)[1]
+    end
+  end
+  return head
+end
+-- Takes a ticket for ticketMs (keeping an earlier place); returns the place, 0 the head, or -2
+-- when the queue is full.
+local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters)
+  if not redis.call('ZSCORE', queueKey, member) then
+    if redis.call('ZCARD', queueKey) >= maxWaiters then return -2 end
+    -- Arrival order from the queue itself: one past the last waiter's place.
+    local last = redis.call('ZRANGE', queueKey, -1, -1, 'WITHSCORES')[2]
+    redis.call('ZADD', queueKey, (tonumber(last) or 0) + 1, member)
+  end
+  redis.call('ZADD', ticketsKey, nowMs + ticketMs, member)
+  -- The queue lives as long as its latest ticket, so no ticket dies before its deadline.
+  local latest = tonumber(redis.call('ZRANGE', ticketsKey, -1, -1, 'WITHSCORES')[2])
+  redis.call('PEXPIRE', queueKey, math.max(latest - nowMs, 1))
+  redis.call('PEXPIRE', ticketsKey, math.max(latest - nowMs, 1))
+  return redis.call('ZRANK', queueKey, member)
+end
+local function leaveQueue(queueKey, ticketsKey, member)
+  redis.call('ZREM', queueKey, member)
+  redis.call('ZREM', ticketsKey, member)
+  return redis.call('ZCARD', queueKey) > 0
+end
+-- Contention is noted in the record (its TTL kept), so release samples the hold time and the
+-- next acquire looks at the queue.
+local function noteContended(lockKey, r, nowMs, graceMs)
+  if r and r.flag ~= '1' then
+    r.flag = '1'
+    writeRecord(lockKey, r, nowMs, graceMs)
+  end
+end
+-- When a busy caller should look again: the holder's expected time left, then one hold per
+-- waiter ahead. A holder past the usual hold time may hold much longer: look again after half
+-- the time it has held so far (backoff). Never past the lease end (held) or, free but kept for
+-- the head of the queue, the head's ticket; never under MIN_RETRY_MS. The head is told when the
+-- release is expected here (the sampled holds run from grant to the release's arrival); a look
+-- that arrives early costs a whole round trip, one that arrives late only the lateness.
+local function retryAfter(r, held, holdMs, position, ticketsKey, head, nowMs)
+  local left, cap = holdMs, nil
+  if held then
+    local heldFor = clamp(nowMs - r.at, 0, ${MAX_HOLD_MS})
+    left = math.max(holdMs - heldFor, heldFor / 2, 1)
+    cap = r.leaseEnd - nowMs
+  else
+    cap = (tonumber(redis.call('ZSCORE', ticketsKey, head or '')) or nowMs) - nowMs
+  end
+  local wait = math.min(left + holdMs * math.max(position, 0), cap)
+  return math.floor(math.max(${MIN_RETRY_MS}, wait))
 end
 `;
 
@@ -88,7 +210,7 @@ end
 // released longer ago or whose lease ran out leave both sets, up to 1000 at the first grant of each
 // minute and up to 4 at each grant of a name new to the index, so the sets hold about the names
 // used in the last minute. Through pcall, like the stats: a damaged index never stops a decision.
-const INDEX = `
+export const INDEX_LUA = `
 local function indexPrune(namesKey, endsKey, nowMs, limit)
   if not namesKey then return end
   local ended = redis.pcall('ZRANGEBYSCORE', endsKey,
@@ -115,10 +237,11 @@ end
 `;
 
 /**
- * Acquire, with a fair, bounded queue of waiters. Returns `{1, fence, ttlMs, nowMs}` when
- * acquired (or re-acquired by the same token, keeping its fence), `{0, retryAfterMs, nowMs,
- * position, pttl}` when busy: position 0 is the head of the queue, -1 not queued, -2 the queue was
- * full; pttl is the holder's lease left, ms (0 when free but kept for the head of the queue).
+ * Acquire exclusively, with a fair, bounded queue of waiters. Returns `{1, fence, ttlMs, nowMs,
+ * holdCount}` when acquired (or re-acquired by the same token, keeping its fence; counted when
+ * `reentrant`), `{0, retryAfterMs, nowMs, position, pttl}` when busy: position 0 is the head of
+ * the queue, -1 not queued, -2 the queue was full; pttl is the holders' lease left, ms (0 when
+ * free but kept for the head of the queue); `{-1, 1}` when the name is held as a semaphore.
  * A new fence is max(now in µs, last fence + 1): strictly increasing while the record lives, and
  * past its expiry or a data loss still above every earlier fence unless the server clock stepped
  * back.
@@ -127,16 +250,14 @@ end
  * and everyone else (waiting or not) is busy until it takes it or its ticket lapses. A ticket
  * lives `ticketMs` from each call, so a waiter that gave up or crashed blocks nobody for longer;
  * each call that looks at the queue drops every lapsed ticket (at most `maxWaiters`, the queue's
- * bound), wherever it is. `retryAfterMs` is when to look again: the holder's expected time left
- * from recent hold times, one more hold time per place further back, never past the holder's
- * lease end (or, with no holder, the head's ticket), never under MIN_RETRY_MS.
+ * bound), wherever it is. Shared holders (kind S) hold it until the latest of their lease ends.
  */
 export const ACQUIRE = defineScript(
   "acquire",
   `
 local lockKey    = KEYS[1]
-local queueKey   = KEYS[2]           -- sorted set: waiting tokens by arrival
-local ticketsKey = KEYS[3]           -- sorted set: waiting tokens by ticket deadline, ms
+local queueKey   = KEYS[2]           -- sorted set: waiting members by arrival
+local ticketsKey = KEYS[3]           -- sorted set: waiting members by ticket deadline, ms
 local token      = ARGV[1]
 local ttlMs      = tonumber(ARGV[2]) -- milliseconds
 local meta       = ARGV[3]           -- JSON object text, or '' for none
@@ -146,8 +267,9 @@ local maxWaiters = tonumber(ARGV[6]) -- the queue's bound
 local name       = ARGV[7]           -- the lock's name, for the held index
 local waitedMs   = tonumber(ARGV[8]) -- how long the caller has waited so far, for the stats
 local waiting    = ARGV[9] == '1'    -- the caller waits: a busy reply is not its outcome yet
+local reentrant  = ARGV[10] == '1'   -- the holder's token acquiring again counts a hold
 local statsKey, namesKey, endsKey = KEYS[4], KEYS[5], KEYS[6] -- nil with stats off
-${NOW}${RECORD}${INDEX}${STATS_LUA}
+${NOW}${RECORD_LUA}${QUEUE_LUA}${INDEX_LUA}${STATS_LUA}
 local function granted(leaseEnd)
   if observe(statsKey, nowMs, 'wait', waitedMs) then indexPrune(namesKey, endsKey, nowMs, 1000) end
   indexPut(namesKey, endsKey, name, leaseEnd, nowMs)
@@ -157,103 +279,45 @@ if r and r.foreign then
   if not waiting then count(statsKey, nowMs, 'acquire.busy') end
   return {0, ${MIN_RETRY_MS}, nowMs, -1, ttlOrSet(lockKey, ${LIMITS.ttlMs.max})}
 end
-local held = r and r.token and nowMs < r.leaseEnd
+local held = r and (r.token or r.shared) and nowMs < r.leaseEnd
+if held and r.shared and r.limit > 0 then return {-1, 1, nowMs} end
 if held and r.token == token then
+  if reentrant then r.count = r.count + 1 end
   r.leaseEnd = nowMs + ttlMs
   if meta ~= '' then r.meta = meta end
   writeHeld(lockKey, r, nowMs, graceMs)
   granted(r.leaseEnd)
-  return {1, tonumber(r.fence), ttlMs, nowMs}
+  return {1, tonumber(r.fence), ttlMs, nowMs, r.count}
 end
 -- No record (a first acquire, or one that was lost): look at the queue too.
-local contended = not r or r.flag == '1'
 local head
-if contended then
-  head = redis.call('ZRANGE', queueKey, 0, 0)[1]
-  if head then -- the queue and its tickets hold the same tokens: no head, no tickets
-    local lapsed = redis.call('ZRANGEBYSCORE', ticketsKey, '-inf', nowMs, 'LIMIT', 0, maxWaiters)
-    if #lapsed > 0 then
-      redis.call('ZREM', queueKey, unpack(lapsed))
-      redis.call('ZREM', ticketsKey, unpack(lapsed))
-      head = redis.call('ZRANGE', queueKey, 0, 0)[1]
-    end
-  end
-end
+if not r or r.flag == '1' then head = queueHead(queueKey, ticketsKey, nowMs, maxWaiters) end
 local holdMs = clamp((r and r.hold) or 20, 1, ${MAX_HOLD_MS})
 if not held and (not head or head == token) then
   local flag = '0'
-  if head then
-    redis.call('ZREM', queueKey, token)
-    redis.call('ZREM', ticketsKey, token)
-    if redis.call('ZCARD', queueKey) > 0 then flag = '1' end
-  end
+  if head and leaveQueue(queueKey, ticketsKey, token) then flag = '1' end
   local floor = (r and tonumber(r.fence)) or 0
   local grant = {fence = string.format('%.0f', math.max(nowUs, floor + 1)), leaseEnd = nowMs + ttlMs,
-    at = nowMs, hold = holdMs, flag = flag, token = token, meta = meta,
+    at = nowMs, hold = holdMs, flag = flag, token = token, meta = meta, count = 1,
     released = (r and r.released) or ''}
   writeHeld(lockKey, grant, nowMs, graceMs)
   granted(grant.leaseEnd)
-  return {1, tonumber(grant.fence), ttlMs, nowMs}
+  return {1, tonumber(grant.fence), ttlMs, nowMs, 1}
 end
--- Busy. Contention is noted in the record (its TTL kept), so release samples the hold time and
--- the next acquire looks at the queue.
-if r and r.flag ~= '1' then
-  r.flag = '1'
-  if r.free then
-    writeReleased(lockKey, r, nil)
-  else
-    writeHeld(lockKey, r, nowMs, graceMs)
-  end
-end
+noteContended(lockKey, r, nowMs, graceMs)
 local pttl = 0
 if held then
   pttl = r.leaseEnd - nowMs
   ttlOrSet(lockKey, pttl + graceMs)
 end
 local position = -1
-if ticketMs > 0 then
-  if redis.call('ZSCORE', queueKey, token) then
-    position = 0
-  elseif redis.call('ZCARD', queueKey) >= maxWaiters then
-    position = -2
-  else
-    -- Arrival order from the queue itself: one past the last waiter's place.
-    local last = redis.call('ZRANGE', queueKey, -1, -1, 'WITHSCORES')[2]
-    redis.call('ZADD', queueKey, (tonumber(last) or 0) + 1, token)
-    position = 0
-  end
-  if position == 0 then
-    redis.call('ZADD', ticketsKey, nowMs + ticketMs, token)
-    -- The queue lives as long as its latest ticket, so no ticket dies before its deadline.
-    local latest = tonumber(redis.call('ZRANGE', ticketsKey, -1, -1, 'WITHSCORES')[2])
-    redis.call('PEXPIRE', queueKey, math.max(latest - nowMs, 1))
-    redis.call('PEXPIRE', ticketsKey, math.max(latest - nowMs, 1))
-    position = redis.call('ZRANK', queueKey, token)
-  end
-end
+if ticketMs > 0 then position = joinQueue(queueKey, ticketsKey, token, nowMs, ticketMs, maxWaiters) end
 if position == -2 then
   count(statsKey, nowMs, 'acquire.queue_full')
 elseif not waiting then
   count(statsKey, nowMs, 'acquire.busy')
 end
--- The holder's expected time left, then one hold per waiter ahead. A holder past the usual hold
--- time may hold much longer: look again after half the time it has held so far (backoff).
-local left = holdMs
-local cap
-local heldFor = 0
-if held then
-  heldFor = clamp(nowMs - r.at, 0, ${MAX_HOLD_MS})
-  left = math.max(holdMs - heldFor, heldFor / 2, 1)
-  cap = pttl
-else
-  -- Free, but kept for the head: it takes the lock or its ticket lapses by then.
-  cap = (tonumber(redis.call('ZSCORE', ticketsKey, head)) or nowMs) - nowMs
-end
--- The head is told when the release is expected here (the sampled holds run from grant to the
--- release's arrival); a look that arrives early costs a whole round trip, one that arrives late
--- only the lateness. Past the usual hold it backs off like everyone else.
-local retryAfter = math.min(left + holdMs * math.max(position, 0), cap)
-return {0, math.floor(math.max(${MIN_RETRY_MS}, retryAfter)), nowMs, position, pttl}
+return {0, retryAfter(r, held, holdMs, position, ticketsKey, head, nowMs), nowMs, position, pttl}
 `,
 );
 
@@ -276,102 +340,175 @@ return redis.call('ZREM', queueKey, token)
 `,
 );
 
-/** Renew. Returns `{1, fence, ttlMs, nowMs}`, or `{0, nowMs}` when the token no longer holds it. */
+/**
+ * Renew, any kind of lease. Returns `{1, fence, ttlMs, nowMs, holdCount}`, or `{0, nowMs}` when
+ * the token no longer holds it.
+ */
 export const RENEW = defineScript(
   "renew",
   `
-local lockKey  = KEYS[1]
-local token    = ARGV[1]
-local ttlMs    = tonumber(ARGV[2]) -- milliseconds
-local graceMs  = tonumber(ARGV[3])
-local name     = ARGV[4]
-local statsKey, namesKey, endsKey = KEYS[2], KEYS[3], KEYS[4] -- nil with stats off
-${NOW}${RECORD}${INDEX}${STATS_LUA}
+local lockKey    = KEYS[1]
+local holdersKey = KEYS[2]
+local token      = ARGV[1]
+local ttlMs      = tonumber(ARGV[2]) -- milliseconds
+local graceMs    = tonumber(ARGV[3])
+local name       = ARGV[4]
+local statsKey, namesKey, endsKey = KEYS[3], KEYS[4], KEYS[5] -- nil with stats off
+${NOW}${RECORD_LUA}${HOLDERS_LUA}${INDEX_LUA}${STATS_LUA}
 local r = readRecord(lockKey)
-if not r or r.token ~= token or nowMs >= r.leaseEnd then
+local h = r
+if r and r.shared and nowMs < r.leaseEnd then
+  h = readHolder(redis.call('HGET', holdersKey, token))
+  if h then h.token = token end
+end
+if not r or not h or h.token ~= token or nowMs >= h.leaseEnd then
   count(statsKey, nowMs, 'renew.lost')
   return {0, nowMs}
 end
-r.leaseEnd = nowMs + ttlMs
-writeHeld(lockKey, r, nowMs, graceMs)
+local shorter = nowMs + ttlMs < h.leaseEnd
+h.leaseEnd = nowMs + ttlMs
+if r.shared then
+  writeHolder(holdersKey, token, h)
+  -- The record's lease end stays the latest holder's.
+  if shorter then
+    local _, _, latest = readHolders(holdersKey, nowMs, true)
+    r.leaseEnd = latest
+  else
+    r.leaseEnd = math.max(r.leaseEnd, h.leaseEnd)
+  end
+  writeShared(lockKey, r, nowMs, graceMs)
+  redis.call('PEXPIRE', holdersKey, r.leaseEnd - nowMs)
+else
+  writeHeld(lockKey, r, nowMs, graceMs)
+end
 indexPut(namesKey, endsKey, name, r.leaseEnd, nowMs)
 count(statsKey, nowMs, 'renew.renewed')
-return {1, tonumber(r.fence), ttlMs, nowMs}
+return {1, tonumber(h.fence), ttlMs, nowMs, h.count}
 `,
 );
 
+/** How many released shared and semaphore leases a name remembers, for retried releases. */
+export const RELEASED_MARKS = 1000;
+
 /**
- * Release. Returns 1 when the token held the lock and it is now free, also when this lease's
- * release already freed it (a retried or duplicated request), else 0. The record keeps the last
- * release's token: with the lease's fence, a retry matches exactly that lease; without it, only
- * while no lease was granted since. So a token whose later lease was lost learns so, even though
- * an earlier lease of the same token was released.
+ * Release, any kind of lease. Returns 1 when the token held it (and it is now free, or one hold
+ * fewer when reentrant), also when this lease's release already freed it (a retried or
+ * duplicated request), else 0. The record keeps the last release's
+ * token, and a shared name its last RELEASED_MARKS releases: with the lease's fence, a retry
+ * matches exactly that lease; without it, only while no lease was granted since. So a token whose
+ * later lease was lost learns so, even though an earlier lease of the same token was released.
  */
 export const RELEASE = defineScript(
   "release",
   `
-local lockKey  = KEYS[1]
-local token    = ARGV[1]
-local graceMs  = tonumber(ARGV[2])
-local fence    = ARGV[3]           -- the lease's fence, or '' when the caller does not know it
-local name     = ARGV[4]
-local statsKey, namesKey, endsKey = KEYS[2], KEYS[3], KEYS[4] -- nil with stats off
-${NOW}${RECORD}${INDEX}${STATS_LUA}
-local r = readRecord(lockKey)
-if not r or r.foreign then
+local lockKey     = KEYS[1]
+local holdersKey  = KEYS[2]
+local releasedKey = KEYS[3]          -- sorted set: released shared leases' tokens by fence
+local token       = ARGV[1]
+local graceMs     = tonumber(ARGV[2])
+local fence       = ARGV[3]          -- the lease's fence, or '' when the caller does not know it
+local name        = ARGV[4]
+local statsKey, namesKey, endsKey = KEYS[4], KEYS[5], KEYS[6] -- nil with stats off
+${NOW}${RECORD_LUA}${HOLDERS_LUA}${INDEX_LUA}${STATS_LUA}
+local function lost()
   count(statsKey, nowMs, 'release.lost')
   return 0
 end
+-- A moving average of hold times, for waiters' hints. A negative hold means the server clock
+-- stepped back: no sample. A forward step counts as at most the longest lease.
+local function sampleHold(r, at)
+  if r.flag == '1' and nowMs - at >= 0 then
+    r.hold = (clamp(r.hold, 1, ${MAX_HOLD_MS}) + clamp(nowMs - at, 1, ${MAX_HOLD_MS})) / 2
+  end
+  observe(statsKey, nowMs, 'hold', nowMs - at)
+end
+local r = readRecord(lockKey)
+if not r or r.foreign then return lost() end
 local sha = string.sub(redis.sha1hex(token), 1, 12)
+if r.shared and nowMs < r.leaseEnd then
+  local h = readHolder(redis.call('HGET', holdersKey, token))
+  if h and nowMs < h.leaseEnd and (fence == '' or h.fence == fence) then
+    if h.count > 1 then
+      h.count = h.count - 1
+      writeHolder(holdersKey, token, h)
+      return 1
+    end
+    redis.call('HDEL', holdersKey, token)
+    redis.call('ZADD', releasedKey, h.fence, token)
+    redis.call('ZREMRANGEBYRANK', releasedKey, 0, -${RELEASED_MARKS + 1})
+    redis.call('PEXPIRE', releasedKey, graceMs)
+    local _, used, latest = readHolders(holdersKey, nowMs, true)
+    sampleHold(r, math.floor(tonumber(h.fence) / 1000)) -- a fence is its grant time in µs, or just past
+    if used == 0 then
+      r.released = h.fence .. ':' .. sha
+      writeReleased(lockKey, r, graceMs)
+      redis.call('DEL', holdersKey)
+      indexEnd(endsKey, name, nowMs)
+    else
+      r.leaseEnd = latest
+      writeShared(lockKey, r, nowMs, graceMs)
+      redis.call('PEXPIRE', holdersKey, latest - nowMs)
+    end
+    return 1
+  end
+end
 if r.free or r.token ~= token or nowMs >= r.leaseEnd or (fence ~= '' and r.fence ~= fence) then
-  -- A retry of a release that went through: the record remembers the last one. Without the
-  -- lease's fence, only while no lease was granted since.
+  -- A retry of a release that went through: the record remembers the last one, and a shared
+  -- name its last releases. Without the lease's fence, only while no lease was granted since.
   local which = fence
   if which == '' then
-    if not r.free then
-      count(statsKey, nowMs, 'release.lost')
-      return 0
-    end
+    if not r.free then return lost() end
     which = r.fence
   end
   if r.released == which .. ':' .. sha then return 1 end
-  count(statsKey, nowMs, 'release.lost')
-  return 0
-end
-local holdMs = r.hold
-if r.flag == '1' then
-  -- A moving average of hold times, for waiters' hints. A negative hold means the server clock
-  -- stepped back: no sample. A forward step counts as at most the longest lease.
-  local sample = nowMs - r.at
-  if sample >= 0 then
-    holdMs = (clamp(holdMs, 1, ${MAX_HOLD_MS}) + clamp(sample, 1, ${MAX_HOLD_MS})) / 2
+  if fence ~= '' and tonumber(redis.call('ZSCORE', releasedKey, token)) == tonumber(fence) then
+    return 1
   end
+  return lost()
 end
-r.hold = holdMs
+if r.count > 1 then
+  r.count = r.count - 1
+  writeHeld(lockKey, r, nowMs, graceMs)
+  return 1
+end
+sampleHold(r, r.at)
 r.released = r.fence .. ':' .. sha
 writeReleased(lockKey, r, graceMs)
 indexEnd(endsKey, name, nowMs)
-observe(statsKey, nowMs, 'hold', nowMs - r.at)
 return 1
 `,
 );
 
 /**
- * Inspect. Returns `{1, fence, pttl, nowMs, waiters, meta}` when held, else `{0, nowMs}`; never
- * the token. `waiters` counts the tickets not lapsed. Read-only.
+ * Inspect. Returns `{1, fence, pttl, nowMs, waiters, meta, mode, holders, permits, limit}` when
+ * held, else `{0, nowMs}`; never a token. `fence` is the latest lease's, `pttl` the latest
+ * lease end's; `mode` is exclusive, shared or semaphore; `permits` the permits held (the hold
+ * count when exclusive). `waiters` counts the tickets not lapsed. Read-only.
  */
 export const INSPECT = defineScript(
   "inspect",
   `
 local lockKey    = KEYS[1]
 local ticketsKey = KEYS[2]
-${NOW}${RECORD}
+local holdersKey = KEYS[3]
+${NOW}${RECORD_LUA}${HOLDERS_LUA}
 local r = readRecord(lockKey)
-if not r or not r.token or nowMs >= r.leaseEnd then
+if not r or not (r.token or r.shared) or nowMs >= r.leaseEnd then
   return {0, nowMs}
 end
 local waiters = redis.call('ZCOUNT', ticketsKey, '(' .. nowMs, '+inf')
-return {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, waiters, r.meta}
+local reply = {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, waiters}
+if not r.shared then
+  for _, v in ipairs({r.meta, 'exclusive', 1, r.count, 1}) do reply[#reply + 1] = v end
+  return reply
+end
+local holders, used = readHolders(holdersKey, nowMs, false)
+local n = 0
+for _ in pairs(holders) do n = n + 1 end
+local mode = 'shared'
+if r.limit > 0 then mode = 'semaphore' end
+for _, v in ipairs({'', mode, n, used, r.limit}) do reply[#reply + 1] = v end
+return reply
 `,
 );
 
@@ -432,7 +569,7 @@ return reply
 export const AUDIT_LENGTH = 1000;
 
 /**
- * Break a held lock (an operator's act): the lease ends now, its fence stays the floor, so the
+ * Break a held lock (an operator's act): the lease ends now (every holder's, when shared), its fence stays the floor, so the
  * holder's renew and release fail and the next grant gets a higher fence; waiters keep their
  * places. Recorded in the audit stream. Returns `{1, fence, nowMs}`, or `{0, nowMs}` when it was
  * not held.
@@ -440,21 +577,23 @@ export const AUDIT_LENGTH = 1000;
 export const BREAK = defineScript(
   "break",
   `
-local lockKey  = KEYS[1]
-local auditKey = KEYS[#KEYS]
+local lockKey    = KEYS[1]
+local holdersKey = KEYS[2]
+local auditKey   = KEYS[#KEYS]
 local statsKey, namesKey, endsKey -- nil with stats off
-if #KEYS == 5 then statsKey, namesKey, endsKey = KEYS[2], KEYS[3], KEYS[4] end
+if #KEYS == 6 then statsKey, namesKey, endsKey = KEYS[3], KEYS[4], KEYS[5] end
 local graceMs  = tonumber(ARGV[1])
 local name     = ARGV[2]
 local by       = ARGV[3]
 local reason   = ARGV[4]
-${NOW}${RECORD}${INDEX}${STATS_LUA}
+${NOW}${RECORD_LUA}${INDEX_LUA}${STATS_LUA}
 local r = readRecord(lockKey)
-if not r or not r.token or nowMs >= r.leaseEnd then
+if not r or not (r.token or r.shared) or nowMs >= r.leaseEnd then
   return {0, nowMs}
 end
-r.released = r.fence .. ':' .. string.sub(redis.sha1hex('broken:' .. r.token), 1, 12)
+r.released = r.fence .. ':' .. string.sub(redis.sha1hex('broken:' .. (r.token or 'shared')), 1, 12)
 writeReleased(lockKey, r, graceMs)
+redis.call('DEL', holdersKey)
 indexEnd(endsKey, name, nowMs)
 count(statsKey, nowMs, 'break.broken')
 redis.call('XADD', auditKey, 'MAXLEN', ${AUDIT_LENGTH}, '*', 'action', 'break', 'name', name,

@@ -12,6 +12,14 @@ export interface Lease {
   readonly expiresAt: number;
   /** The Redis server clock when it was granted, epoch milliseconds. */
   readonly serverTime: number;
+  /** `shared` (a read-write lock's reader) or `semaphore`; absent when exclusive. */
+  readonly mode?: "shared" | "semaphore";
+  /** A semaphore's permits in all. */
+  readonly limit?: number;
+  /** This lease's permits of a semaphore. */
+  readonly permits?: number;
+  /** A reentrant lease's hold count: releases it takes to free it. Only with `reentrant`. */
+  readonly holdCount?: number;
 }
 
 /**
@@ -24,7 +32,31 @@ export type LeaseRef = Pick<Lease, "name" | "token"> & {
 };
 
 /** Options for `acquire`. */
-export interface AcquireOptions {
+export interface AcquireOptions extends LeaseOptions {
+  /**
+   * `exclusive`: one holder. `shared`: any number of shared holders (up to 1000) and no
+   * exclusive one, a read-write lock's readers (exclusive holders being its writers). Fair: a
+   * waiting exclusive caller blocks shared callers that come after it. @default "exclusive"
+   */
+  mode?: "exclusive" | "shared";
+  /**
+   * Makes it a counting semaphore of `limit` permits, 1–1000: holders together hold at most
+   * that many. Every caller of a name passes the same `limit`; while it is held, a caller with
+   * another limit gets `limit_mismatch`, and one with another mode `mode_mismatch`.
+   */
+  limit?: number;
+  /** How many of a semaphore's permits this lease takes, 1–`limit`. @default 1 */
+  permits?: number;
+  /**
+   * Acquiring again with the holder's token counts a hold (Redisson's hold count) instead of
+   * answering the same lease: it then takes as many releases to free. Releases are then counted,
+   * not idempotent: a retried release takes one more hold. @default false
+   */
+  reentrant?: boolean;
+}
+
+/** Options for `acquire` and `acquireAll`: the lease, its token, and how long to wait. */
+export interface LeaseOptions {
   /** Lease length, 100–300000 ms. @default 10000 */
   ttlMs?: number;
   /** How long to wait for a busy lock, 0–30000 ms. @default 0 */
@@ -80,7 +112,23 @@ export type LockInfo =
     /** Callers waiting in its queue now. */
     waiters?: number;
     meta?: Record<string, unknown>;
+    /** How it is held. */
+    mode?: "exclusive" | "shared" | "semaphore";
+    /** How many hold it (1 when exclusive). */
+    holders?: number;
+    /** A semaphore's permits held; an exclusive lease's hold count. */
+    permits?: number;
+    /** A semaphore's permits in all. */
+    limit?: number;
   };
+
+/**
+ * The outcome of `acquireAll`: a lease per name, in order (one token, one fence per name), or
+ * why not, as for `acquire`.
+ */
+export type AcquireAllResult =
+  | { acquired: true; leases: Lease[] }
+  | Exclude<AcquireResult, { acquired: true }>;
 
 /** Options for `list`. */
 export interface ListOptions {
@@ -164,7 +212,10 @@ export type LockEvent =
   );
 
 /** Options for `withLock`. */
-export interface WithLockOptions extends AcquireOptions {}
+export interface WithLockOptions extends AcquireOptions {
+  /** Do not wait: reject with `lock_busy` at once when it is held (as `waitMs: 0`). */
+  ifAvailable?: boolean;
+}
 
 /** What both the embedded library and the HTTP client offer. */
 export interface LockClient {

@@ -9,7 +9,8 @@ import type { Lease, LockClient, WithLockOptions } from "./types.ts";
  * before the lease could expire, and `withLock` then rejects with `lock_lost`. The lock is
  * released at the end either way. The routine's own error is never hidden.
  *
- * Throws `lock_busy` (with `retryAfterMs`) when the lock stays busy for `waitMs`.
+ * Throws `lock_busy` (with `retryAfterMs`) when the lock stays busy for `waitMs` (at once with
+ * `ifAvailable`). `mode`, `limit` and `permits` make it a reader's or a semaphore's lease.
  */
 export async function withLock<T>(
   locks: Pick<LockClient, "acquire" | "renew" | "release">,
@@ -19,8 +20,15 @@ export async function withLock<T>(
   onLost?: (lease: Lease, error: EdgelockError) => void,
 ): Promise<T> {
   if (typeof fn !== "function") throw new TypeError("withLock needs a function to run");
+  if (options.ifAvailable !== undefined && typeof options.ifAvailable !== "boolean") {
+    throw new TypeError("ifAvailable must be a boolean");
+  }
+  if (options.ifAvailable && options.waitMs) {
+    throw new RangeError("ifAvailable means no wait: leave waitMs out");
+  }
   const startedAt = performance.now();
-  const result = await locks.acquire(name, options);
+  const { ifAvailable: _, ...acquireOptions } = options;
+  const result = await locks.acquire(name, acquireOptions);
   if (!result.acquired) throw busyError(name, result);
   let lease = result.lease;
   let lost = false; // a renewal found the lease gone: no release to send

@@ -1,0 +1,330 @@
+// Read-write locks, semaphores, reentrant and multi-name locks against a real redis-server: each
+// invariant attacked the way it would break (a writer starved, a limit exceeded, a half-taken
+// set, a deadlock, a reused fence).
+import assert from "node:assert/strict";
+import fc from "fast-check";
+import { EdgelockError, type Lease, Locks } from "@edgelock/edgelock";
+import { acquired, keygen, startBackend, until } from "./_backend.ts";
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+async function rejectsWith(promise: Promise<unknown>, code: string) {
+  await assert.rejects(promise, (error) => error instanceof EdgelockError && error.code === code);
+}
+
+Deno.test("read-write locks, semaphores, reentrancy and multi-name locks", async (t) => {
+  const backend = await startBackend();
+  const locks = new Locks(backend.redis);
+
+  try {
+    await t.step(
+      "readers hold a name together; a writer waits for all and fences higher",
+      async () => {
+        const name = keygen("rw");
+        const readers = await Promise.all(
+          [1, 2, 3].map(() => locks.acquire(name, { mode: "shared", ttlMs: 10_000 })),
+        ).then((results) => results.map(acquired));
+        assert.equal(new Set(readers.map((r) => r.fence)).size, 3, "each reader its own fence");
+        assert.equal((await locks.acquire(name)).acquired, false, "no writer beside readers");
+        const writer = locks.acquire(name, { waitMs: 5000 });
+        await locks.release(readers[0]!);
+        await locks.release(readers[1]!);
+        await sleep(100);
+        const info = await locks.inspect(name);
+        assert.ok(info.held && info.mode === "shared" && info.holders === 1, JSON.stringify(info));
+        await locks.release(readers[2]!);
+        const wrote = acquired(await writer);
+        assert.ok(readers.every((r) => r.fence < wrote.fence), "the writer's fence is the highest");
+        assert.equal(
+          (await locks.acquire(name, { mode: "shared" })).acquired,
+          false,
+          "no reader beside the writer",
+        );
+        await locks.release(wrote);
+        const after = acquired(await locks.acquire(name, { mode: "shared" }));
+        assert.ok(after.fence > wrote.fence, "a reader can tell it read after the latest write");
+        await locks.release(after);
+      },
+    );
+
+    await t.step(
+      "a queued writer blocks later readers: a stream of readers cannot starve it",
+      async () => {
+        const name = keygen("rw");
+        let reader = acquired(await locks.acquire(name, { mode: "shared", ttlMs: 10_000 }));
+        const writer = locks.acquire(name, { waitMs: 10_000, ttlMs: 10_000 });
+        await until(
+          "the writer is queued",
+          async () => ((await locks.inspect(name)) as { waiters?: number }).waiters === 1,
+        );
+        // Readers keep arriving, each wanting in while the first still reads: none cuts in.
+        const late: Promise<Lease>[] = [];
+        for (let i = 0; i < 5; i++) {
+          assert.equal((await locks.acquire(name, { mode: "shared" })).acquired, false);
+          late.push(locks.acquire(name, { mode: "shared", waitMs: 10_000 }).then(acquired));
+          await sleep(20);
+        }
+        await locks.release(reader);
+        const wrote = acquired(await writer);
+        await sleep(50);
+        assert.equal(((await locks.inspect(name)) as { mode?: string }).mode, "exclusive");
+        await locks.release(wrote);
+        const readers = await Promise.all(late);
+        assert.ok(
+          readers.every((r) => r.fence > wrote.fence),
+          "the readers came after the writer",
+        );
+        for (reader of readers) await locks.release(reader);
+      },
+    );
+
+    await t.step("a reader that crashed frees the writer when its lease runs out", async () => {
+      const name = keygen("rw");
+      acquired(await locks.acquire(name, { mode: "shared", ttlMs: 300 })); // never released
+      const wrote = acquired(await locks.acquire(name, { waitMs: 3000 }));
+      await locks.release(wrote);
+    });
+
+    await t.step(
+      "a semaphore never has more than limit permits out, and serves waiters in order",
+      async () => {
+        const name = keygen("sem");
+        const two = acquired(await locks.acquire(name, { limit: 3, permits: 2 }));
+        const one = acquired(await locks.acquire(name, { limit: 3 }));
+        assert.equal(one.mode, "semaphore");
+        assert.equal((await locks.acquire(name, { limit: 3 })).acquired, false, "all 3 are out");
+        const info = await locks.inspect(name);
+        assert.ok(info.held && info.permits === 3 && info.holders === 2 && info.limit === 3);
+        // A waiter for 3 permits is not passed by a later caller for 1.
+        const big = locks.acquire(name, { limit: 3, permits: 3, waitMs: 5000 });
+        await until(
+          "the big waiter is queued",
+          async () => ((await locks.inspect(name)) as { waiters?: number }).waiters === 1,
+        );
+        await locks.release(one);
+        assert.equal((await locks.acquire(name, { limit: 3 })).acquired, false, "no cutting in");
+        await locks.release(two);
+        const all = acquired(await big);
+        assert.equal(all.permits, 3);
+        assert.ok(all.fence > one.fence && one.fence > two.fence, "each holder a higher fence");
+        await locks.release(all);
+      },
+    );
+
+    await t.step(
+      "a limit or mode that disagrees with the one in force is an error, not a grant",
+      async () => {
+        const name = keygen("sem");
+        const held = acquired(await locks.acquire(name, { limit: 3 }));
+        await rejectsWith(locks.acquire(name, { limit: 4 }), "limit_mismatch");
+        await rejectsWith(locks.acquire(name, { limit: 4, waitMs: 200 }), "limit_mismatch");
+        await rejectsWith(locks.acquire(name, { mode: "shared" }), "mode_mismatch");
+        await rejectsWith(locks.acquire(name), "mode_mismatch");
+        await rejectsWith(locks.acquireAll([name]), "mode_mismatch");
+        await locks.release(held);
+        const other = keygen("rw");
+        const reader = acquired(await locks.acquire(other, { mode: "shared" }));
+        await rejectsWith(locks.acquire(other, { limit: 2 }), "mode_mismatch");
+        await locks.release(reader);
+        const writer = acquired(await locks.acquire(other));
+        await rejectsWith(locks.acquire(other, { limit: 2 }), "mode_mismatch");
+        await rejectsWith(
+          locks.acquire(other, { mode: "shared", token: writer.token }),
+          "mode_mismatch",
+        );
+        await locks.release(writer);
+        const free = acquired(await locks.acquire(name, { limit: 4 }));
+        assert.equal(free.limit, 4, "once free, a name takes another limit");
+        await locks.release(free);
+      },
+    );
+
+    await t.step("bad modes, limits and permits are refused before any request", async () => {
+      const before = backend.requests();
+      const name = keygen("bad");
+      const bad: [Record<string, unknown>, typeof RangeError | typeof TypeError, RegExp][] = [
+        [{ mode: "read" }, RangeError, /mode must be "exclusive" or "shared"/],
+        [{ limit: 0 }, RangeError, /limit must be an integer from 1 to 1000/],
+        [{ limit: 1001 }, RangeError, /limit must be an integer from 1 to 1000/],
+        [{ limit: 2.5 }, RangeError, /limit must be an integer/],
+        [{ limit: 3, permits: 4 }, RangeError, /permits must be an integer from 1 to limit \(3\)/],
+        [{ limit: 3, permits: 0 }, RangeError, /permits must be/],
+        [{ permits: 2 }, TypeError, /permits needs limit/],
+        [{ limit: 3, mode: "shared" }, TypeError, /A semaphore \(limit\) takes no mode/],
+        [{ reentrant: "yes" }, TypeError, /reentrant must be a boolean/],
+      ];
+      for (const [options, type, message] of bad) {
+        await assert.rejects(locks.acquire(name, options), (error) => {
+          return error instanceof type && message.test((error as Error).message);
+        }, JSON.stringify(options));
+      }
+      await assert.rejects(locks.acquire("{bad", { mode: "shared", ttlMs: 1 }), RangeError);
+      await assert.rejects(
+        locks.withLock(name, { ifAvailable: true, waitMs: 100 }, () => 1),
+        /ifAvailable means no wait/,
+      );
+      assert.equal(backend.requests(), before, "no request for a bad input");
+    });
+
+    await t.step("a reentrant lease counts its holds; the default retry does not", async () => {
+      const name = keygen("re");
+      const first = acquired(await locks.acquire(name, { reentrant: true }));
+      assert.equal(first.holdCount, 1);
+      const again = acquired(await locks.acquire(name, { reentrant: true, token: first.token }));
+      assert.equal(again.holdCount, 2);
+      assert.equal(again.fence, first.fence, "one lease, one fence");
+      assert.equal(await locks.release(first), true);
+      assert.ok((await locks.inspect(name)).held, "still held once");
+      assert.equal(await locks.release(first), true);
+      assert.equal((await locks.inspect(name)).held, false, "freed at zero");
+      const plain = acquired(await locks.acquire(name));
+      acquired(await locks.acquire(name, { token: plain.token })); // a retry, not a hold
+      assert.equal(await locks.release(plain), true);
+      assert.equal((await locks.inspect(name)).held, false, "one release frees a retried acquire");
+      const reader = acquired(await locks.acquire(name, { mode: "shared", reentrant: true }));
+      const twice = acquired(
+        await locks.acquire(name, { mode: "shared", reentrant: true, token: reader.token }),
+      );
+      assert.equal(twice.holdCount, 2);
+      const renewed = await locks.renew(twice);
+      assert.ok(
+        renewed.renewed && renewed.lease.holdCount === 2 && renewed.lease.mode === "shared",
+      );
+      await locks.release(reader);
+      assert.ok((await locks.inspect(name)).held);
+      await locks.release(reader);
+      assert.equal((await locks.inspect(name)).held, false);
+    });
+
+    await t.step("a shared lease's release is safe to retry; a lost one says so", async () => {
+      const name = keygen("rw");
+      const [a, b] = await Promise.all([1, 2].map(() => locks.acquire(name, { mode: "shared" })))
+        .then((results) => results.map(acquired));
+      assert.equal(await locks.release(a!), true);
+      assert.equal(await locks.release(a!), true, "a retried release answers the same");
+      assert.equal(await locks.release(b!), true);
+      assert.equal(await locks.release(b!), true, "also for the last reader out");
+      const short = acquired(await locks.acquire(name, { mode: "shared", ttlMs: 150 }));
+      const stays = acquired(await locks.acquire(name, { mode: "shared", ttlMs: 10_000 }));
+      await sleep(300);
+      assert.equal(await locks.release(short), false, "its lease ran out");
+      assert.equal((await locks.renew(short)).renewed, false);
+      const broken = await locks.break(name, { by: "test" });
+      assert.ok(broken.broken);
+      assert.equal((await locks.renew(stays)).renewed, false, "a break ends every reader");
+      assert.equal(await locks.release(stays), false);
+      const next = acquired(await locks.acquire(name));
+      assert.ok(next.fence > stays.fence);
+      await locks.release(next);
+    });
+
+    await t.step("a multi-name lock takes all its names or none", async () => {
+      const tag = `{${keygen("m")}}`;
+      const names = ["x", "y", "z"].map((n) => tag + n);
+      const other = acquired(await locks.acquire(names[1]!));
+      const busy = await locks.acquireAll(names);
+      assert.equal(busy.acquired, false);
+      assert.equal((await locks.inspect(names[0]!)).held, false, "no name half-taken");
+      assert.equal((await locks.inspect(names[2]!)).held, false);
+      const all = locks.acquireAll(names, { waitMs: 5000 });
+      await sleep(50);
+      await locks.release(other);
+      const got = await all;
+      assert.ok(got.acquired);
+      assert.deepEqual(got.leases.map((l) => l.name), names);
+      assert.equal(new Set(got.leases.map((l) => l.token)).size, 1, "one token");
+      assert.ok(got.leases[1]!.fence > other.fence);
+      const renewed = await locks.renewMany(got.leases);
+      assert.ok(renewed.every((r) => r.renewed));
+      for (const lease of got.leases) assert.equal(await locks.release(lease), true);
+    });
+
+    await t.step(
+      "a multi-name lock refuses names in different slots, repeats and too many",
+      async () => {
+        await assert.rejects(
+          locks.acquireAll(["acct:1", "acct:2"]),
+          /must share a Redis Cluster slot: "acct:2" does not start like "acct:1"/,
+        );
+        await assert.rejects(locks.acquireAll(["{a}1", "{a}1"]), /must differ/);
+        await assert.rejects(locks.acquireAll([]), /1 to 32/);
+        await assert.rejects(
+          locks.acquireAll(Array.from({ length: 33 }, (_, i) => `{a}${i}`)),
+          /1 to 32/,
+        );
+      },
+    );
+
+    await t.step("overlapping multi-name locks never deadlock and never overlap", async () => {
+      const tag = `{${keygen("dl")}}`;
+      const sets = [["a", "b"], ["b", "c"], ["c", "a"], ["a", "b", "c"]].map((s) =>
+        s.map((n) => tag + n)
+      );
+      const holding = new Map<string, number>();
+      let overlaps = 0;
+      let done = 0;
+      await Promise.all(sets.map(async (set, who) => {
+        for (let round = 0; round < 8; round++) {
+          const got = await locks.acquireAll(set, { waitMs: 20_000, ttlMs: 5000 });
+          assert.ok(got.acquired, `caller ${who} round ${round}`);
+          for (const name of set) {
+            if (holding.has(name)) overlaps++;
+            holding.set(name, who);
+          }
+          await sleep(Math.random() * 10);
+          for (const name of set) holding.delete(name);
+          for (const lease of got.leases) await locks.release(lease);
+          done++;
+        }
+      }));
+      assert.equal(overlaps, 0);
+      assert.equal(done, 32);
+    });
+
+    await t.step("fences strictly increase per name across modes (model-based)", async () => {
+      // A reference model with long leases and no waiting: who holds what, and what fits.
+      type Op = { client: number; act: "shared" | "exclusive" | "release" };
+      const run = async (ops: Op[]) => {
+        const name = keygen("model");
+        const held = new Map<number, { lease: Lease; mode: string }>();
+        let lastFence = 0;
+        for (const { client, act } of ops) {
+          if (act === "release") {
+            const mine = held.get(client);
+            assert.equal(
+              await locks.release(mine?.lease ?? { name, token: `client-token-${client}-000000` }),
+              !!mine,
+            );
+            held.delete(client);
+            continue;
+          }
+          if (held.has(client)) continue;
+          const modes = [...held.values()].map((h) => h.mode);
+          const fits = act === "shared" ? !modes.includes("exclusive") : modes.length === 0;
+          const result = await locks.acquire(name, {
+            ...(act === "shared" && { mode: "shared" as const }),
+            token: `client-token-${client}-000000`,
+          });
+          assert.equal(result.acquired, fits, `${act} by ${client} with ${JSON.stringify(modes)}`);
+          if (result.acquired) {
+            assert.ok(result.lease.fence > lastFence, "a new fence above every earlier one");
+            lastFence = result.lease.fence;
+            held.set(client, { lease: result.lease, mode: act });
+          }
+          const info = await locks.inspect(name);
+          assert.equal(info.held, held.size > 0);
+        }
+        for (const { lease } of held.values()) await locks.release(lease);
+      };
+      const op = fc.record({
+        client: fc.integer({ min: 0, max: 3 }),
+        act: fc.constantFrom("shared" as const, "exclusive" as const, "release" as const),
+      });
+      await fc.assert(fc.asyncProperty(fc.array(op, { maxLength: 30 }), run), {
+        numRuns: Number(Deno.env.get("MODEL_RUNS") ?? 40),
+      });
+    });
+  } finally {
+    await backend.stop();
+  }
+});
