@@ -8,7 +8,10 @@
  * @module
  */
 import type { RedisLike } from "../src/core/_runner.ts";
+import type { Script } from "../src/core/_lua.ts";
 import { RELEASE } from "../src/core/scripts.ts";
+import { ACQUIRE_SHARED } from "../src/core/shared_scripts.ts";
+import { ACQUIRE_ALL } from "../src/core/multi_scripts.ts";
 
 /** One operation as a client recorded it. */
 export type Operation =
@@ -23,6 +26,13 @@ export type Operation =
     fence?: number;
     serverTime?: number;
     expiresAt?: number;
+    /** Absent: exclusive. */
+    mode?: "shared" | "semaphore";
+    /** A semaphore's limit, and this lease's permits. */
+    limit?: number;
+    permits?: number;
+    /** Part of a multi-name acquire (all its names' entries share the token). */
+    multi?: boolean;
   }
   | {
     op: "renew";
@@ -49,6 +59,9 @@ export type Operation =
 export interface Violation {
   rule:
     | "overlap"
+    | "over_limit"
+    | "fence_order"
+    | "partial_grant"
     | "stale_fence"
     | "lost_update"
     | "foreign_renew"
@@ -81,6 +94,16 @@ export class FencedResource {
     return state.value;
   }
 
+  /**
+   * A shared holder's read: refused when a later writer has been (its fence is older than the
+   * newest seen); readers do not refuse each other, so it neither logs nor raises the newest.
+   */
+  peek(name: string, fence: number): number | undefined {
+    const state = this.#get(name, fence);
+    if (fence < state.maxFence) return void this.rejected++;
+    return state.value;
+  }
+
   /** Writes the counter; `false` when refused. */
   write(name: string, fence: number, value: number): boolean {
     const state = this.#get(name, fence);
@@ -105,6 +128,10 @@ interface LeaseSpan {
   token: string;
   start: number;
   end: number;
+  fence: number;
+  mode: "exclusive" | "shared" | "semaphore";
+  limit: number;
+  permits: number;
 }
 
 /** Checks a history (and optionally the resource it guarded) for the lock's guarantees. */
@@ -126,6 +153,10 @@ export function check(
           token: op.token,
           start: op.serverTime!,
           end: op.expiresAt!,
+          fence: op.fence!,
+          mode: op.mode ?? "exclusive",
+          limit: op.limit ?? 1,
+          permits: op.permits ?? 1,
         });
       }
     }
@@ -154,28 +185,74 @@ export function check(
     byName.get(span.name)!.push(span);
   }
 
-  // (a) No two acquired leases of one name overlap in their validity intervals.
+  // (a) No lease overlaps one it excludes: an exclusive lease is alone, a shared one never beside
+  // an exclusive one, and a semaphore's leases never hold more than its limit at once.
   for (const [name, list] of byName) {
     list.sort((a, b) => a.start - b.start);
-    let latest: LeaseSpan | undefined;
+    let active: LeaseSpan[] = [];
     for (const span of list) {
-      if (latest && span.start < latest.end - slackMs) {
+      active = active.filter((other) => other.end - slackMs > span.start);
+      const excluded = active.find((other) =>
+        span.mode === "exclusive" || other.mode === "exclusive" ||
+        (span.mode === "shared") !== (other.mode === "shared")
+      );
+      if (excluded) {
         violations.push({
           rule: "overlap",
           name,
-          detail: `lease ${span.token} from ${span.start} began ${latest.end - span.start} ms ` +
-            `before the lease ${latest.token} [${latest.start}, ${latest.end}] ended`,
+          detail: `${span.mode} lease ${span.token} from ${span.start} began ` +
+            `${excluded.end - span.start} ms before the ${excluded.mode} lease ${excluded.token} ` +
+            `[${excluded.start}, ${excluded.end}] ended`,
+        });
+      } else if (span.mode === "semaphore") {
+        const out = active.reduce((sum, other) => sum + other.permits, span.permits);
+        if (out > span.limit) {
+          violations.push({
+            rule: "over_limit",
+            name,
+            detail: `${out} permits of ${span.limit} held at ${span.start} (${span.token} took ` +
+              `${span.permits})`,
+          });
+        }
+      }
+      active.push(span);
+    }
+  }
+
+  // (d) Fences strictly increase per name: one per lease, and a later grant a higher one.
+  for (const [name, list] of byName) {
+    const seen = new Set<number>();
+    let before = 0; // the highest fence of the leases granted more than slackMs earlier
+    let j = 0;
+    for (const span of list) { // sorted by start above
+      while (list[j]!.start < span.start - slackMs) before = Math.max(before, list[j++]!.fence);
+      if (seen.has(span.fence) || span.fence <= before) {
+        violations.push({
+          rule: "fence_order",
+          name,
+          detail: `lease ${span.token} from ${span.start} got fence ${span.fence}, ` +
+            (seen.has(span.fence) ? "another lease's too" : `not above ${before} granted earlier`),
         });
       }
-      if (!latest || span.end > latest.end) latest = span;
+      seen.add(span.fence);
     }
   }
 
   // (c) Every renewed and released answer belonged to the current holder.
-  const takenOverBetween = (name: string, token: string, from: number, to: number) =>
-    (byName.get(name) ?? []).find((s) =>
-      s.token !== token && s.start > from + slackMs && s.start < to - slackMs
+  // Only a lease that excludes this one takes it over: another reader beside a reader does not,
+  // and a semaphore's holders are counted by (a).
+  const takenOverBetween = (name: string, token: string, from: number, to: number) => {
+    const own = spans.get(key(name, token))?.mode ?? "exclusive";
+    return (byName.get(name) ?? []).find((s) =>
+      s.token !== token && s.start > from + slackMs && s.start < to - slackMs &&
+      (own === "exclusive" || (own === "shared" && s.mode === "exclusive"))
     );
+  };
+  // Tokens whose every acquire was a multi-name one that said busy.
+  const busyMulti = new Set<string>();
+  for (const op of history) {
+    if (op.op === "acquire" && op.multi && op.outcome === "busy") busyMulti.add(op.token);
+  }
   for (const op of history) {
     if (op.op === "renew" && op.outcome === "renewed") {
       const own = spans.get(key(op.name, op.token));
@@ -193,7 +270,13 @@ export function check(
       const own = spans.get(key(op.name, op.token));
       const from = firstRelease.get(key(op.name, op.token))!;
       const other = own && takenOverBetween(op.name, op.token, own.start, from);
-      if (!own || other) {
+      if (!own && busyMulti.has(op.token)) {
+        violations.push({
+          rule: "partial_grant",
+          name: op.name,
+          detail: `released by ${op.client}'s token, whose multi-name acquire said busy`,
+        });
+      } else if (!own || other) {
         violations.push({
           rule: "foreign_release",
           name: op.name,
@@ -230,18 +313,56 @@ export function check(
   return violations;
 }
 
+/** The rules the torture run can break on purpose, each of which the checker must catch. */
+export const BROKEN_RULES = ["release", "shared", "limit", "multi", "fence"] as const;
+/** One of {@linkcode BROKEN_RULES}. */
+export type BrokenRule = typeof BROKEN_RULES[number];
+
+// Each broken rule as a script run in place of the real one: its source with one check removed.
+const BREAKS: Record<BrokenRule, [Script, string, string]> = {
+  // A release with no token check: deletes whoever holds the lock.
+  release: [RELEASE, RELEASE.source, "redis.call('DEL', KEYS[1]) return 1"],
+  // Readers are granted beside a writer.
+  shared: [ACQUIRE_SHARED, "if exclusive then free = 0 end", ""],
+  // A semaphore forgets the permits it has given out.
+  limit: [ACQUIRE_SHARED, "local free = capacity - used", "local free = capacity"],
+  // A busy multi-name acquire still takes the names that were free.
+  multi: [
+    ACQUIRE_ALL,
+    "local places, position = {}, -1",
+    `for i = 1, n do
+  if not blocked[i] and not held[i] then
+    writeHeld(lockKey(i), {fence = string.format('%.0f', nowUs), leaseEnd = nowMs + ttlMs,
+      at = nowMs, hold = 20, flag = '0', token = token, meta = '', count = 1, released = ''},
+      nowMs, graceMs)
+  end
+end
+local places, position = {}, -1`,
+  ],
+  // Shared and semaphore leases reuse the last fence instead of a higher one.
+  fence: [ACQUIRE_SHARED, "math.max(nowUs, floor + 1)", "math.max(floor, 1)"],
+};
+
+/** Runs the script of `rule` with its check removed, in place of the real one. */
+export function withBroken<R extends RedisLike>(redis: R, rule: BrokenRule): R {
+  const [script, find, replace] = BREAKS[rule];
+  if (!script.source.includes(find)) throw new Error(`the ${rule} break no longer applies`);
+  const source = rule === "release" ? replace : script.source.replace(find, replace);
+  return new Proxy(redis, {
+    get(target, property, receiver) {
+      if (property !== "evalsha") return Reflect.get(target, property, receiver);
+      return async (sha: string, keys: string[], args: unknown[]) =>
+        sha === await script.sha1()
+          ? target.eval(source, keys, args)
+          : target.evalsha(sha, keys, args);
+    },
+  });
+}
+
 /**
  * A client whose release script deletes the lock without checking the token: the broken variant
  * that the torture checker and the model-based test must each catch.
  */
 export function withBrokenRelease<R extends RedisLike>(redis: R): R {
-  return new Proxy(redis, {
-    get(target, property, receiver) {
-      if (property !== "evalsha") return Reflect.get(target, property, receiver);
-      return async (sha: string, keys: string[], args: unknown[]) =>
-        sha === await RELEASE.sha1()
-          ? target.eval("redis.call('DEL', KEYS[1]) return 1", keys, args)
-          : target.evalsha(sha, keys, args);
-    },
-  });
+  return withBroken(redis, "release");
 }

@@ -4,8 +4,13 @@
  * flushed mid-run, and the HTTP API fuzzed meanwhile. Every operation goes into a history that
  * the checker verifies afterwards; a fenced model resource shows stale holders being refused.
  *
- * Flags (`--help`): --clients 64 --names 8 --seconds 60 --fuzz 10000 --broken (a release that
- * skips the token check, which the checker must catch) --json (print the report as JSON).
+ * Every primitive takes part: exclusive leases and shared ones (readers) on the same names, a
+ * semaphore of 3 permits on names of its own, and multi-name leases over a group of names that
+ * exclusive clients also take one at a time.
+ *
+ * Flags (`--help`): --clients 64 --names 8 --seconds 60 --fuzz 10000 --broken <rule> (a script
+ * with one check removed, which the checker must catch: release, shared, limit, multi, fence)
+ * --json (print the report as JSON).
  *
  * @module
  */
@@ -14,16 +19,18 @@ import fc from "fast-check";
 import { createApp } from "../src/service/app.ts";
 import { createClient } from "../src/client/client.ts";
 import { Locks } from "../src/core/locks.ts";
-import type { Lease, LockClient } from "../src/core/types.ts";
+import type { AcquireOptions, Lease, LockClient } from "../src/core/types.ts";
 import { cli } from "./_cli.ts";
 import { startBridge } from "./bridge.ts";
 import { FAULT_KINDS, type FaultKind, startFaultProxy } from "./fault_proxy.ts";
 import {
+  BROKEN_RULES,
+  type BrokenRule,
   check,
   FencedResource,
   type Operation,
   type Violation,
-  withBrokenRelease,
+  withBroken,
 } from "./history.ts";
 import { DURABLE_ARGS, startRedisServer } from "./redis_server.ts";
 
@@ -33,8 +40,8 @@ export interface TortureOptions {
   names?: number;
   seconds?: number;
   fuzzRuns?: number;
-  /** Swap in a release without the token check: the checker must report violations. */
-  broken?: boolean;
+  /** Swap in a script with this rule's check removed: the checker must report violations. */
+  broken?: BrokenRule;
   /** Fault probabilities per hop. @default a mix of every kind */
   faults?: Partial<Record<FaultKind, number>>;
   /** Restart redis-server and flush its scripts mid-run. @default true */
@@ -69,14 +76,17 @@ const FAULTS: Partial<Record<FaultKind, number>> = {
   error5xx: 0.02,
   holdResponse: 0.01,
 };
-// A release with no token check: deletes whoever holds the lock.
+// The semaphore's permits, and the group of names multi-name leases take.
+const LIMIT = 3;
+const GROUP = ["a", "b", "c", "d", "e"].map((n) => `{torture-m}${n}`);
+
 export async function runTorture(options: TortureOptions = {}): Promise<TortureReport> {
   const {
     clients = 64,
     names = 8,
     seconds = 60,
     fuzzRuns = 10_000,
-    broken = false,
+    broken,
     faults: faultMix = FAULTS,
     redisFaults: withRedisFaults = true,
     log = () => {},
@@ -89,7 +99,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
   const toBridge = startFaultProxy({ target: bridge.url, faults: faultMix, holdMs: TTL_MS * 2 });
   const direct = new Redis({ url: bridge.url, token, enableTelemetry: false, retry: false });
   const faulty = new Redis({ url: toBridge.url, token, enableTelemetry: false, retry: false });
-  const redis = broken ? withBrokenRelease(faulty) : faulty;
+  const redis = broken ? withBroken(faulty, broken) : faulty;
 
   const apiKeys = [{ tenant: "t", secret: SECRET }];
   // No per-tenant rate cap here: the run measures locks under faults, not the admission limiter.
@@ -114,6 +124,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
   const history: Operation[] = [];
   const resource = new FencedResource();
   const lockNames = Array.from({ length: names }, (_, i) => `torture-${i}`);
+  const semNames = Array.from({ length: Math.max(2, names >> 2) }, (_, i) => `torture-sem-${i}`);
   const deadline = Date.now() + seconds * 1000;
   let redisRestarts = 0;
   let scriptFlushes = 0;
@@ -125,23 +136,54 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     log(`${seconds - left}/${seconds} s: ${history.length} operations, ${fuzzCases} fuzz cases`);
   }, 5000);
 
+  const pick = <T>(list: readonly T[]) => list[Math.floor(Math.random() * list.length)]!;
+  // Clients by index: exclusive writers (some pause past their lease, some take a group name),
+  // shared readers of the same names, semaphore holders, multi-name writers of the group.
   const worker = async (index: number) => {
     const id = `c${index}`;
     const locks: LockClient = index % 2 === 0 ? library : remote;
     const pauses = index % 16 === 0; // the "pause past TTL" clients
+    const role = (["exclusive", "exclusive", "shared", "exclusive", "semaphore", "multi"] as const)[
+      (index >> 1) % 6
+    ]!; // each role on both paths: even indexes the library, odd ones HTTP
     while (Date.now() < deadline) {
-      const name = lockNames[Math.floor(Math.random() * lockNames.length)]!;
-      const lease = await acquire(locks, id, name);
+      if (role === "multi") {
+        const set = GROUP.filter(() => Math.random() < 0.5).slice(0, 3);
+        const leases = await acquireAll(locks, id, set.length > 0 ? set : [GROUP[0]!]);
+        for (const lease of leases ?? []) {
+          const value = resource.read(lease.name, lease.fence);
+          if (value !== undefined) resource.write(lease.name, lease.fence, value + 1);
+        }
+        await sleep(leases ? Math.random() * 10 : 5 + Math.random() * 20);
+        for (const lease of leases ?? []) await release(locks, id, lease);
+        continue;
+      }
+      const options: AcquireOptions = role === "shared"
+        ? { mode: "shared" }
+        : role === "semaphore"
+        ? { limit: LIMIT, permits: 1 + Math.floor(Math.random() * 2) }
+        : {};
+      const name = role === "semaphore"
+        ? pick(semNames)
+        : index % 5 === 0 && role === "exclusive"
+        ? pick(GROUP)
+        : pick(lockNames);
+      const lease = await acquire(locks, id, name, options);
       if (!lease) {
         await sleep(5 + Math.random() * 20);
         continue;
       }
-      const value = resource.read(name, lease.fence);
+      // Writers increment the fenced counter; readers look at it; semaphores guard no counter.
+      const value = role === "semaphore"
+        ? 0
+        : role === "shared"
+        ? resource.peek(name, lease.fence)
+        : resource.read(name, lease.fence);
       if (value !== undefined) {
         if (Math.random() < 0.3) await renew(locks, id, lease);
         if (pauses && Math.random() < 0.5) await sleep(TTL_MS * 1.5); // past the lease
         else await sleep(Math.random() * 20);
-        resource.write(name, lease.fence, value + 1);
+        if (role === "exclusive") resource.write(name, lease.fence, value + 1);
       }
       await release(locks, id, lease);
     }
@@ -168,20 +210,77 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     }
   }
 
-  async function acquire(locks: LockClient, client: string, name: string) {
+  async function acquire(locks: LockClient, client: string, name: string, options: AcquireOptions) {
     const token = crypto.randomUUID().replaceAll("-", "");
+    const kind = options.mode === "shared"
+      ? { mode: "shared" }
+      : options.limit
+      ? { mode: "semaphore", limit: options.limit, permits: options.permits }
+      : {};
     // Retried with the same token after a failure: safe, it returns the same lease.
     for (let attempt = 0; attempt < 3; attempt++) {
       const result = await timed(
         { op: "acquire", client, name, token },
-        () => locks.acquire(name, { ttlMs: TTL_MS, token }),
+        () => locks.acquire(name, { ...options, ttlMs: TTL_MS, token }),
         (r) => {
           if (!r.acquired) return { outcome: "busy" };
           const { fence, serverTime, expiresAt } = r.lease;
-          return { outcome: "acquired", fence, serverTime, expiresAt };
+          return { outcome: "acquired", fence, serverTime, expiresAt, ...kind };
         },
       );
       if (result.ok) return result.value.acquired ? result.value.lease : undefined;
+    }
+    return undefined;
+  }
+
+  // One entry per name for a multi-name acquire. A busy one is followed, now and then, by a
+  // release of each name with its token: a name it took anyway answers released.
+  async function acquireAll(locks: LockClient, client: string, set: string[]) {
+    const token = crypto.randomUUID().replaceAll("-", "");
+    for (let attempt = 0; attempt < 3; attempt++) {
+      const invokedAt = Date.now();
+      try {
+        const result = await locks.acquireAll(set, { ttlMs: TTL_MS, token });
+        const completedAt = Date.now();
+        for (const [i, name] of set.entries()) {
+          const lease = result.acquired ? result.leases[i]! : undefined;
+          history.push({
+            op: "acquire",
+            client,
+            name,
+            token,
+            invokedAt,
+            completedAt,
+            multi: true,
+            ...(lease
+              ? {
+                outcome: "acquired",
+                fence: lease.fence,
+                serverTime: lease.serverTime,
+                expiresAt: lease.expiresAt,
+              }
+              : { outcome: "busy" }),
+          });
+        }
+        if (result.acquired) return result.leases;
+        if (attempt === 0 && Math.random() < 0.3) {
+          for (const name of set) await release(locks, client, { name, token } as Lease);
+        }
+        return undefined;
+      } catch {
+        for (const name of set) {
+          history.push({
+            op: "acquire",
+            client,
+            name,
+            token,
+            invokedAt,
+            completedAt: Date.now(),
+            outcome: "failed",
+            multi: true,
+          });
+        }
+      }
     }
     return undefined;
   }
@@ -235,11 +334,18 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
       path: fc.tuple(
         fc.constantFrom(...lockNames, "x y", "..", "a".repeat(201), "{t}", "%E2%98%83"),
         fc.constantFrom("", "/acquire", "/renew", "/release"),
-      ).map(([name, action]) => `/v1/locks/${name}${action}`),
+      ).map(([name, action]) => `/v1/locks/${name}${action}`).chain((path) =>
+        fc.constantFrom(path, "/v1/locks/acquire")
+      ),
       body: fc.oneof(
         fc.record({
           ttlMs: fc.integer({ min: -10, max: 400_000 }),
           token: fc.oneof(fc.string(), fc.constant("fuzz-token-0000000001")),
+          mode: fc.constantFrom("shared", "exclusive", "read", 1),
+          limit: fc.integer({ min: -1, max: 1002 }),
+          permits: fc.integer({ min: -1, max: 5 }),
+          reentrant: fc.oneof(fc.boolean(), fc.constant("yes")),
+          names: fc.array(fc.constantFrom(...GROUP, ...lockNames, "{x"), { maxLength: 40 }),
         }, { requiredKeys: [] }).map((b) => JSON.stringify(b)),
         fc.string({ maxLength: 40 }),
       ),
@@ -282,7 +388,9 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
   clearInterval(progress);
   const operations: Record<string, number> = {};
   for (const op of history) {
-    operations[`${op.op}:${op.outcome}`] = (operations[`${op.op}:${op.outcome}`] ?? 0) + 1;
+    const kind = op.op === "acquire" ? (op.multi ? "multi" : op.mode ?? "exclusive") + ":" : "";
+    const label = `${op.op}:${kind}${op.outcome}`;
+    operations[label] = (operations[label] ?? 0) + 1;
   }
   const faults = Object.fromEntries(FAULT_KINDS.map((k) => [k, 0])) as Record<FaultKind, number>;
   for (const proxy of [toBridge, toService]) {
@@ -322,12 +430,20 @@ if (import.meta.main) {
     names: { type: "number", default: 8, min: 1, max: 1000, help: "lock names they share" },
     seconds: { type: "number", default: 60, min: 1, max: 3600, help: "how long to run" },
     fuzz: { type: "number", default: 10_000, min: 0, max: 1_000_000, help: "HTTP fuzz cases" },
-    broken: { type: "boolean", help: "swap in a release without the token check (must be caught)" },
+    broken: {
+      type: "string",
+      default: "",
+      help: `break one rule on purpose, which the checker must catch: ${BROKEN_RULES.join(", ")}`,
+    },
     "no-faults": { type: "boolean", help: "no HTTP faults and no Redis restarts" },
     "no-redis-faults": { type: "boolean", help: "no Redis restarts or script flushes" },
     json: { type: "boolean", help: "print the report as JSON" },
   });
-  const broken = flags.broken;
+  const broken = flags.broken === "" ? undefined : flags.broken as BrokenRule;
+  if (broken !== undefined && !BROKEN_RULES.includes(broken)) {
+    console.error(`--broken must be one of ${BROKEN_RULES.join(", ")}`);
+    Deno.exit(2);
+  }
   const report = await runTorture({
     clients: flags.clients,
     names: flags.names,
@@ -340,7 +456,7 @@ if (import.meta.main) {
   });
   if (flags.json) console.log(JSON.stringify(report, null, 2));
   else {
-    console.log(`torture: ${report.seconds} s${broken ? " (broken release variant)" : ""}`);
+    console.log(`torture: ${report.seconds} s${broken ? ` (broken ${broken} variant)` : ""}`);
     console.log(`operations: ${JSON.stringify(report.operations)}`);
     console.log(`faults injected: ${JSON.stringify(report.faults)}`);
     console.log(`redis restarts: ${report.redisRestarts}, script flushes: ${report.scriptFlushes}`);
@@ -358,7 +474,9 @@ if (import.meta.main) {
   const caught = report.violations.length > 0;
   if (broken) {
     console.log(
-      caught ? "the checker caught the broken release" : "the checker MISSED the broken release",
+      caught
+        ? `the checker caught the broken ${broken}`
+        : `the checker MISSED the broken ${broken}`,
     );
     Deno.exit(caught ? 0 : 1);
   }

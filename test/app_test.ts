@@ -190,10 +190,14 @@ Deno.test("the HTTP service", async (t) => {
     });
 
     await t.step("names outside the character set or over 200 characters are 400", async () => {
-      for (const name of ["a%20b", "a*b", "%7Bx%7D", "caf%C3%A9", "..%2F..", "x".repeat(201)]) {
+      for (const name of ["a%20b", "a*b", "%7Bx%5D", "caf%C3%A9", "..%2F..", "x".repeat(201)]) {
         assertProblem(await acquire(name), 400, "invalid_request");
       }
       assert.equal((await acquire("x".repeat(200))).status, 200);
+      // Braces are a lock name's Redis Cluster hash tag, sent encoded as URLs need them.
+      const tagged = await acquire("%7Bbank%7Dacct:1");
+      assert.equal(tagged.status, 200);
+      assert.equal(tagged.body.name, "{bank}acct:1");
     });
 
     await t.step(
@@ -377,6 +381,7 @@ Deno.test("the HTTP service", async (t) => {
         "/v1/jobs/{job}/finish",
         "/v1/jobs/{job}/start",
         "/v1/locks",
+        "/v1/locks/acquire",
         "/v1/locks/renew",
         "/v1/locks/{name}",
         "/v1/locks/{name}/acquire",

@@ -4,6 +4,8 @@
 import assert from "node:assert/strict";
 import fc from "fast-check";
 import { EdgelockError, type Lease, Locks } from "@edgelock/edgelock";
+import { createClient } from "@edgelock/edgelock/client";
+import { createApp } from "@edgelock/edgelock/service";
 import { acquired, keygen, startBackend, until } from "./_backend.ts";
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -292,7 +294,8 @@ Deno.test("read-write locks, semaphores, reentrancy and multi-name locks", async
           if (act === "release") {
             const mine = held.get(client);
             assert.equal(
-              await locks.release(mine?.lease ?? { name, token: `client-token-${client}-000000` }),
+              // A token that never held it (a retry of a release answers true: tested above).
+              await locks.release(mine?.lease ?? { name, token: "stranger-token-0000000" }),
               !!mine,
             );
             held.delete(client);
@@ -323,6 +326,150 @@ Deno.test("read-write locks, semaphores, reentrancy and multi-name locks", async
       await fc.assert(fc.asyncProperty(fc.array(op, { maxLength: 30 }), run), {
         numRuns: Number(Deno.env.get("MODEL_RUNS") ?? 40),
       });
+    });
+
+    await t.step("a semaphore grants exactly what fits under its limit (model-based)", async () => {
+      type Op = { client: number; permits: number; release: boolean };
+      const run = async (ops: Op[]) => {
+        const name = keygen("model");
+        const held = new Map<number, Lease>();
+        let lastFence = 0;
+        for (const { client, permits, release } of ops) {
+          const mine = held.get(client);
+          if (release) {
+            if (mine) assert.equal(await locks.release(mine), true);
+            held.delete(client);
+            continue;
+          }
+          if (mine) continue;
+          const out = [...held.values()].reduce((sum, lease) => sum + lease.permits!, 0);
+          const result = await locks.acquire(name, { limit: 4, permits });
+          assert.equal(result.acquired, out + permits <= 4, `${permits} with ${out} of 4 out`);
+          if (result.acquired) {
+            assert.ok(result.lease.fence > lastFence);
+            lastFence = result.lease.fence;
+            held.set(client, result.lease);
+          }
+          const info = await locks.inspect(name);
+          assert.equal(info.held ? info.permits : 0, out + (result.acquired ? permits : 0));
+        }
+        for (const lease of held.values()) await locks.release(lease);
+      };
+      const op = fc.record({
+        client: fc.integer({ min: 0, max: 4 }),
+        permits: fc.integer({ min: 1, max: 4 }),
+        release: fc.boolean(),
+      });
+      await fc.assert(fc.asyncProperty(fc.array(op, { maxLength: 30 }), run), {
+        numRuns: Number(Deno.env.get("MODEL_RUNS") ?? 40),
+      });
+    });
+  } finally {
+    await backend.stop();
+  }
+});
+
+Deno.test("every primitive over HTTP, through the typed client and raw requests", async (t) => {
+  const backend = await startBackend();
+  const secret = "primitives-secret-0123456789";
+  const app = createApp({
+    redis: backend.redis,
+    apiKeys: [{ tenant: "t", secret }],
+    log: () => {},
+  });
+  const fetch = (input: RequestInfo | URL, init?: RequestInit) =>
+    Promise.resolve(app.fetch(new Request(input, init)));
+  const client = createClient({ baseUrl: "http://edgelock.test", apiKey: secret, fetch });
+  const post = async (path: string, body: unknown) => {
+    const response = await fetch(`http://edgelock.test${path}`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${secret}`, "content-type": "application/json" },
+      body: JSON.stringify(body),
+    });
+    return {
+      status: response.status,
+      type: response.headers.get("content-type"),
+      body: await response.json(),
+    };
+  };
+
+  try {
+    await t.step(
+      "shared, semaphore and reentrant leases, with their holdCount and mode",
+      async () => {
+        const name = `{${keygen("h")}}rw`;
+        const [a, b] = await Promise.all([1, 2].map(() => client.acquire(name, { mode: "shared" })))
+          .then((results) => results.map(acquired));
+        assert.equal(a!.mode, "shared");
+        assert.equal((await client.acquire(name)).acquired, false, "the writer is busy");
+        const info = await client.inspect(name);
+        assert.ok(info.held && info.mode === "shared" && info.holders === 2, JSON.stringify(info));
+        const renewed = await client.renew(a!);
+        assert.ok(renewed.renewed && renewed.lease.mode === "shared");
+        assert.equal(await client.release(a!), true);
+        assert.equal(await client.release(b!), true);
+        const sem = keygen("h");
+        const two = acquired(await client.acquire(sem, { limit: 2, permits: 2 }));
+        assert.deepEqual([two.mode, two.limit, two.permits], ["semaphore", 2, 2]);
+        await rejectsWith(client.acquire(sem, { limit: 3 }), "limit_mismatch");
+        await rejectsWith(client.acquire(sem, { mode: "shared" }), "mode_mismatch");
+        await client.release(two);
+        const once = acquired(await client.acquire(sem, { reentrant: true }));
+        const twice = acquired(await client.acquire(sem, { reentrant: true, token: once.token }));
+        assert.deepEqual([once.holdCount, twice.holdCount], [1, 2]);
+        await client.release(once);
+        await client.release(once);
+        assert.equal((await client.inspect(sem)).held, false);
+      },
+    );
+
+    await t.step("POST /v1/locks/acquire takes names all or none, one lease each", async () => {
+      const tag = `{${keygen("h")}}`;
+      const names = [`${tag}a`, `${tag}b`];
+      const got = await client.acquireAll(names, { ttlMs: 5000 });
+      assert.ok(got.acquired);
+      assert.deepEqual(got.leases.map((lease) => lease.name), names);
+      const busy = await post("/v1/locks/acquire", { names: [`${tag}b`, `${tag}c`] });
+      assert.equal(busy.status, 409);
+      assert.equal(busy.body.code, "lock_busy");
+      assert.equal((await client.inspect(`${tag}c`)).held, false, "nothing half-taken");
+      for (const lease of got.leases) assert.equal(await client.release(lease), true);
+    });
+
+    await t.step("a wrong mix is a 4xx problem with its own code, never a 5xx", async () => {
+      const name = keygen("h");
+      const held = acquired(await client.acquire(name, { limit: 3 }));
+      const cases: [string, unknown, number, string][] = [
+        [`/v1/locks/${name}/acquire`, { limit: 4 }, 409, "limit_mismatch"],
+        [`/v1/locks/${name}/acquire`, { mode: "shared" }, 409, "mode_mismatch"],
+        [`/v1/locks/${name}/acquire`, {}, 409, "mode_mismatch"],
+        [`/v1/locks/${name}/acquire`, { limit: 3, permits: 4 }, 400, "invalid_request"],
+        [`/v1/locks/${name}/acquire`, { permits: 2 }, 400, "invalid_request"],
+        [`/v1/locks/${name}/acquire`, { limit: 3, mode: "shared" }, 400, "invalid_request"],
+        [`/v1/locks/${name}/acquire`, { mode: "read" }, 400, "invalid_request"],
+        [`/v1/locks/${name}/acquire`, { limit: 0 }, 400, "invalid_request"],
+        [`/v1/locks/${name}/acquire`, { reentrant: "yes" }, 400, "invalid_request"],
+        ["/v1/locks/acquire", { names: ["a:1", "a:2"] }, 400, "invalid_request"],
+        ["/v1/locks/acquire", { names: [] }, 400, "invalid_request"],
+        ["/v1/locks/acquire", { names: ["{a}1", "{a}1"] }, 400, "invalid_request"],
+        ["/v1/locks/acquire", { names: ["{a}1"], limit: 2 }, 400, "invalid_request"],
+        ["/v1/locks/acquire", { names: [name] }, 409, "mode_mismatch"],
+      ];
+      for (const [path, body, status, code] of cases) {
+        const reply = await post(path, body);
+        assert.equal(
+          reply.status,
+          status,
+          `${path} ${JSON.stringify(body)}: ${JSON.stringify(reply.body)}`,
+        );
+        assert.equal(reply.body.code, code);
+        assert.match(reply.type ?? "", /problem\+json/);
+        assert.doesNotMatch(
+          JSON.stringify(reply.body),
+          /edgelock:lock|:holders|:released|ERR |script/i,
+        );
+      }
+      await client.release(held);
     });
   } finally {
     await backend.stop();

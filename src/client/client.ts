@@ -1,21 +1,27 @@
 import { backoffDelay, sleep } from "../core/_backoff.ts";
 import {
   checkDuration,
+  checkFlag,
+  checkLockName,
   checkMeta,
+  checkMode,
   checkName,
   checkToken,
   DEFAULT_LEASE_MS,
   DEFAULT_RETENTION_MS,
+  MAX_NAMES,
   newToken,
   SEGMENT_PATTERN,
 } from "../core/_validate.ts";
 import { EdgelockError, type ErrorCode } from "../core/errors.ts";
 import type {
+  AcquireAllResult,
   AcquireOptions,
   AcquireResult,
   AuditEntry,
   BreakResult,
   Lease,
+  LeaseOptions,
   LeaseRef,
   ListOptions,
   LockClient,
@@ -236,12 +242,13 @@ export function createClient(options: ClientOptions): EdgelockClient {
     records,
     jobs,
     async acquire(name: string, opts: AcquireOptions = {}): Promise<AcquireResult> {
-      checkName(name);
+      checkLockName(name);
+      const { mode, limit, permits } = checkMode(opts);
       const body = {
-        ttlMs: checkDuration(opts.ttlMs, "ttlMs", 10_000),
-        waitMs: checkDuration(opts.waitMs, "waitMs", 0),
-        token: opts.token === undefined ? newToken() : checkToken(opts.token),
-        ...(opts.meta !== undefined && { meta: JSON.parse(checkMeta(opts.meta)) }),
+        ...leaseBody(opts),
+        ...(mode === "shared" && { mode }),
+        ...(limit > 0 && { limit, permits }),
+        ...(checkFlag(opts.reentrant, "reentrant") && { reentrant: true }),
       };
       const { status, data, sentAt } = await call(
         "POST",
@@ -249,31 +256,31 @@ export function createClient(options: ClientOptions): EdgelockClient {
         body,
         opts.signal,
       );
-      if (status === 200) {
-        // The service waited waitedMs before the grant: the lease runs from then at the earliest.
-        const waitedMs = Number.isSafeInteger(data.waitedMs) ? data.waitedMs as number : 0;
-        return { acquired: true, lease: noteSentAt(toLease(data), sentAt + waitedMs) };
+      if (status === 200) return { acquired: true, lease: granted(data, data, sentAt) };
+      return busyOrThrow(status, data);
+    },
+
+    async acquireAll(names: readonly string[], opts: LeaseOptions = {}): Promise<AcquireAllResult> {
+      if (!Array.isArray(names) || names.length < 1 || names.length > MAX_NAMES) {
+        throw new RangeError(`acquireAll takes 1 to ${MAX_NAMES} lock names`);
       }
-      if (data.code === "lock_busy" || data.code === "queue_full") {
-        return {
-          acquired: false,
-          retryAfterMs: Number(data.retryAfterMs) || 1,
-          ...(Number.isSafeInteger(data.lockExpiresAt) &&
-            { lockExpiresAt: data.lockExpiresAt as number }),
-          reason: data.code === "queue_full" ? "queue_full" : "busy",
-        };
+      const body = { names: names.map(checkLockName), ...leaseBody(opts) };
+      const { status, data, sentAt } = await call("POST", "v1/locks/acquire", body, opts.signal);
+      if (status === 200 && Array.isArray(data.leases)) {
+        const leases = data.leases as Record<string, unknown>[];
+        return { acquired: true, leases: leases.map((lease) => granted(lease, data, sentAt)) };
       }
-      throw fromProblem(status, data);
+      return busyOrThrow(status, data);
     },
 
     async renew(lease: LeaseRef, opts: RenewOptions = {}): Promise<RenewResult> {
-      checkName(lease?.name);
+      checkLockName(lease?.name);
       const body = {
         token: checkToken(lease.token),
         ttlMs: checkDuration(opts.ttlMs, "ttlMs", lease.ttlMs ?? 10_000),
       };
       const { status, data } = await call("POST", lockPath(lease.name, "renew"), body);
-      if (status === 200) return { renewed: true, lease: toLease(data) };
+      if (status === 200) return { renewed: true, lease: { ...kindOf(lease), ...toLease(data) } };
       if (data.code === "lock_lost") return { renewed: false };
       throw fromProblem(status, data);
     },
@@ -285,19 +292,21 @@ export function createClient(options: ClientOptions): EdgelockClient {
       const body = {
         ttlMs: checkDuration(opts.ttlMs, "ttlMs", 10_000),
         leases: leases.map((lease) => ({
-          name: checkName(lease?.name),
+          name: checkLockName(lease?.name),
           token: checkToken(lease.token),
         })),
       };
       const { status, data } = await call("POST", "v1/locks/renew", body);
       if (status !== 200 || !Array.isArray(data.results)) throw fromProblem(status, data);
-      return (data.results as Record<string, unknown>[]).map((result): RenewResult =>
-        result.renewed === true ? { renewed: true, lease: toLease(result) } : { renewed: false }
+      return (data.results as Record<string, unknown>[]).map((result, i): RenewResult =>
+        result.renewed === true
+          ? { renewed: true, lease: { ...kindOf(leases[i]!), ...toLease(result) } }
+          : { renewed: false }
       );
     },
 
     async release(lease: LeaseRef): Promise<boolean> {
-      checkName(lease?.name);
+      checkLockName(lease?.name);
       const body = {
         token: checkToken(lease.token),
         ...(Number.isSafeInteger(lease.fence) && { fence: lease.fence }),
@@ -308,7 +317,7 @@ export function createClient(options: ClientOptions): EdgelockClient {
     },
 
     async inspect(name: string): Promise<LockInfo> {
-      checkName(name);
+      checkLockName(name);
       const { status, data } = await call("GET", lockPath(name));
       if (status === 200) return data as unknown as LockInfo;
       throw fromProblem(status, data);
@@ -323,7 +332,7 @@ export function createClient(options: ClientOptions): EdgelockClient {
     },
 
     list(opts: ListOptions = {}): Promise<LockList> {
-      if (opts.cursor !== undefined) checkName(opts.cursor);
+      if (opts.cursor !== undefined) checkLockName(opts.cursor);
       return read(
         opsPath("v1/locks", { prefix: opts.prefix, cursor: opts.cursor, limit: opts.limit }),
       );
@@ -339,7 +348,7 @@ export function createClient(options: ClientOptions): EdgelockClient {
     },
 
     async break(name: string, opts: { reason?: string } = {}): Promise<BreakResult> {
-      checkName(name);
+      checkLockName(name);
       const body = opts.reason === undefined ? {} : { reason: opts.reason };
       const { status, data } = await call("POST", opsPath(lockPath(name, "break")), body);
       if (status === 200) return data as unknown as BreakResult;
@@ -362,8 +371,52 @@ function recordPath(kind: RecordKind, id: string, action?: string): string {
   return action ? `${path}/${action}` : path;
 }
 
+// The body fields every acquire sends.
+function leaseBody(opts: LeaseOptions) {
+  return {
+    ttlMs: checkDuration(opts.ttlMs, "ttlMs", 10_000),
+    waitMs: checkDuration(opts.waitMs, "waitMs", 0),
+    token: opts.token === undefined ? newToken() : checkToken(opts.token),
+    ...(opts.meta !== undefined && { meta: JSON.parse(checkMeta(opts.meta)) }),
+  };
+}
+
+// A granted lease; the service waited `waitedMs` before the grant, so the lease runs from then
+// at the earliest.
+function granted(data: Record<string, unknown>, reply: Record<string, unknown>, sentAt: number) {
+  const waitedMs = Number.isSafeInteger(reply.waitedMs) ? reply.waitedMs as number : 0;
+  return noteSentAt(toLease(data), sentAt + waitedMs);
+}
+
+function busyOrThrow(
+  status: number,
+  data: Record<string, unknown>,
+): Exclude<AcquireResult, { acquired: true }> {
+  if (data.code === "lock_busy" || data.code === "queue_full") {
+    return {
+      acquired: false,
+      retryAfterMs: Number(data.retryAfterMs) || 1,
+      ...(Number.isSafeInteger(data.lockExpiresAt) &&
+        { lockExpiresAt: data.lockExpiresAt as number }),
+      reason: data.code === "queue_full" ? "queue_full" : "busy",
+    };
+  }
+  throw fromProblem(status, data);
+}
+
+// What a renewal keeps of the lease it renews: its mode, limit, permits and hold count.
+function kindOf(lease: LeaseRef): Partial<Lease> {
+  const { mode, limit, permits, holdCount } = lease as Partial<Lease>;
+  return {
+    ...(mode && { mode }),
+    ...(limit !== undefined && { limit, permits }),
+    ...(holdCount !== undefined && { holdCount }),
+  };
+}
+
 function toLease(data: Record<string, unknown>): Lease {
-  const { name, token, fence, ttlMs, expiresAt, serverTime } = data;
+  const { name, token, fence, ttlMs, expiresAt, serverTime, mode, limit, permits, holdCount } =
+    data;
   if (
     typeof name !== "string" || typeof token !== "string" ||
     ![fence, ttlMs, expiresAt, serverTime].every(Number.isSafeInteger)
@@ -372,7 +425,17 @@ function toLease(data: Record<string, unknown>): Lease {
       cause: data,
     });
   }
-  return { name, token, fence, ttlMs, expiresAt, serverTime } as Lease;
+  return {
+    name,
+    token,
+    fence,
+    ttlMs,
+    expiresAt,
+    serverTime,
+    ...((mode === "shared" || mode === "semaphore") && { mode }),
+    ...(Number.isSafeInteger(limit) && { limit, permits }),
+    ...(Number.isSafeInteger(holdCount) && { holdCount }),
+  } as Lease;
 }
 
 function fromProblem(status: number, data: Record<string, unknown>): EdgelockError {

@@ -1,4 +1,5 @@
 // Argument checks shared by the library and the HTTP schemas: one definition of each limit.
+import type { AcquireOptions } from "./types.ts";
 
 /**
  * Lock names and other path segments: 1–200 characters of `A-Z a-z 0-9 . _ : -`, but not `.`
@@ -36,6 +37,9 @@ export const LIMITS = {
   atLeastMs: { min: 0, max: 86_400_000 },
   fenceWindowMs: { min: 1000, max: 86_400_000 },
 } as const;
+
+/** The most names one multi-name lock takes. */
+export const MAX_NAMES = 32;
 
 /** The most permits a semaphore has (its `limit`). */
 export const MAX_LIMIT = 1000;
@@ -127,4 +131,37 @@ export function newToken(): string {
     /=+$/,
     "",
   );
+}
+
+// The mode and, for a semaphore, its limit and this caller's permits (limit 0: not a semaphore).
+export function checkMode(
+  options: Pick<AcquireOptions, "mode" | "limit" | "permits">,
+): {
+  mode: "exclusive" | "shared" | "semaphore";
+  limit: number;
+  permits: number;
+} {
+  const { mode, limit, permits } = options;
+  if (mode !== undefined && mode !== "exclusive" && mode !== "shared") {
+    throw new RangeError('mode must be "exclusive" or "shared"');
+  }
+  if (limit === undefined) {
+    if (permits !== undefined) throw new TypeError("permits needs limit (a semaphore)");
+    return { mode: mode ?? "exclusive", limit: 0, permits: 1 };
+  }
+  if (mode !== undefined) throw new TypeError("A semaphore (limit) takes no mode");
+  if (!Number.isInteger(limit) || limit < 1 || limit > MAX_LIMIT) {
+    throw new RangeError(`limit must be an integer from 1 to ${MAX_LIMIT}`);
+  }
+  const taken = permits ?? 1;
+  if (!Number.isInteger(taken) || taken < 1 || taken > limit) {
+    throw new RangeError(`permits must be an integer from 1 to limit (${limit})`);
+  }
+  return { mode: "semaphore", limit, permits: taken };
+}
+
+export function checkFlag(value: unknown, what: string): boolean {
+  if (value === undefined) return false;
+  if (typeof value !== "boolean") throw new TypeError(`${what} must be a boolean`);
+  return value;
 }

@@ -12,18 +12,20 @@ import { noteSentAt } from "./_granted.ts";
 import { EdgelockError } from "./errors.ts";
 import {
   checkDuration,
+  checkFlag,
   checkLockName,
   checkMeta,
+  checkMode,
   checkPrefix,
   checkSignal,
   checkToken,
-  MAX_LIMIT,
+  MAX_NAMES,
   NAME_PREFIX_PATTERN,
   newToken,
   slotTag,
 } from "./_validate.ts";
 import { ACQUIRE_SHARED } from "./shared_scripts.ts";
-import { ACQUIRE_ALL, MAX_NAMES } from "./multi_scripts.ts";
+import { ACQUIRE_ALL } from "./multi_scripts.ts";
 import {
   ACQUIRE,
   AUDIT_LENGTH,
@@ -723,37 +725,6 @@ function checkLeaseOptions(options: LeaseOptions) {
     meta: checkMeta(options.meta),
     signal: checkSignal(options.signal),
   };
-}
-
-// The mode and, for a semaphore, its limit and this caller's permits (limit 0: not a semaphore).
-function checkMode(options: AcquireOptions): {
-  mode: "exclusive" | "shared" | "semaphore";
-  limit: number;
-  permits: number;
-} {
-  const { mode, limit, permits } = options;
-  if (mode !== undefined && mode !== "exclusive" && mode !== "shared") {
-    throw new RangeError('mode must be "exclusive" or "shared"');
-  }
-  if (limit === undefined) {
-    if (permits !== undefined) throw new TypeError("permits needs limit (a semaphore)");
-    return { mode: mode ?? "exclusive", limit: 0, permits: 1 };
-  }
-  if (mode !== undefined) throw new TypeError("A semaphore (limit) takes no mode");
-  if (!Number.isInteger(limit) || limit < 1 || limit > MAX_LIMIT) {
-    throw new RangeError(`limit must be an integer from 1 to ${MAX_LIMIT}`);
-  }
-  const taken = permits ?? 1;
-  if (!Number.isInteger(taken) || taken < 1 || taken > limit) {
-    throw new RangeError(`permits must be an integer from 1 to limit (${limit})`);
-  }
-  return { mode: "semaphore", limit, permits: taken };
-}
-
-function checkFlag(value: unknown, what: string): boolean {
-  if (value === undefined) return false;
-  if (typeof value !== "boolean") throw new TypeError(`${what} must be a boolean`);
-  return value;
 }
 
 export function toLease(name: string, token: string, script: Script, reply: unknown): Lease {

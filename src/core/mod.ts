@@ -33,8 +33,7 @@ export { withLock } from "./with_lock.ts";
 export { EdgelockError, type EdgelockErrorOptions, type ErrorCode } from "./errors.ts";
 export type { PipelineLike, RedisLike } from "./_runner.ts";
 export { MAX_SHARED } from "./shared_scripts.ts";
-export { MAX_NAMES } from "./multi_scripts.ts";
-export { MAX_LIMIT } from "./_validate.ts";
+export { MAX_LIMIT, MAX_NAMES } from "./_validate.ts";
 export type {
   AcquireAllResult,
   AcquireOptions,

@@ -19,9 +19,6 @@ import { defineScript, NOW } from "./_lua.ts";
 import { INDEX_LUA, MIN_RETRY_MS, QUEUE_LUA, RECORD_LUA } from "./scripts.ts";
 import { STATS_LUA } from "./stats.ts";
 
-/** The most names one multi-name lock takes. */
-export const MAX_NAMES = 32;
-
 /**
  * Acquire every name, exclusively. KEYS: each name's record, queue and tickets, then the stats
  * keys; ARGV: the exclusive acquire's first nine (the name replaced by the count of names),

@@ -221,6 +221,8 @@ export interface WithLockOptions extends AcquireOptions {
 export interface LockClient {
   /** Acquires `name`, waiting up to `waitMs` when it is busy. */
   acquire(name: string, options?: AcquireOptions): Promise<AcquireResult>;
+  /** Acquires every name exclusively, all or none: a lease per name, one token. */
+  acquireAll(names: readonly string[], options?: LeaseOptions): Promise<AcquireAllResult>;
   /** Extends a lease that is still held by its token. */
   renew(lease: LeaseRef, options?: RenewOptions): Promise<RenewResult>;
   /** Renews up to 1000 leases in one request; results in the same order. */

@@ -1,9 +1,21 @@
 // Schema pieces shared by the route modules: they validate requests and generate /openapi.json.
 import { z } from "@hono/zod-openapi";
-import { LIMITS, MAX_META_BYTES, NAME_PATTERN, TOKEN_PATTERN } from "../core/_validate.ts";
+import {
+  LIMITS,
+  LOCK_NAME_PATTERN,
+  MAX_META_BYTES,
+  NAME_PATTERN,
+  TOKEN_PATTERN,
+} from "../core/_validate.ts";
 
 export const Name = z.string().regex(NAME_PATTERN).openapi({
   description: "1–200 characters of A-Z a-z 0-9 . _ : -, not . or ..",
+  example: "invoice:42",
+});
+/** A lock's name: a name, and `{` `}` for a Redis Cluster hash tag. */
+export const LockName = z.string().regex(LOCK_NAME_PATTERN).openapi({
+  description: "1–200 characters of A-Z a-z 0-9 . _ : - { }, not . or ..; names that agree up " +
+    "to their first } share a Redis Cluster slot (start them with the same {group})",
   example: "invoice:42",
 });
 export const Token = z.string().regex(TOKEN_PATTERN).openapi({
@@ -82,4 +94,14 @@ export const post = <P extends z.ZodType, B extends z.ZodType>(
   path,
   operationId,
   request: { params, body: body(schema) },
+});
+
+/** How a held lock is held: what `GET /v1/locks/{name}` and `GET /v1/locks` tell. */
+export const Holding = z.object({
+  mode: z.enum(["exclusive", "shared", "semaphore"]).optional(),
+  holders: z.number().int().optional().openapi({ description: "How many hold it" }),
+  permits: z.number().int().optional().openapi({
+    description: "A semaphore's permits held; an exclusive lease's hold count",
+  }),
+  limit: z.number().int().optional().openapi({ description: "A semaphore's permits in all" }),
 });

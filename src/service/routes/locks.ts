@@ -2,30 +2,53 @@
 // inspect. Each is one script through the tenant's Locks.
 import { createRoute, type OpenAPIHono, z } from "@hono/zod-openapi";
 import { busyError, EdgelockError } from "../../core/errors.ts";
+import { MAX_LIMIT, MAX_NAMES } from "../../core/_validate.ts";
 import { sentAtOf } from "../../core/_granted.ts";
 import type { Lease } from "../../core/types.ts";
+import type { Context } from "hono";
 import type { AppEnv } from "../_env.ts";
 import {
   body,
   common,
   duration,
+  Holding,
   json,
+  LockName,
   Meta,
-  Name,
   post,
   problemDoc,
   secured,
   Token,
 } from "../_schemas.ts";
 
-const NameParams = z.object({ name: Name.openapi({ param: { name: "name", in: "path" } }) });
-const AcquireBody = z.strictObject({
+const NameParams = z.object({ name: LockName.openapi({ param: { name: "name", in: "path" } }) });
+const LeaseBody = z.strictObject({
   ttlMs: duration("ttlMs", "Lease length in ms (default 10000)").optional(),
   waitMs: duration("waitMs", "How long the server waits for a busy lock, ms (default 0)")
     .optional(),
   token: Token.optional().openapi({ description: "Choose it to make retries safe" }),
   meta: Meta.optional(),
+});
+const AcquireBody = LeaseBody.extend({
+  mode: z.enum(["exclusive", "shared"]).optional().openapi({
+    description: "exclusive (default): one holder; shared: many readers, no writer",
+  }),
+  limit: z.number().int().min(1).max(MAX_LIMIT).optional().openapi({
+    description: "A semaphore of this many permits; every caller of the name passes the same",
+  }),
+  permits: z.number().int().min(1).max(MAX_LIMIT).optional().openapi({
+    description: "How many of the semaphore's permits this lease takes (default 1, at most limit)",
+  }),
+  reentrant: z.boolean().optional().openapi({
+    description: "The holder's token acquiring again counts a hold (holdCount) instead of " +
+      "answering the same lease; it then takes as many releases",
+  }),
 }).openapi("AcquireRequest");
+const AcquireAllBody = LeaseBody.extend({
+  names: z.array(LockName).min(1).max(MAX_NAMES).openapi({
+    description: `1–${MAX_NAMES} distinct names in one Redis Cluster slot (the same {group})`,
+  }),
+}).openapi("AcquireAllRequest");
 const RenewBody = z.strictObject({
   token: Token,
   ttlMs: duration("ttlMs", "New lease length from now, ms"),
@@ -38,12 +61,16 @@ const ReleaseBody = z.strictObject({
 }).openapi("ReleaseRequest");
 
 const LeaseSchema = z.object({
-  name: Name,
+  name: LockName,
   token: Token,
   fence: z.number().int().openapi({ description: "Strictly increasing per name" }),
   ttlMs: z.number().int(),
   expiresAt: z.number().int().openapi({ description: "Epoch ms, Redis server clock" }),
   serverTime: z.number().int().openapi({ description: "Epoch ms, Redis server clock" }),
+  mode: z.enum(["shared", "semaphore"]).optional().openapi({ description: "Absent: exclusive" }),
+  limit: z.number().int().optional(),
+  permits: z.number().int().optional(),
+  holdCount: z.number().int().optional().openapi({ description: "A reentrant lease's holds" }),
 }).openapi("Lease");
 const AcquiredSchema = LeaseSchema.extend({
   waitedMs: z.number().int().nonnegative().optional().openapi({
@@ -52,12 +79,14 @@ const AcquiredSchema = LeaseSchema.extend({
   }),
 }).openapi("AcquiredLease");
 const LockInfoSchema = z.object({
-  name: Name,
+  name: LockName,
   held: z.boolean(),
   fence: z.number().int().optional(),
   ttlMs: z.number().int().optional(),
   expiresAt: z.number().int().optional(),
+  waiters: z.number().int().optional(),
   meta: z.record(z.string(), z.unknown()).optional(),
+  ...Holding.shape,
 }).openapi("LockInfo");
 
 const acquireRoute = createRoute({
@@ -65,7 +94,28 @@ const acquireRoute = createRoute({
   summary: "Acquire a lock (a retry with the holder's token returns the same fence)",
   responses: {
     200: json(AcquiredSchema, "Acquired"),
-    409: problemDoc("lock_busy or queue_full, with retryAfterMs and Retry-After"),
+    409: problemDoc(
+      "lock_busy or queue_full, with retryAfterMs and Retry-After; mode_mismatch (held in " +
+        "another mode) or limit_mismatch (a semaphore with another limit)",
+    ),
+    429: problemDoc("too_many_requests: this tenant's concurrent waits or request rate"),
+    ...common,
+  },
+});
+const acquireAllRoute = createRoute({
+  ...secured("locks"),
+  method: "post",
+  path: "/v1/locks/acquire",
+  operationId: "acquireLocks",
+  summary: "Acquire several locks exclusively, all or none (one script): a lease per name",
+  request: { body: body(AcquireAllBody) },
+  responses: {
+    200: json(
+      z.object({ leases: z.array(LeaseSchema), waitedMs: AcquiredSchema.shape.waitedMs })
+        .openapi("AcquiredLeases"),
+      "Acquired, one lease per name in order; renew and release each with the same token",
+    ),
+    409: problemDoc("lock_busy, queue_full or mode_mismatch, as for one lock"),
     429: problemDoc("too_many_requests: this tenant's concurrent waits or request rate"),
     ...common,
   },
@@ -77,7 +127,7 @@ const renewRoute = createRoute({
 });
 const RenewManyBody = z.strictObject({
   ttlMs: duration("ttlMs", "New lease length from now, ms (default 10000)").optional(),
-  leases: z.array(z.strictObject({ name: Name, token: Token })).min(1).max(1000),
+  leases: z.array(z.strictObject({ name: LockName, token: Token })).min(1).max(1000),
 }).openapi("RenewManyRequest");
 const renewManyRoute = createRoute({
   ...secured("locks"),
@@ -91,7 +141,7 @@ const renewManyRoute = createRoute({
       z.object({
         results: z.array(z.union([
           LeaseSchema.extend({ renewed: z.literal(true) }),
-          z.object({ name: Name, renewed: z.literal(false) }),
+          z.object({ name: LockName, renewed: z.literal(false) }),
         ])),
       }).openapi("RenewManyResults"),
       "One result per lease, in order",
@@ -123,23 +173,26 @@ export function lockRoutes(app: OpenAPIHono<AppEnv>): void {
     const { name } = c.req.valid("param");
     const options = c.req.valid("json");
     const receivedAt = performance.now();
-    // Waiting stops when the client goes away; each tenant has a bounded number of waits. A call
-    // that does not wait is one script, so only a wait takes the request's signal.
-    const acquire = () => {
-      const signal = c.req.raw.signal;
-      return c.var.locks.acquire(name, { ...options, signal }).catch((error) => {
-        if (signal.aborted) {
-          return { acquired: false as const, retryAfterMs: 1, reason: "busy" as const };
-        }
-        throw error;
-      });
-    };
-    const result = options.waitMs
-      ? await c.var.wait(acquire)
-      : await c.var.locks.acquire(name, options);
+    const result = await waitFor(
+      c,
+      options.waitMs,
+      (signal) => c.var.locks.acquire(name, { ...options, signal }),
+    );
     if (!result.acquired) throw busyError(name, result);
-    const waitedMs = Math.max(0, Math.floor((sentAtOf(result.lease) ?? receivedAt) - receivedAt));
-    return c.json({ ...leaseBody(result.lease), waitedMs }, 200);
+    return c.json({ ...leaseBody(result.lease), waitedMs: waited(result.lease, receivedAt) }, 200);
+  });
+
+  app.openapi(acquireAllRoute, async (c) => {
+    const { names, ...options } = c.req.valid("json");
+    const receivedAt = performance.now();
+    const result = await waitFor(
+      c,
+      options.waitMs,
+      (signal) => c.var.locks.acquireAll(names, { ...options, signal }),
+    );
+    if (!result.acquired) throw busyError(names.join(", "), result);
+    const waitedMs = waited(result.leases[0]!, receivedAt);
+    return c.json({ leases: result.leases.map(leaseBody), waitedMs }, 200);
   });
 
   app.openapi(renewRoute, async (c) => {
@@ -179,6 +232,41 @@ export function lockRoutes(app: OpenAPIHono<AppEnv>): void {
   });
 }
 
-function leaseBody({ name, token, fence, ttlMs, expiresAt, serverTime }: Lease) {
-  return { name, token, fence, ttlMs, expiresAt, serverTime };
+// Waiting stops when the client goes away; each tenant has a bounded number of waits. A call
+// that does not wait is one script, so only a wait takes the request's signal.
+function waitFor<T>(
+  c: Context<AppEnv>,
+  waitMs: number | undefined,
+  acquire: (signal?: AbortSignal) => Promise<T | typeof GONE>,
+): Promise<T | typeof GONE> {
+  if (!waitMs) return acquire();
+  const signal = c.req.raw.signal;
+  return c.var.wait(() =>
+    acquire(signal).catch((error) => {
+      if (signal.aborted) return GONE;
+      throw error;
+    })
+  );
+}
+const GONE = { acquired: false as const, retryAfterMs: 1, reason: "busy" as const };
+
+// How long the service waited before the request to Redis that granted the lease, ms.
+function waited(lease: Lease, receivedAt: number): number {
+  return Math.max(0, Math.floor((sentAtOf(lease) ?? receivedAt) - receivedAt));
+}
+
+function leaseBody(
+  { name, token, fence, ttlMs, expiresAt, serverTime, mode, limit, permits, holdCount }: Lease,
+) {
+  return {
+    name,
+    token,
+    fence,
+    ttlMs,
+    expiresAt,
+    serverTime,
+    ...(mode && { mode }),
+    ...(limit !== undefined && { limit, permits }),
+    ...(holdCount !== undefined && { holdCount }),
+  };
 }

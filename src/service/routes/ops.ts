@@ -8,7 +8,7 @@ import { NAME_PREFIX_PATTERN } from "../../core/_validate.ts";
 import type { Stats } from "../../core/stats.ts";
 import type { AppEnv } from "../_env.ts";
 import { toPrometheus } from "../metrics.ts";
-import { json, Name, nameParam, problemDoc, secured } from "../_schemas.ts";
+import { Holding, json, LockName, problemDoc, secured } from "../_schemas.ts";
 
 const TenantQuery = z.object({
   tenant: z.string().optional().openapi({
@@ -19,20 +19,21 @@ const ListQuery = TenantQuery.extend({
   prefix: z.string().regex(NAME_PREFIX_PATTERN).optional().openapi({
     description: "Only names that start with this",
   }),
-  cursor: Name.optional().openapi({ description: "The previous page's cursor" }),
+  cursor: LockName.optional().openapi({ description: "The previous page's cursor" }),
   limit: z.coerce.number().int().min(1).max(1000).optional().openapi({
     description: "The most locks on the page, 1–1000 (default 100)",
   }),
 });
 
 const HeldLock = z.object({
-  name: Name,
+  name: LockName,
   held: z.literal(true),
   fence: z.number().int(),
   ttlMs: z.number().int(),
   expiresAt: z.number().int().openapi({ description: "Epoch ms, Redis server clock" }),
   waiters: z.number().int(),
   meta: z.record(z.string(), z.unknown()).optional(),
+  ...Holding.shape,
 }).openapi("HeldLock");
 const Counts = z.record(z.string(), z.unknown()).openapi("Counts", {
   description: "acquire, renew, release, lease_lost, break, idempotency, dedupe, cron counters " +
@@ -57,7 +58,7 @@ const StatsSchema = z.object({
 const AuditEntry = z.object({
   id: z.string(),
   action: z.literal("break"),
-  name: Name,
+  name: LockName,
   fence: z.number().int(),
   by: z.string(),
   reason: z.string(),
@@ -125,7 +126,7 @@ const breakRoute = createRoute({
   operationId: "breakLock",
   summary: "Operators: end a held lease now (its holder's renew and release then fail)",
   request: {
-    params: z.object({ name: nameParam("name") }),
+    params: z.object({ name: LockName.openapi({ param: { name: "name", in: "path" } }) }),
     query: TenantQuery,
     body: { required: false, content: { "application/json": { schema: BreakBody } } },
   },
