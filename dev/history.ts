@@ -219,18 +219,31 @@ export function check(
     }
   }
 
-  // (d) Fences strictly increase per name: one per lease, and a later grant a higher one.
+  // (d) Fences strictly increase per name: one per lease, and a later grant a higher one. A lease
+  // was granted after its token's first acquire was sent and before the reply that told of it (a
+  // retry's reply may be the first to arrive), so only leases whose windows do not overlap are
+  // ordered.
+  const sentFirst = new Map<string, number>();
+  for (const op of history) {
+    if (op.op !== "acquire") continue;
+    const k = key(op.name, op.token);
+    sentFirst.set(k, Math.min(sentFirst.get(k) ?? Infinity, op.invokedAt));
+  }
   for (const [name, list] of byName) {
     const seen = new Set<number>();
-    let before = 0; // the highest fence of the leases granted more than slackMs earlier
+    const byEnd = [...list].sort((a, b) => a.start - b.start);
+    const earliest = (span: LeaseSpan) => sentFirst.get(key(span.name, span.token))!;
+    let before = 0; // the highest fence of the leases surely granted earlier
     let j = 0;
-    for (const span of list) { // sorted by start above
-      while (list[j]!.start < span.start - slackMs) before = Math.max(before, list[j++]!.fence);
+    for (const span of [...list].sort((a, b) => earliest(a) - earliest(b))) {
+      while (j < byEnd.length && byEnd[j]!.start < earliest(span) - slackMs) {
+        before = Math.max(before, byEnd[j++]!.fence);
+      }
       if (seen.has(span.fence) || span.fence <= before) {
         violations.push({
           rule: "fence_order",
           name,
-          detail: `lease ${span.token} from ${span.start} got fence ${span.fence}, ` +
+          detail: `lease ${span.token} sent at ${earliest(span)} got fence ${span.fence}, ` +
             (seen.has(span.fence) ? "another lease's too" : `not above ${before} granted earlier`),
         });
       }
@@ -238,7 +251,6 @@ export function check(
     }
   }
 
-  // (c) Every renewed and released answer belonged to the current holder.
   // Only a lease that excludes this one takes it over: another reader beside a reader does not,
   // and a semaphore's holders are counted by (a).
   const takenOverBetween = (name: string, token: string, from: number, to: number) => {

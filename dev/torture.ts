@@ -223,7 +223,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
         { op: "acquire", client, name, token },
         () => locks.acquire(name, { ...options, ttlMs: TTL_MS, token }),
         (r) => {
-          if (!r.acquired) return { outcome: "busy" };
+          if (!r.acquired) return { outcome: "busy", ...kind };
           const { fence, serverTime, expiresAt } = r.lease;
           return { outcome: "acquired", fence, serverTime, expiresAt, ...kind };
         },

@@ -94,3 +94,55 @@ Deno.test("FencedResource refuses older fences and check() finds lost updates", 
   assert.deepEqual(check([], { resource }).map((v) => v.rule), ["lost_update"]);
   assert.throws(() => resource.read("m", undefined as unknown as number), TypeError);
 });
+
+const shared = (token: string, start: number, extra: Partial<Operation> = {}): Operation =>
+  ({ ...acquired(token, token, start), mode: "shared", ...extra }) as Operation;
+const permits = (token: string, start: number, n: number): Operation =>
+  ({ ...acquired(token, token, start), mode: "semaphore", limit: 3, permits: n }) as Operation;
+
+Deno.test("check() lets readers share a name but never beside a writer", () => {
+  assert.deepEqual(check([shared("r1", 1000), shared("r2", 1010), shared("r3", 1050)]), []);
+  const rules = check([shared("r1", 1000), acquired("w", "w", 1020)]).map((v) => v.rule);
+  assert.deepEqual(rules, ["overlap"]);
+  assert.deepEqual(check([acquired("w", "w", 1000), shared("r1", 1020)]).map((v) => v.rule), [
+    "overlap",
+  ]);
+});
+
+Deno.test("check() counts a semaphore's permits against its limit", () => {
+  assert.deepEqual(check([permits("a", 1000, 2), permits("b", 1010, 1)]), []);
+  const over = check([permits("a", 1000, 2), permits("b", 1010, 1), permits("c", 1020, 1)]);
+  assert.deepEqual(over.map((v) => v.rule), ["over_limit"]);
+  // Once a's lease ended, its permits are free again.
+  assert.deepEqual(check([permits("a", 1000, 3), permits("b", 1150, 3)]), []);
+});
+
+Deno.test("check() wants a higher fence for every later lease, and no fence twice", () => {
+  const same = check([shared("r1", 1000), shared("r2", 1020, { fence: 1000 * 1000 })]);
+  assert.deepEqual(same.map((v) => v.rule), ["fence_order"]);
+  const lower = check([shared("r1", 1000), shared("r2", 1020, { fence: 999 })]);
+  assert.deepEqual(lower.map((v) => v.rule), ["fence_order"]);
+  // A lease whose first attempt was sent before another's grant may hold a lower fence.
+  const retried = check([
+    shared("r2", 1020),
+    shared("r1", 1030, { invokedAt: 1000, fence: 1001 * 1000 }),
+  ]);
+  assert.deepEqual(retried, []);
+});
+
+Deno.test("check() reports a name a busy multi-name acquire took anyway", () => {
+  const busy: Operation = {
+    op: "acquire",
+    client: "m",
+    name: "n",
+    token: "tm",
+    invokedAt: 1000,
+    completedAt: 1002,
+    outcome: "busy",
+    multi: true,
+  };
+  assert.deepEqual(check([busy, released("m", "tm", 1010, "not_held")]), []);
+  assert.deepEqual(check([busy, released("m", "tm", 1010)]).map((v) => v.rule), [
+    "partial_grant",
+  ]);
+});

@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
 import { FAULT_KINDS } from "../dev/fault_proxy.ts";
+import { BROKEN_RULES, type BrokenRule, type Violation } from "../dev/history.ts";
 import { runTorture } from "../dev/torture.ts";
 
 Deno.test("a short torture run under every fault kind has no violations", async () => {
@@ -7,18 +8,32 @@ Deno.test("a short torture run under every fault kind has no violations", async 
   assert.deepEqual(report.violations, []);
   for (const kind of FAULT_KINDS) assert.ok(report.faults[kind] > 0, `no ${kind} fault injected`);
   assert.ok(report.redisRestarts >= 1 && report.scriptFlushes >= 1);
-  assert.ok((report.operations["acquire:acquired"] ?? 0) > 100);
+  for (const kind of ["exclusive", "shared", "semaphore", "multi"]) {
+    assert.ok((report.operations[`acquire:${kind}:acquired`] ?? 0) > 20, `${kind} leases granted`);
+  }
   assert.ok(report.staleWritesRefused > 0, "a paused holder's write was refused by its fence");
   assert.equal(report.fuzzCases, 500);
 });
 
-Deno.test("the checker catches a release that skips the token check", async () => {
-  const report = await runTorture({
-    clients: 24,
-    names: 4,
-    seconds: 4,
-    fuzzRuns: 50,
-    broken: true,
+// Each broken variant removes one check from one script; the checker names the rule it broke.
+const CAUGHT_AS: Record<BrokenRule, Violation["rule"]> = {
+  release: "overlap",
+  shared: "overlap",
+  limit: "over_limit",
+  multi: "partial_grant",
+  fence: "fence_order",
+};
+for (const broken of BROKEN_RULES) {
+  Deno.test(`the checker catches the broken ${broken} variant`, async () => {
+    const report = await runTorture({
+      clients: 24,
+      names: 4,
+      seconds: 3,
+      fuzzRuns: 0,
+      redisFaults: false,
+      broken,
+    });
+    const rules = new Set(report.violations.map((v) => v.rule));
+    assert.ok(rules.has(CAUGHT_AS[broken]), `caught as ${[...rules]}`);
   });
-  assert.ok(report.violations.length > 0, "the broken variant must be caught");
-});
+}

@@ -22,6 +22,12 @@ export const TOKEN_PATTERN = /^[A-Za-z0-9_-]{16,128}$/;
 /** Largest `meta` object, as JSON text in UTF-8 bytes. */
 export const MAX_META_BYTES = 1024;
 
+/**
+ * How long the last fence outlives its lease: fences keep increasing across this window even if
+ * the server clock steps back within it. One hour.
+ */
+export const FENCE_GRACE_MS = 3_600_000;
+
 /** How long a claim (idempotency, dedupe) lasts if never completed, by default: 30 s. */
 export const DEFAULT_LEASE_MS = 30_000;
 /** How long a completed record is kept, by default: a day. */

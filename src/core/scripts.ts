@@ -33,11 +33,7 @@ import { LIMITS } from "./_validate.ts";
 import { defineScript, NOW } from "./_lua.ts";
 import { STATS_LUA, STATS_RETENTION_MS } from "./stats.ts";
 
-/**
- * How long the last fence outlives its lease: fences keep increasing across this window even if
- * the server clock steps back within it. One hour.
- */
-export const FENCE_GRACE_MS = 3_600_000;
+export { FENCE_GRACE_MS } from "./_validate.ts";
 
 /** A busy reply never asks a caller to look again sooner than this, in milliseconds. */
 export const MIN_RETRY_MS = 5;

@@ -1,7 +1,13 @@
 import { checkRedis, checkTimeout, integers, type RedisLike, runScript } from "../core/_runner.ts";
 import { EdgelockError } from "../core/errors.ts";
-import { checkDuration, checkName, checkPrefix, checkToken, newToken } from "../core/_validate.ts";
-import { FENCE_GRACE_MS } from "../core/scripts.ts";
+import {
+  checkDuration,
+  checkName,
+  checkPrefix,
+  checkToken,
+  FENCE_GRACE_MS,
+  newToken,
+} from "../core/_validate.ts";
 import type { Script } from "../core/_lua.ts";
 import type { StoreOptions } from "./records.ts";
 import { statsKeys } from "../core/stats.ts";

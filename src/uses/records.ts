@@ -13,13 +13,13 @@ import {
   checkToken,
   DEFAULT_LEASE_MS,
   DEFAULT_RETENTION_MS,
+  FENCE_GRACE_MS,
   NAME_PATTERN,
   newToken,
   SEGMENT,
   SEGMENT_PATTERN,
 } from "../core/_validate.ts";
 import { sha256Hex } from "../core/_crypto.ts";
-import { FENCE_GRACE_MS } from "../core/scripts.ts";
 import type { Script } from "../core/_lua.ts";
 import { CLAIM, COMPLETE, GET_RECORD, NOTE, RELEASE_CLAIM, RENEW_CLAIM } from "./scripts.ts";
 import { statsKeys } from "../core/stats.ts";
