@@ -52,9 +52,9 @@ async function commandStats(): Promise<{ commands: number; usec: number }> {
   return { commands, usec };
 }
 
-function granted<T>(result: { acquired: boolean } & T): T {
+function granted<T extends { acquired: boolean }>(result: T): Extract<T, { acquired: true }> {
   if (!result.acquired) throw new Error(`busy: ${JSON.stringify(result)}`);
-  return result;
+  return result as Extract<T, { acquired: true }>;
 }
 
 type Cycle = (name: string) => Promise<void>;
