@@ -6,7 +6,7 @@ import fc from "fast-check";
 import { EdgelockError, type Lease, Locks } from "@edgelock/edgelock";
 import { createClient } from "@edgelock/edgelock/client";
 import { createApp } from "@edgelock/edgelock/service";
-import { acquired, keygen, startBackend, until } from "./_backend.ts";
+import { acquired, keygen, lockKeys, startBackend, takeTicket, until } from "./_backend.ts";
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -85,6 +85,43 @@ Deno.test("read-write locks, semaphores, reentrancy and multi-name locks", async
       acquired(await locks.acquire(name, { mode: "shared", ttlMs: 300 })); // never released
       const wrote = acquired(await locks.acquire(name, { waitMs: 3000 }));
       await locks.release(wrote);
+    });
+
+    await t.step(
+      "a writer that vanished while queued holds readers up only until its ticket lapses",
+      async () => {
+        const name = keygen("rw");
+        const reader = acquired(await locks.acquire(name, { mode: "shared", ttlMs: 10_000 }));
+        await takeTicket(backend.redis, name, "vanished-writer-000001", 400);
+        assert.equal((await locks.acquire(name, { mode: "shared" })).acquired, false, "behind it");
+        const started = performance.now();
+        const late = acquired(await locks.acquire(name, { mode: "shared", waitMs: 3000 }));
+        assert.ok(performance.now() - started < 2000, "granted once the ticket lapsed");
+        await locks.release(late);
+        await locks.release(reader);
+      },
+    );
+
+    await t.step("an aborted multi-name wait leaves every queue it joined", async () => {
+      const tag = `{${keygen("m")}}`;
+      const [a, b] = [`${tag}a`, `${tag}b`];
+      const holder = acquired(await locks.acquire(b!, { ttlMs: 10_000 }));
+      const stop = new AbortController();
+      const waiting = locks.acquireAll([a!, b!], { waitMs: 10_000, signal: stop.signal });
+      await until(
+        "it waits in both queues",
+        async () =>
+          await backend.redis.zcard(lockKeys(a!)[1]) === 1 &&
+          await backend.redis.zcard(lockKeys(b!)[1]) === 1,
+      );
+      assert.equal((await locks.inspect(a!)).held, false, "it holds neither name while waiting");
+      stop.abort();
+      await assert.rejects(waiting);
+      assert.equal(await backend.redis.zcard(lockKeys(a!)[1]), 0);
+      assert.equal(await backend.redis.zcard(lockKeys(b!)[1]), 0);
+      const free = acquired(await locks.acquire(a!));
+      await locks.release(free);
+      await locks.release(holder);
     });
 
     await t.step(

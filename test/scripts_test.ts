@@ -373,6 +373,44 @@ Deno.test("the lock scripts under a stepped Redis clock", async (t) => {
       for (let i = 1; i < fences.length; i++) assert.ok(fences[i]! > fences[i - 1]!, `${fences}`);
       await server.shift(0);
     });
+
+    await t.step(
+      "shared and semaphore fences keep increasing, and leases end, across clock steps",
+      async () => {
+        const name = keygen();
+        const fences: number[] = [];
+        for (
+          const [offset, options] of [
+            [0, { mode: "shared" }],
+            [-30_000, { mode: "shared" }],
+            [-600_000, {}],
+            [-5_000, { mode: "shared" }],
+          ] as const
+        ) {
+          await server.shift(offset);
+          const lease = await locks.acquire(name, { ttlMs: 5000, ...options });
+          assert.ok(lease.acquired, `at ${offset}`);
+          fences.push(lease.lease.fence);
+          await locks.release(lease.lease);
+        }
+        const other = keygen();
+        for (const offset of [0, -600_000]) {
+          await server.shift(offset);
+          const lease = await locks.acquire(other, { limit: 2, ttlMs: 5000 });
+          assert.ok(lease.acquired);
+          fences.push(lease.lease.fence);
+          // The holder never releases: a step forward past its lease frees the permit.
+        }
+        await server.shift(10_000); // past both leases' ends on the server clock
+        const after = await locks.acquire(other, { limit: 2, permits: 2 });
+        assert.ok(after.acquired, "the stepped-over leases ended: both permits are free");
+        fences.push(after.lease.fence);
+        for (let i = 1; i < 4; i++) assert.ok(fences[i]! > fences[i - 1]!, `${fences}`);
+        for (let i = 5; i < 7; i++) assert.ok(fences[i]! > fences[i - 1]!, `${fences}`);
+        await locks.release(after.lease);
+        await server.shift(0);
+      },
+    );
   } finally {
     await backend.stop();
   }
