@@ -73,6 +73,25 @@ Deno.test("the bundled Worker runs in workerd (Miniflare) against the bridge", a
       assert.ok(Number(busy.body.retryAfterMs) > 0);
     });
 
+    await t.step("readers, a semaphore and a multi-name lock through the Worker", async () => {
+      const rw = keygen("w");
+      const readers = await Promise.all(
+        [1, 2].map(() => call(`/v1/locks/${rw}/acquire`, SECRET_A, { mode: "shared" })),
+      );
+      assert.deepEqual(readers.map((r) => [r.status, r.body.mode]), [[200, "shared"], [
+        200,
+        "shared",
+      ]]);
+      const writer = await call(`/v1/locks/${rw}/acquire`, SECRET_A, {});
+      assert.equal(writer.body.code, "lock_busy");
+      const sem = await call(`/v1/locks/${rw}/acquire`, SECRET_A, { limit: 2 });
+      assert.deepEqual([sem.status, sem.body.code], [409, "mode_mismatch"]);
+      const tag = `{${keygen("w")}}`;
+      const both = await call("/v1/locks/acquire", SECRET_A, { names: [`${tag}a`, `${tag}b`] });
+      assert.equal(both.status, 200);
+      assert.equal((both.body.leases as unknown[]).length, 2);
+    });
+
     await t.step("another tenant's key neither sees nor takes the lock", async () => {
       const info = await call(`/v1/locks/${name}`, SECRET_B);
       assert.deepEqual(info.body, { name, held: false });
