@@ -279,6 +279,32 @@ Deno.test("read-write locks, semaphores, reentrancy and multi-name locks", async
     });
 
     await t.step(
+      "withLocks holds every name through long work, and aborts when one is lost",
+      async () => {
+        const tag = `{${keygen("m")}}`;
+        const names = [`${tag}a`, `${tag}b`];
+        const fences = await locks.withLocks(names, { ttlMs: 300 }, async (leases, signal) => {
+          await sleep(700); // over two TTLs: renewed meanwhile
+          assert.equal(signal.aborted, false);
+          return leases.map((lease) => lease.fence);
+        });
+        assert.equal(fences.length, 2);
+        for (const name of names) assert.equal((await locks.inspect(name)).held, false, "released");
+        let aborted = false;
+        await rejectsWith(
+          locks.withLocks(names, { ttlMs: 300 }, async (_leases, signal) => {
+            await locks.break(names[1]!, { by: "test" });
+            await new Promise((resolve) => signal.addEventListener("abort", resolve));
+            aborted = true;
+          }),
+          "lock_lost",
+        );
+        assert.ok(aborted, "the routine's signal aborted");
+        assert.equal((await locks.inspect(names[0]!)).held, false, "the other lease was released");
+      },
+    );
+
+    await t.step(
       "a multi-name lock refuses names in different slots, repeats and too many",
       async () => {
         await assert.rejects(
@@ -463,6 +489,11 @@ Deno.test("every primitive over HTTP, through the typed client and raw requests"
     await t.step("POST /v1/locks/acquire takes names all or none, one lease each", async () => {
       const tag = `{${keygen("h")}}`;
       const names = [`${tag}a`, `${tag}b`];
+      const ran = await client.withLocks(names, { ttlMs: 300 }, async (leases) => {
+        await sleep(500);
+        return leases.length;
+      });
+      assert.equal(ran, 2, "withLocks over HTTP renews and releases");
       const got = await client.acquireAll(names, { ttlMs: 5000 });
       assert.ok(got.acquired);
       assert.deepEqual(got.leases.map((lease) => lease.name), names);

@@ -32,7 +32,7 @@ import type {
   WithLockOptions,
 } from "../core/types.ts";
 import type { Stats } from "../core/stats.ts";
-import { withLock } from "../core/with_lock.ts";
+import { withLock, withLocks } from "../core/with_lock.ts";
 import { noteSentAt } from "../core/_granted.ts";
 import type {
   ClaimOptions,
@@ -321,6 +321,14 @@ export function createClient(options: ClientOptions): EdgelockClient {
       const { status, data } = await call("GET", lockPath(name));
       if (status === 200) return data as unknown as LockInfo;
       throw fromProblem(status, data);
+    },
+
+    withLocks<T>(
+      names: readonly string[],
+      opts: LeaseOptions,
+      fn: (leases: Lease[], signal: AbortSignal) => Promise<T> | T,
+    ): Promise<T> {
+      return withLocks(client, names, opts, fn);
     },
 
     withLock<T>(

@@ -60,7 +60,7 @@ import type {
   RenewResult,
   WithLockOptions,
 } from "./types.ts";
-import { withLock } from "./with_lock.ts";
+import { withLock, withLocks } from "./with_lock.ts";
 
 /** Options for {@linkcode Locks}. */
 export interface LocksOptions {
@@ -589,6 +589,15 @@ export class Locks implements LockClient {
       () => this.#run(READ_AUDIT, [this.#auditKey()], [limit]),
     );
     return (Array.isArray(reply) ? reply : []).map(toAuditEntry);
+  }
+
+  /** Runs `fn` while holding all of `names`; see {@linkcode withLocks}. */
+  withLocks<T>(
+    names: readonly string[],
+    options: LeaseOptions,
+    fn: (leases: Lease[], signal: AbortSignal) => Promise<T> | T,
+  ): Promise<T> {
+    return withLocks(this, names, options, fn);
   }
 
   /** Runs `fn` while holding `name`; see {@linkcode withLock}. */

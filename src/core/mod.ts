@@ -29,7 +29,7 @@ export {
   type LocksOptions,
   MAX_BATCH,
 } from "./locks.ts";
-export { withLock } from "./with_lock.ts";
+export { withLock, withLocks } from "./with_lock.ts";
 export { EdgelockError, type EdgelockErrorOptions, type ErrorCode } from "./errors.ts";
 export type { PipelineLike, RedisLike } from "./_runner.ts";
 export { MAX_SHARED } from "./shared_scripts.ts";

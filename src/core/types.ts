@@ -231,6 +231,12 @@ export interface LockClient {
   release(lease: LeaseRef): Promise<boolean>;
   /** Tells whether `name` is held, decided on the Redis primary. */
   inspect(name: string): Promise<LockInfo>;
+  /** Runs `fn` while holding all of `names`, renewing the leases; see {@linkcode withLocks}. */
+  withLocks<T>(
+    names: readonly string[],
+    options: LeaseOptions,
+    fn: (leases: Lease[], signal: AbortSignal) => Promise<T> | T,
+  ): Promise<T>;
   /** Runs `fn` while holding `name`, renewing the lease; see {@linkcode withLock}. */
   withLock<T>(
     name: string,

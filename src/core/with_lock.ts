@@ -1,7 +1,7 @@
 import { sleep } from "./_backoff.ts";
 import { sentAtOf } from "./_granted.ts";
 import { busyError, EdgelockError } from "./errors.ts";
-import type { Lease, LockClient, WithLockOptions } from "./types.ts";
+import type { Lease, LeaseOptions, LockClient, WithLockOptions } from "./types.ts";
 
 /**
  * Runs `fn` while holding `name`. The lease is renewed with explicit calls every third of its
@@ -53,6 +53,49 @@ export async function withLock<T>(
   } finally {
     // A failed release is harmless: the lease then runs out on its own within ttlMs.
     if (!lost) await locks.release(lease).catch(() => false);
+  }
+}
+
+/**
+ * Runs `fn` while holding every one of `names` (a multi-name lock: all or none, see
+ * `Locks.acquireAll`), renewing all leases in one request every third of the TTL; `signal`
+ * aborts when any lease was lost, and `withLocks` then rejects with `lock_lost`. Every lease still
+ * held is released at the end either way.
+ */
+export async function withLocks<T>(
+  locks: Pick<LockClient, "acquireAll" | "renewMany" | "release">,
+  names: readonly string[],
+  options: LeaseOptions,
+  fn: (leases: Lease[], signal: AbortSignal) => Promise<T> | T,
+): Promise<T> {
+  if (typeof fn !== "function") throw new TypeError("withLocks needs a function to run");
+  const startedAt = performance.now();
+  const result = await locks.acquireAll(names, options);
+  if (!result.acquired) throw busyError(names.join(", "), result);
+  let leases = result.leases;
+  const lost = new Set<string>(); // names whose renewal found the lease gone: no release to send
+  try {
+    return await hold({
+      what: `locks ${names.map((name) => `"${name}"`).join(", ")}`,
+      ttlMs: leases[0]!.ttlMs,
+      grantedAt: sentAtOf(leases[0]!) ?? startedAt,
+      signal: options.signal,
+      async renew() {
+        const renewals = await locks.renewMany(leases, { ttlMs: leases[0]!.ttlMs });
+        leases = leases.map((lease, i) => {
+          const renewal = renewals[i]!;
+          if (!renewal.renewed) lost.add(lease.name);
+          return renewal.renewed ? renewal.lease : lease;
+        });
+        return lost.size === 0;
+      },
+    }, (signal) => fn(leases, signal));
+  } finally {
+    await Promise.all(
+      leases.filter((lease) => !lost.has(lease.name)).map((lease) =>
+        locks.release(lease).catch(() => false)
+      ),
+    );
   }
 }
 
