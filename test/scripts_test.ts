@@ -200,6 +200,31 @@ Deno.test("the scripts", async (t) => {
       },
     );
 
+    await t.step(
+      "a lock record written by 0.1 (no hold count) is read as held, not foreign",
+      async () => {
+        const locks = new Locks(redis);
+        for (const meta of ["", '{"by":"old"}']) {
+          const name = keygen();
+          const token = "old-version-token-00001";
+          const now = Number((await redis.time())[0]) * 1000;
+          await redis.set(
+            lockKey(name),
+            `H${now * 1000}|${now + 300}|${now}|20|0|${token}||${meta}`,
+            {
+              px: 60_000,
+            },
+          );
+          const info = await locks.inspect(name);
+          assert.ok(info.held && info.fence === now * 1000, JSON.stringify(info));
+          assert.equal(await locks.release({ name, token }), true, "its holder releases it");
+          const next = await locks.acquire(name);
+          assert.ok(next.acquired && next.lease.fence > now * 1000);
+          await locks.release(next.lease);
+        }
+      },
+    );
+
     await t.step("every key the scripts write carries a TTL", async () => {
       await everyOperation(backend);
       const keys = await redis.keys("edgelock:*");

@@ -190,7 +190,7 @@ export class Locks implements LockClient {
     try {
       return await run();
     } catch (error) {
-      if (error instanceof EdgelockError && error.code !== "invalid_request") {
+      if (error instanceof EdgelockError && !CALLER_ERRORS.has(error.code)) {
         this.#emit({ type: "error", name, operation, error, ...this.#timing(started) });
       }
       throw error;
@@ -360,9 +360,8 @@ export class Locks implements LockClient {
         outcome("granted", [granted].flat()[0]!.fence);
         return { acquired: true, granted };
       }
-      if (status === MISMATCH) {
+      if (status === MISMATCH) { // the caller's mistake, not an outcome: no acquire event
         await leave("");
-        outcome("busy");
         throw code === 2
           ? new EdgelockError(
             "limit_mismatch",
@@ -524,7 +523,7 @@ export class Locks implements LockClient {
     const cursor = options.cursor ?? "";
     const limit = options.limit ?? 100;
     if (typeof prefix !== "string" || !NAME_PREFIX_PATTERN.test(prefix)) {
-      throw new RangeError("prefix must be up to 200 characters of A-Z a-z 0-9 . _ : -");
+      throw new RangeError("prefix must be up to 200 characters of A-Z a-z 0-9 . _ : - { }");
     }
     if (cursor !== "") checkLockName(cursor);
     if (!Number.isInteger(limit) || limit < 1 || limit > MAX_BATCH) {
@@ -712,6 +711,9 @@ function toRenewal(ref: LeaseRef, reply: unknown): RenewResult {
 function holdCount(reply: unknown, reentrant: string): { holdCount?: number } {
   return reentrant === "1" ? { holdCount: (reply as number[])[4]! } : {};
 }
+
+// Errors of the caller's making, which are no `error` event: Redis did not fail.
+const CALLER_ERRORS = new Set(["invalid_request", "mode_mismatch", "limit_mismatch"]);
 
 // The acquire scripts' first reply field when the name is held in another mode or limit.
 const MISMATCH = -1;

@@ -53,6 +53,11 @@ local function readRecord(key)
   if kind == 'H' then
     local fence, leaseEnd, at, hold, flag, token, released, count, meta = string.match(value,
       '^H(%d+)|(%d+)|(%d+)|(%d+)|([01])|([%w_-]+)|([%d:%x]*)|(%d+)|(.*)$')
+    if not fence then -- written by 0.1, before hold counts: one hold
+      fence, leaseEnd, at, hold, flag, token, released, meta = string.match(value,
+        '^H(%d+)|(%d+)|(%d+)|(%d+)|([01])|([%w_-]+)|([%d:%x]*)|(.*)$')
+      count = 1
+    end
     if fence then
       return {fence = fence, leaseEnd = tonumber(leaseEnd), at = tonumber(at),
         hold = tonumber(hold), flag = flag, token = token, released = released,
