@@ -207,10 +207,11 @@ Deno.test("the scripts", async (t) => {
         for (const meta of ["", '{"by":"old"}']) {
           const name = keygen();
           const token = "old-version-token-00001";
-          const now = Number((await redis.time())[0]) * 1000;
+          const [seconds, micros] = (await redis.time()).map(Number);
+          const now = seconds! * 1000 + Math.floor(micros! / 1000);
           await redis.set(
             lockKey(name),
-            `H${now * 1000}|${now + 300}|${now}|20|0|${token}||${meta}`,
+            `H${now * 1000}|${now + 5000}|${now}|20|0|${token}||${meta}`,
             {
               px: 60_000,
             },
