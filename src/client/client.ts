@@ -3,13 +3,13 @@ import {
   checkDuration,
   checkFlag,
   checkLockName,
+  checkLockNames,
   checkMeta,
   checkMode,
   checkName,
   checkToken,
   DEFAULT_LEASE_MS,
   DEFAULT_RETENTION_MS,
-  MAX_NAMES,
   newToken,
   SEGMENT_PATTERN,
 } from "../core/_validate.ts";
@@ -261,10 +261,7 @@ export function createClient(options: ClientOptions): EdgelockClient {
     },
 
     async acquireAll(names: readonly string[], opts: LeaseOptions = {}): Promise<AcquireAllResult> {
-      if (!Array.isArray(names) || names.length < 1 || names.length > MAX_NAMES) {
-        throw new RangeError(`acquireAll takes 1 to ${MAX_NAMES} lock names`);
-      }
-      const body = { names: names.map(checkLockName), ...leaseBody(opts) };
+      const body = { names: checkLockNames(names), ...leaseBody(opts) };
       const { status, data, sentAt } = await call("POST", "v1/locks/acquire", body, opts.signal);
       if (status === 200 && Array.isArray(data.leases)) {
         const leases = data.leases as Record<string, unknown>[];

@@ -82,6 +82,25 @@ export function slotTag(name: string): string {
   return end > 0 ? name.slice(0, end) : name;
 }
 
+/** A multi-name lock's names: 1–MAX_NAMES distinct lock names in one Redis Cluster slot. */
+export function checkLockNames(names: unknown): readonly string[] {
+  if (!Array.isArray(names) || names.length < 1 || names.length > MAX_NAMES) {
+    throw new RangeError(`acquireAll takes 1 to ${MAX_NAMES} lock names`);
+  }
+  (names as unknown[]).forEach(checkLockName);
+  if (new Set(names).size !== names.length) throw new RangeError("The lock names must differ");
+  const tag = slotTag(names[0] as string);
+  const stray = (names as string[]).find((name) => slotTag(name) !== tag);
+  if (stray !== undefined) {
+    throw new RangeError(
+      `The names of one multi-name lock must share a Redis Cluster slot: "${stray}" does not ` +
+        `start like "${names[0]}". Start each with the same {group}, e.g. {bank}acct:1 and ` +
+        `{bank}acct:2`,
+    );
+  }
+  return names as string[];
+}
+
 export function checkPrefix(prefix: unknown): string {
   if (typeof prefix !== "string" || !/^[A-Za-z0-9._:-]{1,100}$/.test(prefix)) {
     throw new RangeError("prefix must be 1–100 characters of A-Z a-z 0-9 . _ : -");

@@ -14,15 +14,14 @@ import {
   checkDuration,
   checkFlag,
   checkLockName,
+  checkLockNames,
   checkMeta,
   checkMode,
   checkPrefix,
   checkSignal,
   checkToken,
-  MAX_NAMES,
   NAME_PREFIX_PATTERN,
   newToken,
-  slotTag,
 } from "./_validate.ts";
 import { ACQUIRE_SHARED } from "./shared_scripts.ts";
 import { ACQUIRE_ALL } from "./multi_scripts.ts";
@@ -268,20 +267,7 @@ export class Locks implements LockClient {
     names: readonly string[],
     options: LeaseOptions = {},
   ): Promise<AcquireAllResult> {
-    if (!Array.isArray(names) || names.length < 1 || names.length > MAX_NAMES) {
-      throw new RangeError(`acquireAll takes 1 to ${MAX_NAMES} lock names`);
-    }
-    names.forEach(checkLockName);
-    if (new Set(names).size !== names.length) throw new RangeError("The lock names must differ");
-    const tag = slotTag(names[0]!);
-    const stray = names.find((name) => slotTag(name) !== tag);
-    if (stray !== undefined) {
-      throw new RangeError(
-        `The names of one multi-name lock must share a Redis Cluster slot: "${stray}" does not ` +
-          `start like "${names[0]}". Start each with the same {group}, e.g. {bank}acct:1 and ` +
-          `{bank}acct:2`,
-      );
-    }
+    checkLockNames(names);
     const { ttlMs, waitMs, token, meta, signal } = checkLeaseOptions(options);
     const call: Attempt<Lease[]> = {
       script: ACQUIRE_ALL,
