@@ -47,7 +47,9 @@ Deno.test("the dashboard in headless Chromium", async (t) => {
   try {
     const leases: Lease[] = [];
     for (const name of ["invoice:1", "invoice:2", "report:daily"]) {
-      const r = await client.acquire(name, { ttlMs: 60_000 });
+      // report:daily is held by a reader.
+      const mode = name === "report:daily" ? "shared" : "exclusive";
+      const r = await client.acquire(name, { ttlMs: 60_000, mode });
       assert.ok(r.acquired);
       leases.push(r.lease);
     }
@@ -90,6 +92,7 @@ Deno.test("the dashboard in headless Chromium", async (t) => {
             String(l.waiters),
           ]),
         );
+        assert.deepEqual(rows.map((r) => r[4]), ["exclusive", "exclusive", "shared ×1"]);
         const seconds = Number(rows[0]![3]!.replace(" s", ""));
         assert.ok(seconds > 50 && seconds <= 60, `countdown ${rows[0]![3]}`);
         const card = (label: string) =>

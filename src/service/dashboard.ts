@@ -35,7 +35,7 @@ const HTML = `<!doctype html>
   </section>
   <section>
     <h2>Held locks <span id="held-count"></span></h2>
-    <table id="locks"><thead><tr><th>name</th><th>fence</th><th>waiters</th><th>expires in</th><th></th></tr></thead><tbody></tbody></table>
+    <table id="locks"><thead><tr><th>name</th><th>fence</th><th>waiters</th><th>expires in</th><th>held as</th><th></th></tr></thead><tbody></tbody></table>
   </section>
   <section>
     <h2>Uses (last hour)</h2>
@@ -124,6 +124,13 @@ function lines(svg, minutes) {
   }
 }
 
+// How a lock is held: exclusive, shared by n, or a semaphore's permits out of its limit.
+function holding(lock) {
+  if (lock.mode === "shared") return "shared ×" + lock.holders;
+  if (lock.mode === "semaphore") return "semaphore " + lock.permits + "/" + lock.limit;
+  return "exclusive";
+}
+
 function showLocks() {
   const body = $("locks").tBodies[0];
   body.replaceChildren();
@@ -132,6 +139,7 @@ function showLocks() {
     row.dataset.name = lock.name;
     cell(row, lock.name); cell(row, lock.fence); cell(row, lock.waiters);
     cell(row, "").className = "countdown";
+    cell(row, holding(lock));
     const action = row.insertCell();
     if (me.role === "operator") {
       const button = document.createElement("button");
