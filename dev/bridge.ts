@@ -7,13 +7,19 @@
  */
 import { Buffer } from "node:buffer";
 import { timingSafeEqual } from "node:crypto";
-import { Redis as IORedis } from "ioredis";
+import { Cluster, Redis as IORedis } from "ioredis";
 import { cli } from "./_cli.ts";
 
 /** Options for {@linkcode startBridge}. */
 export interface BridgeOptions {
   /** The redis-server to front, e.g. `redis://127.0.0.1:6379`. */
   redisUrl: string;
+  /**
+   * Front a Redis Cluster instead: its seed nodes' `redis://` URLs (`redisUrl` is then unused).
+   * Each command goes to the node of its keys' slot; a pipeline's commands go one by one (so they
+   * may span slots); a transaction's keys must share one slot, as in any cluster.
+   */
+  clusterUrls?: string[];
   /** The Bearer token clients must present. */
   token: string;
   /** Port to listen on; 0 picks a free one. @default 8079 */
@@ -101,23 +107,34 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     conn.on("error", () => {}); // reported per request; ioredis reconnects by itself
     return conn;
   };
-  const shared = Array.from({ length: options.poolSize ?? 4 }, connect);
+  const cluster = options.clusterUrls && new Cluster(
+    options.clusterUrls.map((url) => {
+      const { hostname: host, port } = new URL(url);
+      return { host, port: Number(port) };
+    }),
+    { enableOfflineQueue: false, redisOptions: { maxRetriesPerRequest: 0 } },
+  );
+  cluster?.on("error", () => {}); // reported per request
+  const shared = cluster ? [] : Array.from({ length: options.poolSize ?? 4 }, connect);
   const exclusive = new ExclusivePool(
-    Array.from({ length: options.transactionPoolSize ?? 2 }, connect),
+    cluster ? [] : Array.from({ length: options.transactionPoolSize ?? 2 }, connect),
   );
   const all = [...shared, ...exclusive.connections];
   try {
-    await Promise.all(all.map((conn) => conn.connect()));
+    if (cluster) await untilReady(cluster);
+    else await Promise.all(all.map((conn) => conn.connect()));
   } catch (error) {
     all.forEach((conn) => conn.disconnect());
-    throw new Error(`The bridge cannot reach Redis at ${redisUrl}`, { cause: error });
+    cluster?.disconnect();
+    const what = cluster ? `the Redis Cluster at ${options.clusterUrls}` : `Redis at ${redisUrl}`;
+    throw new Error(`The bridge cannot reach ${what}`, { cause: error });
   }
 
   const stats: BridgeStats = { requests: 0, commands: 0 };
   const expected = Buffer.from(`Bearer ${token}`);
   let next = 0;
   let syncToken = 0;
-  const pick = () => shared[next++ % shared.length]!;
+  const pick = (): Connection => cluster ?? shared[next++ % shared.length]!;
 
   async function handle(request: Request): Promise<Response> {
     const path = new URL(request.url).pathname.replace(/\/+$/, "") || "/";
@@ -144,8 +161,15 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
       }
       const commands = parseBatch(body);
       stats.commands += commands.length;
-      if (path === "/pipeline") return json(200, (await runPipeline(pick(), commands)).map(encode));
-      const slots = await exclusive.use((conn) => runTransaction(conn, commands));
+      if (path === "/pipeline") {
+        const slots = cluster
+          ? await Promise.all(commands.map((command) => runOne(cluster, command)))
+          : await runPipeline(shared[next++ % shared.length]!, commands);
+        return json(200, slots.map(encode));
+      }
+      const slots = cluster
+        ? await runTransaction(cluster, commands)
+        : await exclusive.use((conn) => runTransaction(conn, commands));
       return Array.isArray(slots) ? json(200, slots.map(encode)) : json(400, slots);
     } catch (error) {
       if (error instanceof BadRequest) return json(error.status, { error: error.message });
@@ -168,7 +192,10 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     port: actualPort,
     stats: () => ({ ...stats }),
     close() {
-      closing ??= server.shutdown().then(() => all.forEach((conn) => conn.disconnect()));
+      closing ??= server.shutdown().then(() => {
+        all.forEach((conn) => conn.disconnect());
+        cluster?.disconnect();
+      });
       return closing;
     },
   };
@@ -216,7 +243,17 @@ function rejection(name: string): string | undefined {
     : undefined;
 }
 
-async function runOne(conn: IORedis, command: Command): Promise<Slot> {
+// A connection of the pool, or the cluster client (which routes each command by its keys' slot).
+type Connection = IORedis | Cluster;
+
+function untilReady(cluster: Cluster): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error("not ready within 10 s")), 10_000);
+    cluster.once("ready", () => (clearTimeout(timer), resolve()));
+  });
+}
+
+async function runOne(conn: Connection, command: Command): Promise<Slot> {
   const [name, args] = toArgs(command);
   const rejected = rejection(name);
   if (rejected) return { error: rejected };
@@ -240,7 +277,7 @@ async function runPipeline(conn: IORedis, commands: Command[]): Promise<Slot[]> 
   return slots.map((slot) => slot ?? fromReply(replies[i++]));
 }
 
-async function runTransaction(conn: IORedis, commands: Command[]): Promise<Slot[] | Slot> {
+async function runTransaction(conn: Connection, commands: Command[]): Promise<Slot[] | Slot> {
   for (const command of commands) {
     const rejected = rejection(toArgs(command)[0]);
     if (rejected) return { error: rejected };
@@ -311,6 +348,8 @@ if (import.meta.main) {
       redis: { type: "string", default: "redis://127.0.0.1:6379", help: "the redis-server" },
     },
   );
+  // A Redis Cluster instead, from its seed nodes: REDIS_CLUSTER_URLS=redis://h:p,redis://h:p
+  const clusterUrls = Deno.env.get("REDIS_CLUSTER_URLS")?.split(",").filter(Boolean);
   const token = Deno.env.get("UPSTASH_REDIS_REST_TOKEN");
   if (!token) {
     console.error(
@@ -319,8 +358,14 @@ if (import.meta.main) {
     Deno.exit(2);
   }
   try {
-    const bridge = await startBridge({ redisUrl: flags.redis, token, port: flags.port });
-    console.log(`Upstash REST bridge on ${bridge.url} in front of ${flags.redis}`);
+    const bridge = await startBridge({
+      redisUrl: flags.redis,
+      token,
+      port: flags.port,
+      ...(clusterUrls?.length && { clusterUrls }),
+    });
+    const front = clusterUrls?.length ? `the Redis Cluster at ${clusterUrls}` : flags.redis;
+    console.log(`Upstash REST bridge on ${bridge.url} in front of ${front}`);
     const stop = async () => {
       await bridge.close();
       Deno.exit(0);
