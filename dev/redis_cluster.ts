@@ -98,6 +98,21 @@ export async function startRedisCluster(
   }
 }
 
+/** Redis Cluster's hash slot of a key: CRC16 (XMODEM) of its hash tag, or of the key, mod 16384. */
+export function slotOf(key: string): number {
+  const open = key.indexOf("{");
+  const close = open < 0 ? -1 : key.indexOf("}", open + 1);
+  const tagged = close > open + 1 ? key.slice(open + 1, close) : key;
+  let crc = 0;
+  for (const byte of new TextEncoder().encode(tagged)) {
+    crc ^= byte << 8;
+    for (let i = 0; i < 8; i++) {
+      crc = crc & 0x8000 ? ((crc << 1) ^ 0x1021) & 0xffff : (crc << 1) & 0xffff;
+    }
+  }
+  return crc % 16384;
+}
+
 /** `CLUSTER INFO` of the node on `port`, through redis-cli. */
 export async function clusterInfo(port: number): Promise<string> {
   const out = await new Deno.Command("redis-cli", {

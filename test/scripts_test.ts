@@ -13,26 +13,12 @@ import * as multiScripts from "../src/core/multi_scripts.ts";
 import * as useScripts from "../src/uses/scripts.ts";
 import type { Script } from "../src/core/_lua.ts";
 import { startShiftedRedisServer } from "../dev/clock_shift.ts";
+import { slotOf } from "../dev/redis_cluster.ts";
 import { type Backend, keygen, startBackend, takeTicket, until } from "./_backend.ts";
 
 const lockKey = (name: string) => `edgelock:lock:{${name}}`;
 const PREFIX_KEY = /^edgelock:(stats|held|held:ends|audit)$/;
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
-
-// Redis Cluster's hash slot of a key: CRC16 (XMODEM) of the hash tag, or of the key, mod 16384.
-function slotOf(key: string): number {
-  const open = key.indexOf("{");
-  const close = open < 0 ? -1 : key.indexOf("}", open + 1);
-  const tagged = close > open + 1 ? key.slice(open + 1, close) : key;
-  let crc = 0;
-  for (const byte of new TextEncoder().encode(tagged)) {
-    crc ^= byte << 8;
-    for (let i = 0; i < 8; i++) {
-      crc = crc & 0x8000 ? ((crc << 1) ^ 0x1021) & 0xffff : (crc << 1) & 0xffff;
-    }
-  }
-  return crc % 16384;
-}
 
 /** Every script of both script modules. */
 const ALL = [scripts, sharedScripts, multiScripts, useScripts].flatMap(Object.values).filter((
