@@ -129,17 +129,17 @@ function deadline<T>(request: Promise<T>, script: Script, timeoutMs: number): Pr
 
 // @upstash/redis reports Redis errors as UpstashError with Redis's own text, e.g.
 // "NOSCRIPT No matching script. Please use EVAL." (single command) or
-// "Command failed: NOSCRIPT No matching script…" (auto-pipelined).
+// "Command failed: NOSCRIPT No matching script…" (auto-pipelined); TCP clients (ioredis'
+// ReplyError, node-redis' ErrorReply) carry the same text.
 function isNoScript(error: unknown): boolean {
-  return error instanceof Error && error.name === "UpstashError" &&
-    /(^|: )NOSCRIPT /.test(error.message);
+  return error instanceof Error && /(^|: )NOSCRIPT /.test(error.message);
 }
 
 // Upstash answers a wrong token with HTTP 401 {"error":"WRONGPASS invalid or missing auth token"}
 // (serverless-redis-http: "Unauthorized"); the client keeps only that text. Not an outage: a
 // retry cannot help.
 function isAuthFailure(error: unknown): boolean {
-  return error instanceof Error && error.name === "UpstashError" &&
+  return error instanceof Error &&
     /^(WRONGPASS|NOAUTH|Unauthorized|Invalid token)\b/i.test(error.message);
 }
 
@@ -160,10 +160,13 @@ function unavailable(script: Script, cause: unknown): EdgelockError {
     );
   }
   if (isAuthFailure(cause)) {
+    const rest = (cause as Error).name === "UpstashError";
     return new EdgelockError(
       "config_error",
-      "Redis refused the REST token (HTTP 401): check UPSTASH_REDIS_REST_TOKEN and that " +
-        "UPSTASH_REDIS_REST_URL names the same database",
+      rest
+        ? "Redis refused the REST token (HTTP 401): check UPSTASH_REDIS_REST_TOKEN and that " +
+          "UPSTASH_REDIS_REST_URL names the same database"
+        : "Redis refused the connection's credentials: check the user and password of its URL",
       { cause },
     );
   }
