@@ -33,6 +33,7 @@ import {
   withBroken,
 } from "./history.ts";
 import { DURABLE_ARGS, startRedisServer } from "./redis_server.ts";
+import { startRedisCluster } from "./redis_cluster.ts";
 
 /** Options for {@linkcode runTorture}. */
 export interface TortureOptions {
@@ -46,6 +47,11 @@ export interface TortureOptions {
   faults?: Partial<Record<FaultKind, number>>;
   /** Restart redis-server and flush its scripts mid-run. @default true */
   redisFaults?: boolean;
+  /**
+   * Run on a local Redis Cluster (3 primaries, 3 replicas; stats off): the Redis faults are then
+   * script flushes on every node and one primary stopped mid-run, its replica taking over.
+   */
+  cluster?: boolean;
   log?: (line: string) => void;
 }
 
@@ -89,13 +95,19 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     broken,
     faults: faultMix = FAULTS,
     redisFaults: withRedisFaults = true,
+    cluster: onCluster = false,
     log = () => {},
   } = options;
-  const server = await startRedisServer({
-    args: DURABLE_ARGS,
-  });
+  const cluster = onCluster ? await startRedisCluster() : undefined;
+  const server = cluster ? undefined : await startRedisServer({ args: DURABLE_ARGS });
   const token = crypto.randomUUID();
-  const bridge = await startBridge({ redisUrl: server.url, token, port: 0, poolSize: 8 });
+  const bridge = await startBridge({
+    redisUrl: server?.url ?? "",
+    ...(cluster && { clusterUrls: cluster.urls }),
+    token,
+    port: 0,
+    poolSize: 8,
+  });
   const toBridge = startFaultProxy({ target: bridge.url, faults: faultMix, holdMs: TTL_MS * 2 });
   const direct = new Redis({ url: bridge.url, token, enableTelemetry: false, retry: false });
   const faulty = new Redis({ url: toBridge.url, token, enableTelemetry: false, retry: false });
@@ -103,7 +115,14 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
 
   const apiKeys = [{ tenant: "t", secret: SECRET }];
   // No per-tenant rate cap here: the run measures locks under faults, not the admission limiter.
-  const app = createApp({ redis, apiKeys, limits: { requestsPerSecond: 0 }, log: () => {} });
+  const stats = !cluster; // stats and the held index live outside a lock's slot
+  const app = createApp({
+    redis,
+    apiKeys,
+    limits: { requestsPerSecond: 0 },
+    log: () => {},
+    stats,
+  });
   const http = Deno.serve({ port: 0, hostname: "127.0.0.1", onListen() {} }, app.fetch);
   const toService = startFaultProxy({
     target: `http://127.0.0.1:${http.addr.port}`,
@@ -111,7 +130,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     holdMs: TTL_MS * 2,
   });
   // Both paths use tenant "t"'s key space, so library and HTTP clients contend for the same names.
-  const library = new Locks(redis, { prefix: "edgelock:t" });
+  const library = new Locks(redis, { prefix: "edgelock:t", stats });
   const remote = createClient({ baseUrl: toService.url, apiKey: SECRET, retries: 0 });
   // The fuzzer talks to the service without faults: any 5xx it sees is a real defect.
   const fuzzApp = createApp({
@@ -119,6 +138,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     apiKeys,
     limits: { requestsPerSecond: 0 },
     log: () => {},
+    stats,
   });
 
   const history: Operation[] = [];
@@ -312,17 +332,26 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     while (Date.now() < deadline - 500) {
       await sleep(Math.min(spacing / 2, deadline - Date.now()));
       if (Date.now() >= deadline - 500) break;
-      await direct.scriptFlush().then(() => scriptFlushes++, () => {});
+      if (cluster) await flushEveryNode(cluster.nodes).then(() => scriptFlushes++, () => {});
+      else await direct.scriptFlush().then(() => scriptFlushes++, () => {});
       await sleep(Math.min(spacing / 2, Math.max(0, deadline - Date.now() - 500)));
       if (Date.now() >= deadline - 500) break;
-      await server.stop({ remove: false });
+      if (cluster) {
+        // One primary, once: its replica takes over (the cluster has no spare for a second).
+        if (redisRestarts > 0) continue;
+        await cluster.nodes[0]!.stop({ remove: false });
+        redisRestarts++;
+        log("a cluster primary stopped: its replica takes over");
+        continue;
+      }
+      await server!.stop({ remove: false });
       const restarted = await startRedisServer({
-        port: server.port,
-        dir: server.dir,
+        port: server!.port,
+        dir: server!.dir,
         args: DURABLE_ARGS,
       });
       // The restarted server runs in the first one's temp dir: its stop removes the dir too.
-      server.stop = (options) => restarted.stop({ remove: true, ...options });
+      server!.stop = (options) => restarted.stop({ remove: true, ...options });
       redisRestarts++;
       log(`redis-server restarted (${redisRestarts})`);
     }
@@ -382,7 +411,8 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     await http.shutdown();
     await toBridge.close();
     await bridge.close();
-    await server.stop();
+    await server?.stop();
+    await cluster?.stop();
   }
 
   clearInterval(progress);
@@ -419,7 +449,16 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
   };
 }
 
-/** Routes EVALSHA of the real release script to a release without the token check. */
+function flushEveryNode(nodes: { port: number }[]): Promise<unknown> {
+  return Promise.all(nodes.map((node) =>
+    new Deno.Command("redis-cli", {
+      args: ["-p", String(node.port), "script", "flush"],
+      stdout: "null",
+      stderr: "null",
+    }).output()
+  ));
+}
+
 function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, Math.max(0, ms)));
 }
@@ -437,6 +476,7 @@ if (import.meta.main) {
     },
     "no-faults": { type: "boolean", help: "no HTTP faults and no Redis restarts" },
     "no-redis-faults": { type: "boolean", help: "no Redis restarts or script flushes" },
+    cluster: { type: "boolean", help: "on a local Redis Cluster; a primary stops mid-run" },
     json: { type: "boolean", help: "print the report as JSON" },
   });
   const broken = flags.broken === "" ? undefined : flags.broken as BrokenRule;
@@ -452,6 +492,7 @@ if (import.meta.main) {
     broken,
     ...(flags["no-faults"] && { faults: {}, redisFaults: false }),
     ...(flags["no-redis-faults"] && { redisFaults: false }),
+    cluster: flags.cluster,
     log: (line) => console.error(line),
   });
   if (flags.json) console.log(JSON.stringify(report, null, 2));

@@ -15,6 +15,19 @@ Deno.test("a short torture run under every fault kind has no violations", async 
   assert.equal(report.fuzzCases, 500);
 });
 
+Deno.test("a short torture run on a Redis Cluster, a primary stopped mid-run, has no violations", async () => {
+  const report = await runTorture({
+    clients: 24,
+    names: 4,
+    seconds: 8,
+    fuzzRuns: 200,
+    cluster: true,
+  });
+  assert.deepEqual(report.violations, []);
+  assert.equal(report.redisRestarts, 1, "one primary stopped");
+  assert.ok((report.operations["acquire:exclusive:acquired"] ?? 0) > 20);
+});
+
 // Each broken variant removes one check from one script; the checker names the rule it broke.
 const CAUGHT_AS: Record<BrokenRule, Violation["rule"]> = {
   release: "overlap",

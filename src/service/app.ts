@@ -38,6 +38,11 @@ export interface AppDeps {
   keyPrefix?: string;
   /** How long one Redis request may take before the reply is 503, ms. @default 2000 */
   redisTimeoutMs?: number;
+  /**
+   * Keep stats and the held index (`/v1/stats`, `/v1/locks`, `/metrics` need them); off on a Redis
+   * Cluster for now, where they live outside a lock's slot. @default true
+   */
+  stats?: boolean;
   /** Per-tenant caps on this instance: concurrent waits and requests per second. */
   limits?: TenantLimits;
   /** Where each request's log line goes. @default one JSON line on the console */
@@ -112,6 +117,7 @@ export function createApp(
     limits,
     log = logLine,
     onEvent,
+    stats = true,
   }: AppDeps,
 ): OpenAPIHono<AppEnv> {
   if (apiKeys.length === 0) throw new RangeError("createApp needs at least one API key");
@@ -127,7 +133,7 @@ export function createApp(
     })),
   ]);
   const byTenant: ReadonlyMap<string, TenantStores> = new Map(apiKeys.map(({ tenant }) => {
-    const options = { prefix: `${keyPrefix}:${tenant}`, timeoutMs };
+    const options = { prefix: `${keyPrefix}:${tenant}`, timeoutMs, stats };
     const tell = onEvent && ((event: LockEvent) => onEvent({ ...event, tenant }));
     return [tenant, {
       locks: new Locks(redis, { ...options, ...(tell && { onEvent: tell }) }),
