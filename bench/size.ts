@@ -21,6 +21,7 @@ export const BUDGETS = {
   "./client": 5_000,
   "./otel": 9_500,
   "./tcp": 1_000,
+  "./quorum": 5_000,
   "./service": 150_000,
 } as const;
 

@@ -9,7 +9,7 @@
  */
 import { cli } from "./_cli.ts";
 
-const ENTRIES = ["core", "uses", "hono", "service", "client", "otel", "tcp"] as const;
+const ENTRIES = ["core", "uses", "hono", "service", "client", "otel", "tcp", "quorum"] as const;
 const EXTERNAL = [
   "hono",
   "hono/*",

@@ -1,0 +1,251 @@
+/**
+ * Quorum locks over N independent databases (3, 5, …: Upstash databases, or redis-servers), as
+ * in the Redlock description, with fences that still strictly increase. An acquire holds the name
+ * on a majority within the validity window (TTL less the time taken and a clock-drift
+ * allowance), then commits its fence to that majority before the lease counts: the fence is
+ * above the committed floor of every database it holds, and any two majorities share a database.
+ * The argument, and what this does not give, are in the README ("Quorum locks").
+ *
+ * @example
+ * ```ts
+ * import { Redis } from "@upstash/redis";
+ * import { QuorumLocks } from "@edgelock/edgelock/quorum";
+ *
+ * const locks = new QuorumLocks([1, 2, 3].map((i) =>
+ *   new Redis({ url: Deno.env.get(`REDIS_URL_${i}`)!, token: Deno.env.get(`REDIS_TOKEN_${i}`)! })
+ * ));
+ * await locks.withLock("payout:7", { ttlMs: 5000 }, async (lease) => {
+ *   // … write, passing lease.fence along
+ * });
+ * ```
+ *
+ * @module
+ */
+import { sleep } from "../core/_backoff.ts";
+import { noteSentAt } from "../core/_granted.ts";
+import { checkRedis, checkTimeout, integers, type RedisLike, runScript } from "../core/_runner.ts";
+import type { Script } from "../core/_lua.ts";
+import {
+  checkDuration,
+  checkLockName,
+  checkSignal,
+  checkToken,
+  FENCE_GRACE_MS,
+  newToken,
+} from "../core/_validate.ts";
+import type {
+  AcquireAllResult,
+  AcquireOptions,
+  AcquireResult,
+  Lease,
+  LeaseRef,
+  LockClient,
+  LockInfo,
+  RenewOptions,
+  RenewResult,
+  WithLockOptions,
+} from "../core/types.ts";
+import { withLock, withLocks } from "../core/with_lock.ts";
+import { Q_ACQUIRE, Q_COMMIT, Q_INSPECT, Q_RELEASE, Q_RENEW } from "./scripts.ts";
+
+/** Options for {@linkcode QuorumLocks}. */
+export interface QuorumLocksOptions {
+  /** Prefix of every key, on every database. @default "edgelock" */
+  prefix?: string;
+  /** How long one database may take to answer, 1–60000 ms; a slower one counts as down. @default 500 */
+  timeoutMs?: number;
+  /**
+   * The clocks' drift allowance, a fraction of the TTL (plus 2 ms) taken off every lease's
+   * validity. @default 0.01
+   */
+  driftFactor?: number;
+}
+
+const DEFAULT_TTL_MS = 10_000;
+
+/** Fenced quorum locks: the surface of `Locks` (exclusive leases, one name at a time). */
+export class QuorumLocks implements LockClient {
+  readonly #databases: RedisLike[];
+  readonly #quorum: number;
+  readonly #prefix: string;
+  readonly #timeoutMs: number;
+  readonly #driftFactor: number;
+
+  /** Quorum locks over `databases` (at least 3; a majority of them must agree). */
+  constructor(databases: readonly RedisLike[], options: QuorumLocksOptions = {}) {
+    if (!Array.isArray(databases) || databases.length < 3 || databases.length > 15) {
+      throw new RangeError("QuorumLocks takes 3 to 15 independent databases");
+    }
+    this.#databases = databases.map((db) => checkRedis(db, "QuorumLocks"));
+    this.#quorum = Math.floor(databases.length / 2) + 1;
+    this.#prefix = options.prefix ?? "edgelock";
+    this.#timeoutMs = checkTimeout(options.timeoutMs ?? 500);
+    const drift = options.driftFactor ?? 0.01;
+    if (typeof drift !== "number" || !(drift >= 0 && drift < 0.5)) {
+      throw new RangeError("driftFactor must be a number from 0 to 0.5");
+    }
+    this.#driftFactor = drift;
+  }
+
+  /** How many databases must agree: a majority. */
+  get quorum(): number {
+    return this.#quorum;
+  }
+
+  #key(name: string): string {
+    return `${this.#prefix}:qlock:{${name}}`;
+  }
+
+  // One script on the given databases at once; a database that fails or is slow answers undefined.
+  #run(script: Script, name: string, args: (string | number)[], on = this.#all()) {
+    return Promise.all(
+      on.map((i) =>
+        runScript(this.#databases[i]!, script, [this.#key(name)], args, this.#timeoutMs)
+          .catch(() => undefined)
+      ),
+    );
+  }
+
+  #all(): number[] {
+    return this.#databases.map((_, i) => i);
+  }
+
+  // What is left of a lease `ttlMs` long whose requests were sent at `started`.
+  #validity(ttlMs: number, started: number): number {
+    return ttlMs - (performance.now() - started) - (ttlMs * this.#driftFactor + 2);
+  }
+
+  /**
+   * Acquires `name` on a majority, waiting up to `waitMs` (tries again with a random backoff). A
+   * failed attempt releases whatever it held.
+   */
+  async acquire(name: string, options: AcquireOptions = {}): Promise<AcquireResult> {
+    checkLockName(name);
+    if (options.mode === "shared" || options.limit !== undefined || options.reentrant) {
+      throw new RangeError("Quorum locks are exclusive: no mode, limit or reentrant");
+    }
+    const ttlMs = checkDuration(options.ttlMs, "ttlMs", DEFAULT_TTL_MS);
+    const waitMs = checkDuration(options.waitMs, "waitMs", 0);
+    const token = options.token === undefined ? newToken() : checkToken(options.token);
+    const signal = checkSignal(options.signal);
+    const deadline = performance.now() + waitMs;
+    for (let attempt = 0;; attempt++) {
+      signal?.throwIfAborted();
+      const result = await this.#attempt(name, token, ttlMs);
+      const left = deadline - performance.now();
+      if (result.acquired || left <= 0) return result;
+      const delay = Math.min(left, result.retryAfterMs, 50 * 2 ** Math.min(attempt, 4));
+      await sleep(delay * (0.5 + Math.random()), signal).catch(() => {});
+    }
+  }
+
+  async #attempt(name: string, token: string, ttlMs: number): Promise<AcquireResult> {
+    const started = performance.now();
+    const replies = await this.#run(Q_ACQUIRE, name, [token, ttlMs, FENCE_GRACE_MS]);
+    const held: number[] = [];
+    let fence = 0;
+    const busyFor: number[] = [];
+    replies.forEach((reply, i) => {
+      if (reply === undefined) return;
+      const [ok, value] = integers(Q_ACQUIRE, reply, 2);
+      if (ok !== 1) return void busyFor.push(value!);
+      held.push(i);
+      // Above this database's committed floor and, should it have lost its data, its clock in µs.
+      const [, floor, clockUs] = integers(Q_ACQUIRE, reply, 3);
+      fence = Math.max(fence, floor! + 1, clockUs!);
+    });
+    if (held.length >= this.#quorum && this.#validity(ttlMs, started) > 0) {
+      const commits = await this.#run(Q_COMMIT, name, [token, fence, FENCE_GRACE_MS], held);
+      const committed = commits.filter((reply) => reply === 1).length;
+      const validMs = Math.floor(this.#validity(ttlMs, started));
+      if (committed >= this.#quorum && validMs > 0) {
+        const now = Date.now();
+        const lease = { name, token, fence, ttlMs, expiresAt: now + validMs, serverTime: now };
+        return { acquired: true, lease: noteSentAt(lease, started) };
+      }
+    }
+    // Not a majority in time: free what it holds, also where no answer came (it may have held).
+    await this.#run(Q_RELEASE, name, [token, FENCE_GRACE_MS]);
+    const retryAfterMs = Math.max(5, busyFor.length > 0 ? Math.min(...busyFor) : 50);
+    return { acquired: false, retryAfterMs, reason: "busy" };
+  }
+
+  /** Extends a lease on a majority within its validity; the fence stays the same. */
+  async renew(lease: LeaseRef, options: RenewOptions = {}): Promise<RenewResult> {
+    const { name, token } = checkRef(lease);
+    const ttlMs = checkDuration(options.ttlMs, "ttlMs", lease.ttlMs ?? DEFAULT_TTL_MS);
+    const started = performance.now();
+    const replies = await this.#run(Q_RENEW, name, [token, ttlMs, FENCE_GRACE_MS]);
+    const validMs = Math.floor(this.#validity(ttlMs, started));
+    if (replies.filter((reply) => reply === 1).length < this.#quorum || validMs <= 0) {
+      return { renewed: false };
+    }
+    const now = Date.now();
+    const fence = lease.fence ?? 0;
+    return {
+      renewed: true,
+      lease: { name, token, fence, ttlMs, expiresAt: now + validMs, serverTime: now },
+    };
+  }
+
+  /** Renews each lease (one request per database per lease); results in the same order. */
+  renewMany(leases: readonly LeaseRef[], options: RenewOptions = {}): Promise<RenewResult[]> {
+    if (!Array.isArray(leases) || leases.length === 0 || leases.length > 1000) {
+      throw new RangeError("renewMany takes 1 to 1000 leases");
+    }
+    return Promise.all(leases.map((lease) => this.renew(lease, options)));
+  }
+
+  /**
+   * Frees a lease on every database. `true` when a majority held it until now; a retry of a
+   * release that went through answers `false`.
+   */
+  async release(lease: LeaseRef): Promise<boolean> {
+    const { name, token } = checkRef(lease);
+    const replies = await this.#run(Q_RELEASE, name, [token, FENCE_GRACE_MS]);
+    return replies.filter((reply) => reply === 1).length >= this.#quorum;
+  }
+
+  /** Held when a majority says so, with the highest committed fence and the shortest TTL left. */
+  async inspect(name: string): Promise<LockInfo> {
+    checkLockName(name);
+    const replies = await this.#run(Q_INSPECT, name, []);
+    const held = replies.filter((reply) => Array.isArray(reply) && reply[0] === 1) as number[][];
+    if (held.length < this.#quorum) return { name, held: false };
+    const fence = Math.max(...held.map((reply) => reply[1]!));
+    const ttlMs = Math.min(...held.map((reply) => reply[2]!));
+    return { name, held: true, fence, ttlMs, expiresAt: Date.now() + ttlMs };
+  }
+
+  /** Not offered: quorum locks take one name at a time. */
+  acquireAll(): Promise<AcquireAllResult> {
+    return Promise.reject(new TypeError("Quorum locks take one name at a time"));
+  }
+
+  /** Runs `fn` while holding `name`; see `withLock`. */
+  withLock<T>(
+    name: string,
+    options: WithLockOptions,
+    fn: (lease: Lease, signal: AbortSignal) => Promise<T> | T,
+  ): Promise<T> {
+    return withLock(this, name, options, fn);
+  }
+
+  /** Not offered: quorum locks take one name at a time. */
+  withLocks<T>(
+    names: readonly string[],
+    options: AcquireOptions,
+    fn: (leases: Lease[], signal: AbortSignal) => Promise<T> | T,
+  ): Promise<T> {
+    return withLocks(this, names, options, fn);
+  }
+}
+
+function checkRef(lease: LeaseRef): LeaseRef {
+  if (typeof lease !== "object" || lease === null) {
+    throw new TypeError("Expected a lease returned by acquire or renew");
+  }
+  checkLockName(lease.name);
+  checkToken(lease.token);
+  return lease;
+}

@@ -1,0 +1,141 @@
+// Quorum locks over 5 independent redis-servers, each behind its own REST bridge, with the
+// unmodified @upstash/redis client: majorities, databases down, partial holds cleaned up, and the
+// fence argument attacked where it could break (two majorities sharing one database, another
+// database's data lost, clocks behind).
+import assert from "node:assert/strict";
+import { QuorumLocks } from "@edgelock/edgelock/quorum";
+import { runScript } from "../src/core/_runner.ts";
+import { FENCE_GRACE_MS } from "../src/core/_validate.ts";
+import { Q_ACQUIRE, Q_COMMIT, Q_RELEASE } from "../src/quorum/scripts.ts";
+import { type ShiftedRedisServer, startShiftedRedisServer } from "../dev/clock_shift.ts";
+import { acquired, type Backend, keygen, startBackend } from "./_backend.ts";
+import type { RedisLike } from "@edgelock/edgelock";
+
+// Holds `name` on database `db` for another token, as a competing acquire would.
+const FOREIGN = "foreign-holder-token-01";
+const hold = (db: Backend, name: string, ttlMs = 30_000) =>
+  runScript(db.redis, Q_ACQUIRE, [`edgelock:qlock:{${name}}`], [FOREIGN, ttlMs, FENCE_GRACE_MS]);
+const unhold = (db: Backend, name: string) =>
+  runScript(db.redis, Q_RELEASE, [`edgelock:qlock:{${name}}`], [FOREIGN, FENCE_GRACE_MS]);
+
+// The broken variant: the commit does nothing, so fences rest on the databases' clocks alone.
+async function withoutCommit(redis: RedisLike): Promise<RedisLike> {
+  const sha = await Q_COMMIT.sha1();
+  return new Proxy(redis, {
+    get(target, property, receiver) {
+      if (property !== "evalsha") return Reflect.get(target, property, receiver);
+      return (s: string, keys: string[], args: unknown[]) =>
+        s === sha ? Promise.resolve(1) : target.evalsha(s, keys, args);
+    },
+  });
+}
+
+// Five databases; 2, 3 and 4 with clocks of their own, to be set behind.
+async function startFive(): Promise<{ dbs: Backend[]; shifted: ShiftedRedisServer[] }> {
+  const dbs: Backend[] = [];
+  const shifted: ShiftedRedisServer[] = [];
+  try {
+    for (let i = 0; i < 5; i++) {
+      if (i < 2) dbs.push(await startBackend());
+      else {
+        const server = await startShiftedRedisServer();
+        shifted.push(server);
+        dbs.push(await startBackend([], server));
+      }
+    }
+  } catch (error) {
+    await Promise.all(dbs.map((db) => db.stop()));
+    throw error;
+  }
+  return { dbs, shifted };
+}
+
+Deno.test("quorum locks over 5 databases", async (t) => {
+  const { dbs, shifted } = await startFive();
+  const locks = new QuorumLocks(dbs.map((db) => db.redis), { timeoutMs: 300 });
+
+  try {
+    await t.step(
+      "a majority grants the lease; a second caller is busy; fences increase",
+      async () => {
+        assert.equal(locks.quorum, 3);
+        const name = keygen("q");
+        const first = acquired(await locks.acquire(name, { ttlMs: 5000 }));
+        assert.ok(first.expiresAt - Date.now() <= 5000 - 50, "validity is less than the TTL");
+        assert.equal((await locks.acquire(name)).acquired, false);
+        const info = await locks.inspect(name);
+        assert.ok(info.held && info.fence === first.fence);
+        assert.ok((await locks.renew(first)).renewed);
+        assert.equal(await locks.release(first), true);
+        const second = acquired(await locks.acquire(name));
+        assert.ok(second.fence > first.fence);
+        await locks.release(second);
+        const ran = await locks.withLock(name, { ttlMs: 600 }, async (lease) => {
+          await new Promise((resolve) => setTimeout(resolve, 900)); // renewed on a majority
+          return lease.fence;
+        });
+        assert.ok(ran > second.fence);
+      },
+    );
+
+    await t.step("a failed acquire frees the databases it held", async () => {
+      const name = keygen("q");
+      for (const db of dbs.slice(0, 3)) await hold(db, name);
+      const result = await locks.acquire(name, { token: "loser-token-0000000001" });
+      assert.equal(result.acquired, false);
+      for (const db of dbs.slice(3)) {
+        const value = await db.redis.get(`edgelock:qlock:{${name}}`);
+        assert.ok(!String(value).includes("loser-token"), `left held: ${value}`);
+      }
+      for (const db of dbs.slice(0, 3)) await unhold(db, name);
+      const free = acquired(await locks.acquire(name));
+      await locks.release(free);
+    });
+
+    await t.step("two databases down: still a majority; three down: no lease", async () => {
+      const name = keygen("q");
+      await dbs[0]!.server.stop({ remove: false });
+      await dbs[1]!.server.stop({ remove: false });
+      const lease = acquired(await locks.acquire(name));
+      await locks.release(lease);
+      await shifted[0]!.stop({ remove: false });
+      assert.equal((await locks.acquire(keygen("q"))).acquired, false, "2 of 5 is no majority");
+    });
+  } finally {
+    await Promise.all(dbs.map((db) => db.stop()));
+  }
+});
+
+Deno.test("a quorum fence is above every earlier one, even when the majorities share one database", async (t) => {
+  const { dbs, shifted } = await startFive();
+  // A takes {0, 1, 2}; then B takes {2, 3, 4}: they share only database 2, database 1 lost its
+  // data, and B's databases' clocks are 10 minutes behind A's.
+  const scenario = async (locks: QuorumLocks) => {
+    const name = keygen("q");
+    for (const db of dbs.slice(3)) await hold(db, name);
+    const a = acquired(await locks.acquire(name));
+    await locks.release(a);
+    for (const db of dbs.slice(3)) await unhold(db, name);
+    for (const server of shifted) await server.shift(-600_000);
+    await dbs[1]!.redis.flushall();
+    await hold(dbs[0]!, name);
+    await hold(dbs[1]!, name);
+    const b = acquired(await locks.acquire(name));
+    await locks.release(b);
+    for (const server of shifted) await server.shift(0);
+    return { a: a.fence, b: b.fence };
+  };
+  try {
+    await t.step("with the commit, B's fence is above A's", async () => {
+      const { a, b } = await scenario(new QuorumLocks(dbs.map((db) => db.redis)));
+      assert.ok(b > a, `A ${a}, B ${b}`);
+    });
+    await t.step("without it (the broken variant), B's fence falls below A's", async () => {
+      const broken = await Promise.all(dbs.map((db) => withoutCommit(db.redis)));
+      const { a, b } = await scenario(new QuorumLocks(broken));
+      assert.ok(b <= a, `the broken variant went unnoticed: A ${a}, B ${b}`);
+    });
+  } finally {
+    await Promise.all(dbs.map((db) => db.stop()));
+  }
+});
