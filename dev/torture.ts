@@ -34,6 +34,7 @@ import {
 } from "./history.ts";
 import { DURABLE_ARGS, startRedisServer } from "./redis_server.ts";
 import { startRedisCluster } from "./redis_cluster.ts";
+import { QUORUM_BROKEN, runQuorumTorture } from "./torture_quorum.ts";
 
 /** Options for {@linkcode runTorture}. */
 export interface TortureOptions {
@@ -477,8 +478,17 @@ if (import.meta.main) {
     "no-faults": { type: "boolean", help: "no HTTP faults and no Redis restarts" },
     "no-redis-faults": { type: "boolean", help: "no Redis restarts or script flushes" },
     cluster: { type: "boolean", help: "on a local Redis Cluster; a primary stops mid-run" },
+    quorum: {
+      type: "number",
+      default: 0,
+      min: 0,
+      max: 9,
+      help: "quorum locks over this many redis-servers (3–9), with databases down, paused, " +
+        "partitioned and one losing its data; --broken minority or commit",
+    },
     json: { type: "boolean", help: "print the report as JSON" },
   });
+  if (flags.quorum > 0) await quorumMain(flags);
   const broken = flags.broken === "" ? undefined : flags.broken as BrokenRule;
   if (broken !== undefined && !BROKEN_RULES.includes(broken)) {
     console.error(`--broken must be one of ${BROKEN_RULES.join(", ")}`);
@@ -512,6 +522,48 @@ if (import.meta.main) {
       console.log(`  ${v.rule} ${v.name}: ${v.detail}`);
     }
   }
+  const caught = report.violations.length > 0;
+  if (broken) {
+    console.log(
+      caught
+        ? `the checker caught the broken ${broken}`
+        : `the checker MISSED the broken ${broken}`,
+    );
+    Deno.exit(caught ? 0 : 1);
+  }
+  Deno.exit(caught ? 1 : 0);
+}
+
+async function quorumMain(
+  flags: { quorum: number; clients: number; names: number; seconds: number; broken: string },
+): Promise<never> {
+  const broken = flags.broken === "" ? undefined : flags.broken as typeof QUORUM_BROKEN[number];
+  if (flags.quorum < 3 || (broken !== undefined && !QUORUM_BROKEN.includes(broken))) {
+    console.error(`--quorum takes 3 to 9 databases; --broken with it: ${QUORUM_BROKEN.join(", ")}`);
+    Deno.exit(2);
+  }
+  const report = await runQuorumTorture({
+    databases: flags.quorum,
+    // Quorum locks under heavy contention split their votes (each caller wins a few databases)
+    // and mostly retry: the profile keeps 8 callers on 2 names, contended yet making progress.
+    clients: Math.min(flags.clients, 8),
+    names: Math.min(flags.names, 2),
+    seconds: flags.seconds,
+    ...(broken && { broken }),
+    log: (line) => console.error(line),
+  });
+  console.log(
+    `quorum torture: ${report.seconds} s over ${flags.quorum} databases${
+      broken ? ` (broken ${broken})` : ""
+    }`,
+  );
+  console.log(`operations: ${JSON.stringify(report.operations)}`);
+  console.log(`database faults: ${JSON.stringify(report.faults)}`);
+  console.log(
+    `fenced resource: ${report.acceptedWrites} writes accepted, ${report.staleWritesRefused} stale accesses refused`,
+  );
+  console.log(`violations: ${report.violations.length}`);
+  for (const v of report.violations.slice(0, 20)) console.log(`  ${v.rule} ${v.name}: ${v.detail}`);
   const caught = report.violations.length > 0;
   if (broken) {
     console.log(

@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { FAULT_KINDS } from "../dev/fault_proxy.ts";
 import { BROKEN_RULES, type BrokenRule, type Violation } from "../dev/history.ts";
 import { runTorture } from "../dev/torture.ts";
+import { QUORUM_BROKEN, runQuorumTorture } from "../dev/torture_quorum.ts";
 
 Deno.test("a short torture run under every fault kind has no violations", async () => {
   const report = await runTorture({ clients: 24, names: 4, seconds: 8, fuzzRuns: 500 });
@@ -50,3 +51,36 @@ for (const broken of BROKEN_RULES) {
     assert.ok(rules.has(CAUGHT_AS[broken]), `caught as ${[...rules]}`);
   });
 }
+
+Deno.test("the quorum profile keeps its rules under database faults, and catches both breaks", async (t) => {
+  await t.step(
+    "5 databases, up to 2 down, paused or partitioned, one losing its data",
+    async () => {
+      const report = await runQuorumTorture({ databases: 5, clients: 8, names: 2, seconds: 8 });
+      assert.deepEqual(report.violations, []);
+      assert.equal(report.faults.dataLost, 1);
+      assert.ok(
+        (report.operations["acquire:acquired"] ?? 0) > 50,
+        JSON.stringify(report.operations),
+      );
+    },
+  );
+  for (const broken of QUORUM_BROKEN) {
+    // A break shows only when faults and contention line up: caught within three 8-s runs.
+    await t.step(`the broken ${broken} variant is caught`, async () => {
+      const runs = [];
+      for (let run = 0; run < 3; run++) {
+        const report = await runQuorumTorture({
+          databases: 5,
+          clients: 8,
+          names: 2,
+          seconds: 8,
+          broken,
+        });
+        runs.push(report.operations);
+        if (report.violations.length > 0) return;
+      }
+      assert.fail(`missed in 3 runs: ${JSON.stringify(runs)}`);
+    });
+  }
+});

@@ -66,10 +66,11 @@ const DEFAULT_TTL_MS = 10_000;
 /** Fenced quorum locks: the surface of `Locks` (exclusive leases, one name at a time). */
 export class QuorumLocks implements LockClient {
   readonly #databases: RedisLike[];
-  readonly #quorum: number;
+  readonly #majority: number;
   readonly #prefix: string;
   readonly #timeoutMs: number;
   readonly #driftFactor: number;
+  readonly #down = new Set<number>();
 
   /** Quorum locks over `databases` (at least 3; a majority of them must agree). */
   constructor(databases: readonly RedisLike[], options: QuorumLocksOptions = {}) {
@@ -77,7 +78,7 @@ export class QuorumLocks implements LockClient {
       throw new RangeError("QuorumLocks takes 3 to 15 independent databases");
     }
     this.#databases = databases.map((db) => checkRedis(db, "QuorumLocks"));
-    this.#quorum = Math.floor(databases.length / 2) + 1;
+    this.#majority = Math.floor(databases.length / 2) + 1;
     this.#prefix = options.prefix ?? "edgelock";
     this.#timeoutMs = checkTimeout(options.timeoutMs ?? 500);
     const drift = options.driftFactor ?? 0.01;
@@ -89,21 +90,34 @@ export class QuorumLocks implements LockClient {
 
   /** How many databases must agree: a majority. */
   get quorum(): number {
-    return this.#quorum;
+    return this.#majority;
   }
 
   #key(name: string): string {
     return `${this.#prefix}:qlock:{${name}}`;
   }
 
-  // One script on the given databases at once; a database that fails or is slow answers undefined.
+  // One script on the given databases at once; a database that fails or is slow answers
+  // undefined, and is taken for down until it answers again.
   #run(script: Script, name: string, args: (string | number)[], on = this.#all()) {
     return Promise.all(
       on.map((i) =>
-        runScript(this.#databases[i]!, script, [this.#key(name)], args, this.#timeoutMs)
-          .catch(() => undefined)
+        runScript(this.#databases[i]!, script, [this.#key(name)], args, this.#timeoutMs).then(
+          (reply) => (this.#down.delete(i), reply),
+          () => void this.#down.add(i),
+        )
       ),
     );
+  }
+
+  // The database a name's retries ask first: its own by FNV-1a of the name, or the next one up.
+  #leader(name: string): number {
+    let hash = 0x811c9dc5;
+    for (let i = 0; i < name.length; i++) hash = Math.imul(hash ^ name.charCodeAt(i), 0x01000193);
+    const n = this.#databases.length;
+    const own = (hash >>> 0) % n;
+    for (let k = 0; k < n; k++) if (!this.#down.has((own + k) % n)) return (own + k) % n;
+    return own;
   }
 
   #all(): number[] {
@@ -131,7 +145,7 @@ export class QuorumLocks implements LockClient {
     const deadline = performance.now() + waitMs;
     for (let attempt = 0;; attempt++) {
       signal?.throwIfAborted();
-      const result = await this.#attempt(name, token, ttlMs);
+      const result = await this.#attempt(name, token, ttlMs, attempt > 0);
       const left = deadline - performance.now();
       if (result.acquired || left <= 0) return result;
       const delay = Math.min(left, result.retryAfterMs, 50 * 2 ** Math.min(attempt, 4));
@@ -139,9 +153,32 @@ export class QuorumLocks implements LockClient {
     }
   }
 
-  async #attempt(name: string, token: string, ttlMs: number): Promise<AcquireResult> {
+  // One try. All databases at once; a retry (`leaderFirst`, after contention) asks the name's
+  // leader database (the first one up in the name's order) first and the others only once it
+  // granted, so contenders queue at the leader instead of splitting the votes (a leader that does
+  // not answer: all at once again).
+  async #attempt(
+    name: string,
+    token: string,
+    ttlMs: number,
+    leaderFirst: boolean,
+  ): Promise<AcquireResult> {
     const started = performance.now();
-    const replies = await this.#run(Q_ACQUIRE, name, [token, ttlMs, FENCE_GRACE_MS]);
+    const args = [token, ttlMs, FENCE_GRACE_MS];
+    let replies: unknown[];
+    const leader = this.#leader(name);
+    const first = leaderFirst ? (await this.#run(Q_ACQUIRE, name, args, [leader]))[0] : undefined;
+    if (first !== undefined && integers(Q_ACQUIRE, first, 1)[0] !== 1) {
+      const [, pttl] = integers(Q_ACQUIRE, first, 2);
+      return { acquired: false, retryAfterMs: Math.max(5, pttl!), reason: "busy" };
+    }
+    if (first !== undefined) {
+      const others = this.#all().filter((i) => i !== leader);
+      const rest = await this.#run(Q_ACQUIRE, name, args, others);
+      replies = this.#all().map((i) => i === leader ? first : rest[others.indexOf(i)]);
+    } else {
+      replies = await this.#run(Q_ACQUIRE, name, args);
+    }
     const held: number[] = [];
     let fence = 0;
     const busyFor: number[] = [];
@@ -154,11 +191,11 @@ export class QuorumLocks implements LockClient {
       const [, floor, clockUs] = integers(Q_ACQUIRE, reply, 3);
       fence = Math.max(fence, floor! + 1, clockUs!);
     });
-    if (held.length >= this.#quorum && this.#validity(ttlMs, started) > 0) {
+    if (held.length >= this.quorum && this.#validity(ttlMs, started) > 0) {
       const commits = await this.#run(Q_COMMIT, name, [token, fence, FENCE_GRACE_MS], held);
       const committed = commits.filter((reply) => reply === 1).length;
       const validMs = Math.floor(this.#validity(ttlMs, started));
-      if (committed >= this.#quorum && validMs > 0) {
+      if (committed >= this.quorum && validMs > 0) {
         const now = Date.now();
         const lease = { name, token, fence, ttlMs, expiresAt: now + validMs, serverTime: now };
         return { acquired: true, lease: noteSentAt(lease, started) };
@@ -177,7 +214,7 @@ export class QuorumLocks implements LockClient {
     const started = performance.now();
     const replies = await this.#run(Q_RENEW, name, [token, ttlMs, FENCE_GRACE_MS]);
     const validMs = Math.floor(this.#validity(ttlMs, started));
-    if (replies.filter((reply) => reply === 1).length < this.#quorum || validMs <= 0) {
+    if (replies.filter((reply) => reply === 1).length < this.quorum || validMs <= 0) {
       return { renewed: false };
     }
     const now = Date.now();
@@ -203,7 +240,7 @@ export class QuorumLocks implements LockClient {
   async release(lease: LeaseRef): Promise<boolean> {
     const { name, token } = checkRef(lease);
     const replies = await this.#run(Q_RELEASE, name, [token, FENCE_GRACE_MS]);
-    return replies.filter((reply) => reply === 1).length >= this.#quorum;
+    return replies.filter((reply) => reply === 1).length >= this.quorum;
   }
 
   /** Held when a majority says so, with the highest committed fence and the shortest TTL left. */
@@ -211,7 +248,7 @@ export class QuorumLocks implements LockClient {
     checkLockName(name);
     const replies = await this.#run(Q_INSPECT, name, []);
     const held = replies.filter((reply) => Array.isArray(reply) && reply[0] === 1) as number[][];
-    if (held.length < this.#quorum) return { name, held: false };
+    if (held.length < this.quorum) return { name, held: false };
     const fence = Math.max(...held.map((reply) => reply[1]!));
     const ttlMs = Math.min(...held.map((reply) => reply[2]!));
     return { name, held: true, fence, ttlMs, expiresAt: Date.now() + ttlMs };
