@@ -16,6 +16,7 @@ import { Locks } from "@edgelock/edgelock";
 import { createApp } from "@edgelock/edgelock/service";
 import { gzipSize, minifiedBundle } from "./_bundle.ts";
 import { cli } from "../dev/_cli.ts";
+import { commandStats } from "./_commandstats.ts";
 import { startBridge } from "../dev/bridge.ts";
 import { startLatencyProxy } from "../dev/latency_proxy.ts";
 import { startRedisServer } from "../dev/redis_server.ts";
@@ -53,17 +54,7 @@ const bridge = await startBridge({ redisUrl: server.url, token, port: 0, poolSiz
 const tcp = new IORedis(server.url);
 const cleanups: (() => Promise<unknown>)[] = [() => tcp.quit()];
 
-async function redisStats(): Promise<{ commands: number; usec: number }> {
-  const info = await tcp.info("commandstats");
-  let commands = 0;
-  let usec = 0;
-  for (const [, name, calls, time] of info.matchAll(/cmdstat_(\w+):calls=(\d+),usec=(\d+)/g)) {
-    if (name === "info") continue;
-    commands += Number(calls);
-    usec += Number(time);
-  }
-  return { commands, usec };
-}
+const redisStats = () => commandStats(tcp);
 
 type Cycle = (name: string) => Promise<void>;
 

@@ -12,6 +12,7 @@
 import { Redis } from "@upstash/redis";
 import { Redis as IORedis } from "ioredis";
 import { cli } from "../dev/_cli.ts";
+import { commandStats } from "./_commandstats.ts";
 import { startBridge } from "../dev/bridge.ts";
 import { startLatencyProxy } from "../dev/latency_proxy.ts";
 import { startRedisServer } from "../dev/redis_server.ts";
@@ -39,18 +40,6 @@ const token = crypto.randomUUID();
 const bridge = await startBridge({ redisUrl: server.url, token, port: 0, poolSize: 8 });
 const tcp = new IORedis(server.url);
 const median = (values: number[]) => [...values].sort((a, b) => a - b)[values.length >> 1]!;
-
-async function commandStats(): Promise<{ commands: number; usec: number }> {
-  let commands = 0;
-  let usec = 0;
-  const info = await tcp.info("commandstats");
-  for (const [, name, calls, time] of info.matchAll(/cmdstat_(\w+):calls=(\d+),usec=(\d+)/g)) {
-    if (name === "info") continue;
-    commands += Number(calls);
-    usec += Number(time);
-  }
-  return { commands, usec };
-}
 
 function granted<T extends { acquired: boolean }>(result: T): Extract<T, { acquired: true }> {
   if (!result.acquired) throw new Error(`busy: ${JSON.stringify(result)}`);
@@ -110,13 +99,13 @@ async function run(url: string, cycles: number, delay: number) {
     for (let i = 0; i < Math.min(cycles, 50); i++) await cycle(name); // warm-up: scripts, JIT
     const times: number[] = [];
     const requests = bridge.stats().requests;
-    const before = await commandStats();
+    const before = await commandStats(tcp);
     for (let i = 0; i < cycles; i++) {
       const started = performance.now();
       await cycle(name);
       times.push(performance.now() - started);
     }
-    const after = await commandStats();
+    const after = await commandStats(tcp);
     rows.push({
       delay,
       label,

@@ -10,6 +10,7 @@
 import { Redis } from "@upstash/redis";
 import { Redis as IORedis } from "ioredis";
 import { cli } from "../dev/_cli.ts";
+import { commandStats } from "./_commandstats.ts";
 import { startBridge } from "../dev/bridge.ts";
 import { startLatencyProxy } from "../dev/latency_proxy.ts";
 import { startRedisServer } from "../dev/redis_server.ts";
@@ -27,18 +28,6 @@ const bridge = await startBridge({ redisUrl: server.url, token, port: 0, poolSiz
 const tcp = new IORedis(server.url);
 const median = (values: number[]) => [...values].sort((a, b) => a - b)[values.length >> 1]!;
 
-async function commandStats(): Promise<{ commands: number; usec: number }> {
-  let commands = 0;
-  let usec = 0;
-  const info = await tcp.info("commandstats");
-  for (const [, name, calls, time] of info.matchAll(/cmdstat_(\w+):calls=(\d+),usec=(\d+)/g)) {
-    if (name === "info") continue;
-    commands += Number(calls);
-    usec += Number(time);
-  }
-  return { commands, usec };
-}
-
 async function run(url: string, cycles: number) {
   const redis = new Redis({ url, token, enableTelemetry: false });
   const modes = {
@@ -52,7 +41,7 @@ async function run(url: string, cycles: number) {
   };
   for (let round = 0; round < Number(flags.rounds); round++) {
     for (const [label, locks] of Object.entries(modes)) {
-      const before = await commandStats();
+      const before = await commandStats(tcp);
       const started = performance.now();
       const lanes = Number(flags.concurrency);
       await Promise.all(Array.from({ length: lanes }, async (_, lane) => {
@@ -63,7 +52,7 @@ async function run(url: string, cycles: number) {
         }
       }));
       ms[label]!.push((performance.now() - started) / cycles);
-      const after = await commandStats();
+      const after = await commandStats(tcp);
       work[label]!.commands += (after.commands - before.commands) / cycles;
       work[label]!.usec += (after.usec - before.usec) / cycles;
     }

@@ -34,6 +34,7 @@ import type {
 import type { Stats } from "../core/stats.ts";
 import { withLock, withLocks } from "../core/with_lock.ts";
 import { noteSentAt } from "../core/_granted.ts";
+import { leaseKind } from "../core/_lease.ts";
 import type {
   ClaimOptions,
   ClaimRenewal,
@@ -277,7 +278,9 @@ export function createClient(options: ClientOptions): EdgelockClient {
         ttlMs: checkDuration(opts.ttlMs, "ttlMs", lease.ttlMs ?? 10_000),
       };
       const { status, data } = await call("POST", lockPath(lease.name, "renew"), body);
-      if (status === 200) return { renewed: true, lease: { ...kindOf(lease), ...toLease(data) } };
+      if (status === 200) {
+        return { renewed: true, lease: { ...leaseKind(lease), ...toLease(data) } };
+      }
       if (data.code === "lock_lost") return { renewed: false };
       throw fromProblem(status, data);
     },
@@ -297,7 +300,7 @@ export function createClient(options: ClientOptions): EdgelockClient {
       if (status !== 200 || !Array.isArray(data.results)) throw fromProblem(status, data);
       return (data.results as Record<string, unknown>[]).map((result, i): RenewResult =>
         result.renewed === true
-          ? { renewed: true, lease: { ...kindOf(leases[i]!), ...toLease(result) } }
+          ? { renewed: true, lease: { ...leaseKind(leases[i]!), ...toLease(result) } }
           : { renewed: false }
       );
     },
@@ -407,16 +410,6 @@ function busyOrThrow(
     };
   }
   throw fromProblem(status, data);
-}
-
-// What a renewal keeps of the lease it renews: its mode, limit, permits and hold count.
-function kindOf(lease: LeaseRef): Partial<Lease> {
-  const { mode, limit, permits, holdCount } = lease as Partial<Lease>;
-  return {
-    ...(mode && { mode }),
-    ...(limit !== undefined && { limit, permits }),
-    ...(holdCount !== undefined && { holdCount }),
-  };
 }
 
 function toLease(data: Record<string, unknown>): Lease {

@@ -9,6 +9,7 @@ import {
   runScripts,
 } from "./_runner.ts";
 import { noteSentAt } from "./_granted.ts";
+import { leaseKind } from "./_lease.ts";
 import { EdgelockError } from "./errors.ts";
 import {
   checkDuration,
@@ -681,14 +682,13 @@ const QUEUE_FULL = -2;
 // A renewed lease keeps what the acquire told of it: mode, limit, permits, hold count.
 function toRenewal(ref: LeaseRef, reply: unknown): RenewResult {
   if (integers(RENEW, reply, 1)[0] !== 1) return { renewed: false };
-  const { mode, limit, permits, holdCount } = ref as Partial<Lease>;
+  const kind = leaseKind(ref as Partial<Lease>);
   return {
     renewed: true,
     lease: {
       ...toLease(ref.name, ref.token, RENEW, reply),
-      ...(mode && { mode }),
-      ...(limit !== undefined && { limit, permits }),
-      ...(holdCount !== undefined && { holdCount: integers(RENEW, reply, 5)[4]! }),
+      ...kind,
+      ...(kind.holdCount !== undefined && { holdCount: integers(RENEW, reply, 5)[4]! }),
     },
   };
 }

@@ -4,6 +4,7 @@ import { createRoute, type OpenAPIHono, z } from "@hono/zod-openapi";
 import { busyError, EdgelockError } from "../../core/errors.ts";
 import { MAX_LIMIT, MAX_NAMES } from "../../core/_validate.ts";
 import { sentAtOf } from "../../core/_granted.ts";
+import { leaseKind } from "../../core/_lease.ts";
 import type { Lease } from "../../core/types.ts";
 import type { Context } from "hono";
 import type { AppEnv } from "../_env.ts";
@@ -255,18 +256,7 @@ function waited(lease: Lease, receivedAt: number): number {
   return Math.max(0, Math.floor((sentAtOf(lease) ?? receivedAt) - receivedAt));
 }
 
-function leaseBody(
-  { name, token, fence, ttlMs, expiresAt, serverTime, mode, limit, permits, holdCount }: Lease,
-) {
-  return {
-    name,
-    token,
-    fence,
-    ttlMs,
-    expiresAt,
-    serverTime,
-    ...(mode && { mode }),
-    ...(limit !== undefined && { limit, permits }),
-    ...(holdCount !== undefined && { holdCount }),
-  };
+function leaseBody(lease: Lease) {
+  const { name, token, fence, ttlMs, expiresAt, serverTime } = lease;
+  return { name, token, fence, ttlMs, expiresAt, serverTime, ...leaseKind(lease) };
 }

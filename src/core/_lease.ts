@@ -1,0 +1,12 @@
+import type { Lease } from "./types.ts";
+
+/** What a lease tells beyond its name, token, fence and times: mode, limit, permits, hold count. */
+export function leaseKind(
+  { mode, limit, permits, holdCount }: Partial<Lease>,
+): Pick<Partial<Lease>, "mode" | "limit" | "permits" | "holdCount"> {
+  return {
+    ...(mode && { mode }),
+    ...(limit !== undefined && { limit, permits }),
+    ...(holdCount !== undefined && { holdCount }),
+  };
+}
