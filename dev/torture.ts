@@ -260,28 +260,32 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     const token = crypto.randomUUID().replaceAll("-", "");
     for (let attempt = 0; attempt < 3; attempt++) {
       const invokedAt = Date.now();
+      const record = (name: string, outcome: Record<string, unknown>) =>
+        history.push({
+          op: "acquire",
+          client,
+          name,
+          token,
+          invokedAt,
+          completedAt: Date.now(),
+          multi: true,
+          ...outcome,
+        } as Operation);
       try {
         const result = await locks.acquireAll(set, { ttlMs: TTL_MS, token });
-        const completedAt = Date.now();
         for (const [i, name] of set.entries()) {
           const lease = result.acquired ? result.leases[i]! : undefined;
-          history.push({
-            op: "acquire",
-            client,
+          record(
             name,
-            token,
-            invokedAt,
-            completedAt,
-            multi: true,
-            ...(lease
+            lease
               ? {
                 outcome: "acquired",
                 fence: lease.fence,
                 serverTime: lease.serverTime,
                 expiresAt: lease.expiresAt,
               }
-              : { outcome: "busy" }),
-          });
+              : { outcome: "busy" },
+          );
         }
         if (result.acquired) return result.leases;
         if (attempt === 0 && Math.random() < 0.3) {
@@ -289,18 +293,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
         }
         return undefined;
       } catch {
-        for (const name of set) {
-          history.push({
-            op: "acquire",
-            client,
-            name,
-            token,
-            invokedAt,
-            completedAt: Date.now(),
-            outcome: "failed",
-            multi: true,
-          });
-        }
+        for (const name of set) record(name, { outcome: "failed" });
       }
     }
     return undefined;
