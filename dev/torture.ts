@@ -49,7 +49,7 @@ export interface TortureOptions {
   /** Restart redis-server and flush its scripts mid-run. @default true */
   redisFaults?: boolean;
   /**
-   * Run on a local Redis Cluster (3 primaries, 3 replicas; stats off): the Redis faults are then
+   * Run on a local Redis Cluster (3 primaries, 3 replicas; the cluster key layout): the Redis faults are then
    * script flushes on every node and one primary stopped mid-run, its replica taking over.
    */
   cluster?: boolean;
@@ -116,13 +116,12 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
 
   const apiKeys = [{ tenant: "t", secret: SECRET }];
   // No per-tenant rate cap here: the run measures locks under faults, not the admission limiter.
-  const stats = !cluster; // stats and the held index live outside a lock's slot
   const app = createApp({
     redis,
     apiKeys,
     limits: { requestsPerSecond: 0 },
     log: () => {},
-    stats,
+    cluster: onCluster,
   });
   const http = Deno.serve({ port: 0, hostname: "127.0.0.1", onListen() {} }, app.fetch);
   const toService = startFaultProxy({
@@ -131,7 +130,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     holdMs: TTL_MS * 2,
   });
   // Both paths use tenant "t"'s key space, so library and HTTP clients contend for the same names.
-  const library = new Locks(redis, { prefix: "edgelock:t", stats });
+  const library = new Locks(redis, { prefix: "edgelock:t", cluster: onCluster });
   const remote = createClient({ baseUrl: toService.url, apiKey: SECRET, retries: 0 });
   // The fuzzer talks to the service without faults: any 5xx it sees is a real defect.
   const fuzzApp = createApp({
@@ -139,7 +138,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     apiKeys,
     limits: { requestsPerSecond: 0 },
     log: () => {},
-    stats,
+    cluster: onCluster,
   });
 
   const history: Operation[] = [];

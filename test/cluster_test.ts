@@ -1,6 +1,5 @@
 // The library against a real Redis Cluster (3 primaries, 3 replicas) through the REST bridge in
-// cluster mode, with the unmodified @upstash/redis client. Stats and the held index live in keys
-// of their own per prefix, outside a lock's slot, so they are off here (see the README).
+// cluster mode, with the unmodified @upstash/redis client, in the cluster key layout (stats on).
 import assert from "node:assert/strict";
 import { Redis } from "@upstash/redis";
 import { Locks } from "@edgelock/edgelock";
@@ -9,6 +8,7 @@ import { startBridge } from "../dev/bridge.ts";
 import { Redis as IORedis } from "ioredis";
 import { slotOf, startRedisCluster } from "../dev/redis_cluster.ts";
 import { acquired, keygen } from "./_backend.ts";
+import { bucketOf, KeySpace } from "../src/core/_keys.ts";
 
 Deno.test("every primitive and use on a Redis Cluster", async (t) => {
   const cluster = await startRedisCluster();
@@ -19,7 +19,7 @@ Deno.test("every primitive and use on a Redis Cluster", async (t) => {
       throw error;
     });
   const redis = new Redis({ url: bridge.url, token, enableTelemetry: false, retry: false });
-  const locks = new Locks(redis, { stats: false });
+  const locks = new Locks(redis, { cluster: true });
 
   try {
     await t.step("exclusive leases on names spread over every primary", async () => {
@@ -83,7 +83,7 @@ Deno.test("every primitive and use on a Redis Cluster", async (t) => {
     });
 
     await t.step("records and cron jobs", async () => {
-      const records = new Records(redis, { stats: false });
+      const records = new Records(redis, { cluster: true });
       const id = recordId("user-1", keygen("k"));
       const claim = await records.claim("idempotency", id, { fingerprint: "f" });
       assert.equal(claim.state, "claimed");
@@ -94,7 +94,7 @@ Deno.test("every primitive and use on a Redis Cluster", async (t) => {
         (await records.claim("idempotency", id, { fingerprint: "f" })).state,
         "completed",
       );
-      const jobs = new Jobs(redis, { stats: false });
+      const jobs = new Jobs(redis, { cluster: true });
       const job = keygen("job");
       const run = await jobs.start(job, { atMostMs: 2000, tick: 1 });
       assert.ok(run.run);
@@ -110,7 +110,7 @@ Deno.test("every primitive and use on a Redis Cluster", async (t) => {
         const owner = cluster.nodes[0]!.port;
         const served = slots.filter(([, , [, port]]) => port === owner);
         const mine = (name: string) => {
-          const slot = slotOf(`edgelock:lock:{${name}}`);
+          const slot = slotOf(`${new KeySpace("edgelock", true, true).base(name)}:lock:{${name}}`);
           return served.some(([lo, hi]) => slot >= lo && slot <= hi);
         };
         let name = keygen("f");
@@ -150,13 +150,74 @@ Deno.test("every primitive and use on a Redis Cluster", async (t) => {
       },
     );
 
+    await t.step("stats, lists and the audit add up over the 64 buckets", async () => {
+      const options = { prefix: "ops", cluster: true };
+      const ops = new Locks(redis, options);
+      const names = Array.from({ length: 80 }, (_, i) => `job:${String(i).padStart(2, "0")}`);
+      assert.ok(new Set(names.map(bucketOf)).size > 30, "the names spread over the buckets");
+      const leases = await Promise.all(
+        names.map(async (name) => acquired(await ops.acquire(name))),
+      );
+      const listed: string[] = [];
+      let cursor: string | undefined;
+      do {
+        const page = await ops.list({ limit: 7, ...(cursor && { cursor }) });
+        assert.ok(page.locks.length <= 7);
+        listed.push(...page.locks.map((lock) => lock.name));
+        cursor = page.cursor;
+      } while (cursor);
+      assert.deepEqual(listed, names, "every held name once, in order, page by page");
+      const tens = (await ops.list({ prefix: "job:1" })).locks.map((lock) => lock.name);
+      assert.deepEqual(tens, names.slice(10, 20));
+      let stats = await ops.stats();
+      assert.equal(stats.locks_held, 80);
+      assert.equal(stats.total.acquire.granted, 80);
+      assert.equal(stats.last_hour.acquire.granted, 80);
+      for (const name of ["job:03", "job:41", "job:77"]) {
+        assert.deepEqual(await ops.break(name, { by: "ops" }), {
+          broken: true,
+          fence: leases[names.indexOf(name)]!.fence,
+        });
+      }
+      assert.deepEqual((await ops.audit()).map((entry) => entry.name), [
+        "job:77",
+        "job:41",
+        "job:03",
+      ]);
+      assert.deepEqual((await ops.audit({ limit: 2 })).map((entry) => entry.name), [
+        "job:77",
+        "job:41",
+      ]);
+      const released = await Promise.all(leases.map((lease) => ops.release(lease)));
+      assert.equal(released.filter(Boolean).length, 77);
+      const records = new Records(redis, options);
+      const claim = await records.claim("idempotency", recordId("user-1", "k1"));
+      assert.equal(claim.state, "claimed");
+      await records.noteSignatureFailure();
+      assert.ok((await new Jobs(redis, options).start("nightly", { atMostMs: 2000 })).run);
+      stats = await ops.stats();
+      assert.equal(stats.locks_held, 0);
+      assert.equal(stats.total.release.released, 77);
+      assert.equal(stats.total.release.lost, 3);
+      assert.equal(stats.total.break.broken, 3);
+      assert.equal(stats.total.idempotency.first, 1);
+      assert.equal(stats.total.dedupe.signature_failed, 1);
+      assert.equal(stats.total.cron.run, 1);
+      assert.equal(stats.total.hold.count, 77);
+      assert.deepEqual((await ops.list()).locks, []);
+    });
+
     await t.step(
-      "with stats on, a cluster is a config_error that says what to change",
+      "the single layout runs with stats off, and with them on is a config_error saying what to change",
       async () => {
-        const withStats = new Locks(redis);
+        const single = new Locks(redis, { prefix: "single", stats: false });
+        const lease = acquired(await single.acquire(keygen("c")));
+        assert.equal(await single.release(lease), true);
+        const withStats = new Locks(redis, { prefix: "single" });
         await assert.rejects(withStats.acquire(keygen("c")), (error: unknown) => {
           const { code, message } = error as { code?: string; message: string };
-          return code === "config_error" && /pass \{ stats: false \}/.test(message);
+          return code === "config_error" && /pass \{ cluster: true \}/.test(message) &&
+            !message.includes("single:");
         });
       },
     );

@@ -50,6 +50,7 @@ Deno.test("readConfig names the variable of each mistake and what to do, never i
       /^LOCK_MAX_WAITS must be a whole number of waits per tenant from 1 to 10000/,
     ],
     [{ LOCK_RATE_LIMIT: "1e3" }, /^LOCK_RATE_LIMIT must be a whole number/],
+    [{ LOCK_KEY_LAYOUT: "clustered" }, /^LOCK_KEY_LAYOUT must be single \(one Redis/],
     [
       { LOCK_API_KEY: "x" },
       /^LOCK_API_KEY is not an edgelock setting \(did you mean LOCK_API_KEYS\?\)/,
@@ -82,7 +83,9 @@ Deno.test("readConfig reads a good configuration, with defaults", () => {
     redisTimeoutMs: 500,
     limits: {},
     operatorKeys: [],
+    cluster: false,
   });
+  assert.equal(readConfig({ ...GOOD, LOCK_KEY_LAYOUT: "cluster" }).cluster, true);
 });
 
 Deno.test("two keys of one tenant both work during a rotation, on the same locks", async () => {

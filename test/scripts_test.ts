@@ -16,7 +16,10 @@ import { startShiftedRedisServer } from "../dev/clock_shift.ts";
 import { slotOf } from "../dev/redis_cluster.ts";
 import { type Backend, keygen, startBackend, takeTicket, until } from "./_backend.ts";
 
+import { KeySpace } from "../src/core/_keys.ts";
+
 const lockKey = (name: string) => `edgelock:lock:{${name}}`;
+
 const PREFIX_KEY = /^edgelock:(stats|held|held:ends|audit)$/;
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -27,12 +30,17 @@ const ALL = [scripts, sharedScripts, multiScripts, useScripts].flatMap(Object.va
   typeof value === "object" && value !== null && "source" in value && "sha1" in value
 );
 
-/** Drives every operation of the library once, including the paths that repair bad state. */
-async function everyOperation(backend: Backend) {
+/**
+ * Drives every operation of the library once, including the paths that repair bad state, in the
+ * single key layout or the cluster one.
+ */
+async function everyOperation(backend: Backend, cluster = false) {
   const { redis } = backend;
-  const locks = new Locks(redis);
-  const records = new Records(redis);
-  const jobs = new Jobs(redis);
+  const locks = new Locks(redis, { cluster });
+  const records = new Records(redis, { cluster });
+  const jobs = new Jobs(redis, { cluster });
+  const space = new KeySpace("edgelock", true, cluster);
+  const recordKey = (name: string) => `${space.base(name)}:lock:{${name}}`;
   const name = keygen();
   const held = await locks.acquire(name, { ttlMs: 2000, meta: { by: "a" } });
   assert.ok(held.acquired);
@@ -42,21 +50,21 @@ async function everyOperation(backend: Backend) {
   await locks.renew(held.lease);
   await locks.renewMany([held.lease, { name: keygen(), token: "other-token-0000000001" }]);
   await locks.inspect(name);
-  await redis.persist(lockKey(name)); // a lock without a TTL
+  await redis.persist(recordKey(name)); // a lock without a TTL
   await locks.acquire(name);
   await locks.inspect(name);
   await locks.release(held.lease);
   await locks.release(held.lease); // a retry
-  await redis.del(lockKey(name)); // the released record was evicted
+  await redis.del(recordKey(name)); // the released record was evicted
   const again = await locks.acquire(name);
   assert.ok(again.acquired);
   await locks.renew(again.lease);
   await locks.release(again.lease);
-  await redis.set(lockKey(name), "not a lock record"); // a value this code did not write
+  await redis.set(recordKey(name), "not a lock record"); // a value this code did not write
   await locks.acquire(name);
   await locks.inspect(name);
   await locks.release(again.lease);
-  await redis.del(lockKey(name));
+  await redis.del(recordKey(name));
 
   // Shared, semaphore, reentrant and multi-name leases, and their mismatches.
   const readers = await Promise.all([1, 2].map(() => locks.acquire(name, { mode: "shared" })));
@@ -131,60 +139,68 @@ async function everyOperation(backend: Backend) {
   await locks.stats();
 }
 
+/**
+ * Runs every operation under MONITOR: each command a script runs (COMMAND GETKEYS) must touch only
+ * the keys its call declared, and the declared keys must share one slot (in the single layout,
+ * except the prefix's stats, held index and audit stream, which are its own keys).
+ */
+async function sweep(backend: Backend, cluster: boolean) {
+  const monitor = await new IORedis(backend.server.url, { retryStrategy: () => null }).monitor();
+  const seen: { source: string; args: string[] }[] = [];
+  monitor.on("monitor", (_time: string, args: string[], source: string) => {
+    seen.push({ source, args });
+  });
+  try {
+    await everyOperation(backend, cluster);
+    await sleep(100); // MONITOR lines arrive after the replies
+  } finally {
+    monitor.disconnect();
+  }
+  const query = new IORedis(backend.server.url, { retryStrategy: () => null });
+  try {
+    let declared: string[] | undefined;
+    let scriptCalls = 0;
+    const failures: string[] = [];
+    for (const { source, args } of seen) {
+      const command = args[0]!.toLowerCase();
+      if (source !== "lua") {
+        declared = command === "eval" || command === "evalsha"
+          ? args.slice(3, 3 + Number(args[2]))
+          : undefined;
+        if (declared) {
+          scriptCalls++;
+          const own = cluster ? declared : declared.filter((key) => !PREFIX_KEY.test(key));
+          const slots = new Set(own.map(slotOf));
+          if (slots.size > 1) failures.push(`${args[0]} ${declared} spans ${slots.size} slots`);
+          if (own.some((key) => !key.includes("{"))) failures.push(`${declared} untagged`);
+        }
+        continue;
+      }
+      const keys = await query.call("COMMAND", "GETKEYS", ...args).catch(() => []);
+      for (const key of keys as string[]) {
+        if (!declared?.includes(key)) failures.push(`${args.join(" ")}: ${key} not in KEYS`);
+      }
+    }
+    assert.ok(scriptCalls > 40, `saw ${scriptCalls} script calls`);
+    assert.deepEqual(failures, []);
+  } finally {
+    query.disconnect();
+  }
+}
+
 Deno.test("the scripts", async (t) => {
   const backend = await startBackend();
   const { redis } = backend;
 
   try {
-    await t.step(
-      "every script touches only keys it declares in KEYS; a name's keys share one hash slot",
-      async () => {
-        const monitor = await new IORedis(backend.server.url, { retryStrategy: () => null })
-          .monitor();
-        const seen: { source: string; args: string[] }[] = [];
-        monitor.on("monitor", (_time: string, args: string[], source: string) => {
-          seen.push({ source, args });
-        });
-        try {
-          await everyOperation(backend);
-          await sleep(100); // MONITOR lines arrive after the replies
-        } finally {
-          monitor.disconnect();
-        }
-        const query = new IORedis(backend.server.url, { retryStrategy: () => null });
-        try {
-          let declared: string[] | undefined;
-          let scriptCalls = 0;
-          const failures: string[] = [];
-          for (const { source, args } of seen) {
-            const command = args[0]!.toLowerCase();
-            if (source !== "lua") {
-              declared = command === "eval" || command === "evalsha"
-                ? args.slice(3, 3 + Number(args[2]))
-                : undefined;
-              if (declared) {
-                scriptCalls++;
-                // The prefix's stats, held index and audit stream are its own keys (stats off on a
-                // Redis Cluster for now); every other key is a name's, in its hash tag's slot.
-                const own = declared.filter((key) => !PREFIX_KEY.test(key));
-                const slots = new Set(own.map(slotOf));
-                if (slots.size > 1) failures.push(`${args[0]} spans ${slots.size} slots`);
-                if (own.some((key) => !key.includes("{"))) failures.push(`${declared} untagged`);
-              }
-              continue;
-            }
-            const keys = await query.call("COMMAND", "GETKEYS", ...args).catch(() => []);
-            for (const key of keys as string[]) {
-              if (!declared?.includes(key)) failures.push(`${args.join(" ")}: ${key} not in KEYS`);
-            }
-          }
-          assert.ok(scriptCalls > 40, `saw ${scriptCalls} script calls`);
-          assert.deepEqual(failures, []);
-        } finally {
-          query.disconnect();
-        }
-      },
-    );
+    for (const cluster of [false, true]) {
+      await t.step(
+        cluster
+          ? "in the cluster layout, every script's keys, stats included, share one hash slot"
+          : "every script touches only keys it declares in KEYS; a name's keys share one hash slot",
+        () => sweep(backend, cluster),
+      );
+    }
 
     await t.step(
       "a lock record written by 0.1 (no hold count) is read as held, not foreign",

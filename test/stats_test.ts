@@ -6,6 +6,7 @@ import { Locks } from "../src/core/mod.ts";
 import type { LockEvent } from "../src/core/types.ts";
 import { type Counts, STATS_RETENTION_MS } from "../src/core/stats.ts";
 import { Jobs, recordId, Records } from "../src/uses/mod.ts";
+import fc from "fast-check";
 import { acquired, keygen, startBackend, until } from "./_backend.ts";
 
 // The counters of a Counts, flat (`acquire.granted` …), without the histograms' buckets.
@@ -211,6 +212,64 @@ Deno.test("stats kept by the scripts", async (t) => {
         await assert.rejects(locks.list({ limit: 0 }), RangeError);
         await assert.rejects(locks.list({ prefix: "a b" }), RangeError);
         await assert.rejects(locks.list({ cursor: "../x" }), RangeError);
+      },
+    );
+
+    await t.step(
+      "paging the list gives every held name with the prefix once, in order, in both key layouts (fast-check)",
+      async () => {
+        // Names of one {g} share a bucket, so one bucket's index can fill with released names
+        // (it stops looking after 4 × limit + 16) while other buckets list names past its stop.
+        const name = fc.stringMatching(/^(\{g\})?[ab]{1,3}:[0-9]{1,2}$/);
+        const scenario = fc.record({
+          names: fc.uniqueArray(name, { maxLength: 60 }),
+          released: fc.array(fc.nat(4).map((n) => n > 0), { minLength: 60, maxLength: 60 }),
+          prefix: fc.constantFrom("", "a", "ab", "b:", "ba:1", "{g}", "{g}a"),
+          limit: fc.integer({ min: 1, max: 12 }),
+          cluster: fc.boolean(),
+        });
+        // The case itself: 30 released names fill {g}'s bucket; a page must not list {z}, past
+        // where that bucket stopped looking, or the next page would list it again.
+        const edge = new Locks(redis, { prefix: keygen("page"), cluster: true });
+        const dead = Array.from({ length: 30 }, (_, i) => `{g}a:${String(i).padStart(2, "0")}`);
+        for (const n of dead) await edge.release(acquired(await edge.acquire(n)));
+        acquired(await edge.acquire("{z}"));
+        const seen: string[] = [];
+        let next: string | undefined;
+        do {
+          const page = await edge.list({ limit: 1, ...(next && { cursor: next }) });
+          seen.push(...page.locks.map((lock) => lock.name));
+          next = page.cursor;
+        } while (next);
+        assert.deepEqual(seen, ["{z}"]);
+
+        await fc.assert(
+          fc.asyncProperty(scenario, async ({ names, released, prefix, limit, cluster }) => {
+            const locks = new Locks(redis, { prefix: keygen("page"), cluster });
+            const leases = await Promise.all(
+              names.map(async (n) => acquired(await locks.acquire(n, { ttlMs: 10_000 }))),
+            );
+            await Promise.all(leases.filter((_, i) => released[i]).map((l) => locks.release(l)));
+            const listed: string[] = [];
+            let cursor: string | undefined;
+            for (let pages = 0;; pages++) {
+              assert.ok(pages <= names.length + 1, "paging ends");
+              const page = await locks.list({ prefix, limit, ...(cursor && { cursor }) });
+              assert.ok(page.locks.length <= limit);
+              listed.push(...page.locks.map((lock) => lock.name));
+              cursor = page.cursor;
+              if (!cursor) break;
+            }
+            const held = names.filter((n, i) => !released[i] && n.startsWith(prefix)).sort();
+            assert.deepEqual(listed, held);
+            assert.equal(
+              (await locks.stats()).locks_held,
+              released.slice(0, names.length)
+                .filter((r) => !r).length,
+            );
+          }),
+          { numRuns: 40 },
+        );
       },
     );
 

@@ -143,8 +143,8 @@ function isAuthFailure(error: unknown): boolean {
     /^(WRONGPASS|NOAUTH|Unauthorized|Invalid token)\b/i.test(error.message);
 }
 
-// A Redis Cluster refuses a script whose keys span slots: with edgelock, the stats and held index
-// (per prefix) beside a lock's keys. A setting to change, not an outage.
+// A Redis Cluster refuses a script whose keys span slots: with edgelock, the single layout's stats
+// and held index (per prefix) beside a lock's keys. A setting to change, not an outage.
 function isCrossSlot(error: unknown): boolean {
   return error instanceof Error && /(^|: )CROSSSLOT /.test(error.message);
 }
@@ -155,7 +155,7 @@ function unavailable(script: Script, cause: unknown): EdgelockError {
     return new EdgelockError(
       "config_error",
       `This Redis is a cluster, and the ${script.name} script's keys span slots: pass ` +
-        "{ stats: false } (stats and the held index are per prefix, outside a lock's slot)",
+        "{ cluster: true } (LOCK_KEY_LAYOUT=cluster for the service) to lay the keys out by slot",
       { cause },
     );
   }

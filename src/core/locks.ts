@@ -40,7 +40,8 @@ import {
   RENEW,
 } from "./scripts.ts";
 import { type Script } from "./_lua.ts";
-import { type Stats, statsKeys, toStats } from "./stats.ts";
+import { type Stats, toStats } from "./stats.ts";
+import { KeySpace } from "./_keys.ts";
 import type {
   AcquireAllResult,
   AcquireOptions,
@@ -89,6 +90,12 @@ export interface LocksOptions {
    */
   stats?: boolean;
   /**
+   * Lay the keys out for a Redis Cluster: every script's keys, stats included, in one slot, the
+   * names spread over 64 slots (see the README). Choose it once per prefix: the two layouts do not
+   * see each other's locks. @default false
+   */
+  cluster?: boolean;
+  /**
    * Told of every operation's outcome, for logs, alerts or tracing (see `@edgelock/edgelock/otel`).
    * Called synchronously; what it throws is ignored.
    */
@@ -129,12 +136,10 @@ export const DEFAULT_TTL_MS = 10_000;
  */
 export class Locks implements LockClient {
   readonly #redis: RedisLike;
-  readonly #prefix: string;
+  readonly #keySpace: KeySpace;
   readonly #maxWaiters: number;
   readonly #timeoutMs: number;
   readonly #fenceWindowMs: number;
-  // The stats hash and the held index (names, lease ends) the scripts take; none with stats off.
-  readonly #statsKeys: string[];
   readonly #onEvent: ((event: LockEvent) => void) | undefined;
 
   /** Locks on `redis` (an `@upstash/redis` client), their keys under `prefix`. */
@@ -146,6 +151,7 @@ export class Locks implements LockClient {
       timeoutMs,
       fenceWindowMs,
       stats = true,
+      cluster = false,
       onEvent,
     }: LocksOptions = {},
   ) {
@@ -155,12 +161,10 @@ export class Locks implements LockClient {
       throw new RangeError("maxWaiters must be an integer from 1 to 1000");
     }
     this.#redis = redis;
-    this.#prefix = prefix;
+    this.#keySpace = new KeySpace(prefix, stats, cluster);
     this.#maxWaiters = maxWaiters;
     this.#timeoutMs = checkTimeout(timeoutMs);
     this.#fenceWindowMs = checkDuration(fenceWindowMs, "fenceWindowMs", FENCE_GRACE_MS);
-    const hash = statsKeys(prefix, stats);
-    this.#statsKeys = hash.length === 0 ? [] : [...hash, `${prefix}:held`, `${prefix}:held:ends`];
     if (onEvent !== undefined && typeof onEvent !== "function") {
       throw new TypeError("onEvent must be a function");
     }
@@ -218,7 +222,7 @@ export class Locks implements LockClient {
     const call: Attempt<Lease> = mode === "exclusive"
       ? {
         script: ACQUIRE,
-        keys: [record, queue, tickets, ...this.#statsKeys],
+        keys: [record, queue, tickets, ...this.#stats(name)],
         args: (ticketMs, waitedMs, waiting) => [
           ...this.#acquireArgs(token, ttlMs, meta, ticketMs),
           name,
@@ -234,7 +238,7 @@ export class Locks implements LockClient {
       }
       : {
         script: ACQUIRE_SHARED,
-        keys: [record, queue, tickets, holders, ...this.#statsKeys],
+        keys: [record, queue, tickets, holders, ...this.#stats(name)],
         args: (ticketMs, waitedMs, waiting) => [
           ...this.#acquireArgs(token, ttlMs, meta, ticketMs),
           name,
@@ -272,7 +276,7 @@ export class Locks implements LockClient {
     const { ttlMs, waitMs, token, meta, signal } = checkLeaseOptions(options);
     const call: Attempt<Lease[]> = {
       script: ACQUIRE_ALL,
-      keys: [...names.flatMap((name) => this.#keys(name).slice(0, 3)), ...this.#statsKeys],
+      keys: [...names.flatMap((name) => this.#keys(name).slice(0, 3)), ...this.#stats(names[0]!)],
       args: (ticketMs, waitedMs, waiting) => [
         ...this.#acquireArgs(token, ttlMs, meta, ticketMs),
         names.length,
@@ -398,7 +402,7 @@ export class Locks implements LockClient {
     const calls = names.map((name, i) => {
       const [, queue, tickets] = this.#keys(name);
       return {
-        keys: [queue, tickets, ...(i === 0 ? this.#statsKeys.slice(0, 1) : [])],
+        keys: [queue, tickets, ...(i === 0 ? this.#keySpace.statsHash(name) : [])],
         args: [members[i]!, i === 0 ? outcome : ""],
       };
     });
@@ -473,7 +477,7 @@ export class Locks implements LockClient {
     return await this.#observe(name, "release", async () => {
       const started = performance.now();
       const [record, , , holders, marks] = this.#keys(name);
-      const keys = [record, holders, marks, ...this.#statsKeys];
+      const keys = [record, holders, marks, ...this.#stats(name)];
       const reply = await this.#run(RELEASE, keys, args);
       const released = integers(RELEASE, [reply], 1)[0] === 1;
       this.#emit({
@@ -517,9 +521,12 @@ export class Locks implements LockClient {
       throw new RangeError(`limit must be an integer from 1 to ${MAX_BATCH}`);
     }
     return await this.#observe(prefix, "list", async () => {
-      const [, names, ends] = this.#statsKeys;
-      const reply = await this.#run(LIST, [names!, ends!], [prefix, cursor, limit]);
-      const [, next, ...found] = Array.isArray(reply) ? reply.map(String) : [];
+      const replies = await this.#perBucket(LIST, (base) => [`${base}:held`, `${base}:held:ends`], [
+        prefix,
+        cursor,
+        limit,
+      ]);
+      const { found, next } = mergePages(replies, limit);
       const calls = found.map((name) => ({ keys: this.#inspectKeys(name), args: [] }));
       const infos = calls.length > 0
         ? await runScripts(this.#redis, INSPECT, calls, this.#timeoutMs)
@@ -537,10 +544,17 @@ export class Locks implements LockClient {
   async stats(): Promise<Stats> {
     this.#needStats("stats");
     return await this.#observe("", "stats", async () => {
-      const [stats, , ends] = this.#statsKeys;
-      const reply = await this.#run(READ_STATS, [stats!, ends!], []);
-      const [now, held] = integers(READ_STATS, reply, 2);
-      return toStats((reply as unknown[]).slice(2), now!, held!);
+      const replies = await this.#perBucket(
+        READ_STATS,
+        (base) => [`${base}:stats`, `${base}:held:ends`],
+        [],
+      );
+      let [now, held] = [0, 0];
+      for (const reply of replies) {
+        const [bucketNow, bucketHeld] = integers(READ_STATS, reply, 2);
+        [now, held] = [Math.max(now, bucketNow!), held + bucketHeld!];
+      }
+      return toStats(replies.map((reply) => (reply as unknown[]).slice(2)), now, held);
     });
   }
 
@@ -556,7 +570,7 @@ export class Locks implements LockClient {
     const reason = checkText(options?.reason ?? "", "reason", 0, 200);
     return await this.#observe(name, "break", async () => {
       const [record, , , holders] = this.#keys(name);
-      const keys = [record, holders, ...this.#statsKeys, this.#auditKey()];
+      const keys = [record, holders, ...this.#stats(name), this.#auditKey(name)];
       const reply = await this.#run(BREAK, keys, [this.#fenceWindowMs, name, by, reason]);
       if (integers(BREAK, reply, 1)[0] !== 1) return { broken: false };
       return { broken: true, fence: integers(BREAK, reply, 2)[1]! };
@@ -569,12 +583,25 @@ export class Locks implements LockClient {
     if (!Number.isInteger(limit) || limit < 1 || limit > AUDIT_LENGTH) {
       throw new RangeError(`limit must be an integer from 1 to ${AUDIT_LENGTH}`);
     }
-    const reply = await this.#observe(
+    const replies = await this.#observe(
       "",
       "audit",
-      () => this.#run(READ_AUDIT, [this.#auditKey()], [limit]),
+      () => this.#perBucket(READ_AUDIT, (base) => [`${base}:audit`], [limit]),
     );
-    return (Array.isArray(reply) ? reply : []).map(toAuditEntry);
+    return replies.flatMap((reply) => Array.isArray(reply) ? reply : []).map(toAuditEntry)
+      .sort(newestFirst).slice(0, limit);
+  }
+
+  // One script per bucket (the prefix alone in the single layout), in one request.
+  #perBucket(
+    script: Script,
+    keys: (base: string) => string[],
+    args: (string | number)[],
+  ): Promise<unknown[]> {
+    const bases = this.#keySpace.bases();
+    if (bases.length === 1) return this.#run(script, keys(bases[0]!), args).then((r) => [r]);
+    const calls = bases.map((base) => ({ keys: keys(base), args }));
+    return runScripts(this.#redis, script, calls, this.#timeoutMs);
   }
 
   /** Runs `fn` while holding all of `names`; see {@linkcode withLocks}. */
@@ -606,13 +633,13 @@ export class Locks implements LockClient {
   // The name sits in a hash tag so all keys of a lock share a cluster slot (see slotTag): the
   // record, the queue, its tickets, the shared holders and their last releases.
   #keys(name: string): [string, string, string, string, string] {
-    const base = `${this.#prefix}:lock:{${name}}`;
+    const base = `${this.#keySpace.base(name)}:lock:{${name}}`;
     return [base, `${base}:queue`, `${base}:tickets`, `${base}:holders`, `${base}:released`];
   }
 
   #renewKeys(name: string): string[] {
     const [record, , , holders] = this.#keys(name);
-    return [record, holders, ...this.#statsKeys];
+    return [record, holders, ...this.#stats(name)];
   }
 
   #inspectKeys(name: string): string[] {
@@ -620,12 +647,17 @@ export class Locks implements LockClient {
     return [record, tickets, holders];
   }
 
-  #auditKey(): string {
-    return `${this.#prefix}:audit`;
+  // The stats hash and the held index of the name's bucket; none with stats off.
+  #stats(name: string): string[] {
+    return this.#keySpace.statsAndIndex(name);
+  }
+
+  #auditKey(name: string): string {
+    return `${this.#keySpace.base(name)}:audit`;
   }
 
   #needStats(what: string): void {
-    if (this.#statsKeys.length === 0) {
+    if (!this.#keySpace.stats) {
       throw new TypeError(`${what}() needs stats on (new Locks(redis, { stats: true }))`);
     }
   }
@@ -652,6 +684,27 @@ function toInfo(name: string, reply: unknown): LockInfo {
 }
 
 // XREVRANGE's entry: [id, [field, value, ...]].
+/**
+ * One page of held names from every bucket's LIST reply (`{nowMs, next, name…}`). Each bucket
+ * lists its first live names after the cursor and, when it has more, where it stopped looking:
+ * the page is the names up to the earliest stop, at most `limit` of them, sorted.
+ */
+function mergePages(replies: unknown[], limit: number): { found: string[]; next?: string } {
+  const pages = replies.map((reply) => Array.isArray(reply) ? reply.map(String) : []);
+  const stop = pages.map(([, next]) => next ?? "").filter((next) => next !== "").sort()[0];
+  const found = pages.flatMap(([, , ...names]) => names).sort()
+    .filter((name) => stop === undefined || name <= stop);
+  if (found.length > limit) return { found: found.slice(0, limit), next: found[limit - 1]! };
+  return { found, ...(stop !== undefined && { next: stop }) };
+}
+
+// Stream ids are `<ms>-<seq>`; across buckets (cluster nodes) the clocks may differ a little.
+function newestFirst(a: AuditEntry, b: AuditEntry): number {
+  const [am, as] = a.id.split("-").map(Number) as [number, number];
+  const [bm, bs] = b.id.split("-").map(Number) as [number, number];
+  return bm - am || bs - as;
+}
+
 function toAuditEntry(raw: unknown): AuditEntry {
   const [id, pairs] = Array.isArray(raw) ? raw : [];
   const fields = new Map<string, string>();

@@ -1,7 +1,7 @@
 /**
  * Stats kept by the scripts themselves, per key prefix (per tenant in the service), in the same
  * atomic call that makes each decision: no extra request, and every isolate's calls count in one
- * place. One Redis hash per prefix holds
+ * place. One Redis hash per prefix (per bucket in the cluster layout, see `./_keys.ts`) holds
  *
  * - `t:<field>`: totals since the hash was created (Prometheus counters), with `t:wait.sum` and
  *   `t:hold.sum` in milliseconds;
@@ -25,15 +25,6 @@ export const COUNTERS = {
   dedupe: ["first", "replay", "conflict", "mismatch", "signature_failed"],
   cron: ["run", "running", "too_soon", "tick_done"],
 } as const;
-
-/**
- * The stats hash of `prefix` as the counting scripts take it, in a one-key list; none with stats
- * off. One definition for `Locks`, `Records` and `Jobs`, so they count into the same hash.
- */
-export function statsKeys(prefix: string, stats: unknown = true): string[] {
-  if (typeof stats !== "boolean") throw new TypeError("stats must be true or false");
-  return stats ? [`${prefix}:stats`] : [];
-}
 
 /** Upper bounds of the wait-time buckets, ms (a last bucket takes the rest). */
 export const WAIT_BUCKETS_MS = [1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000];
@@ -189,22 +180,20 @@ export interface Stats {
   minutes: MinuteStats[];
 }
 
-/** Builds the stats from the hash's fields (HGETALL as a flat array or an object). */
-export function toStats(raw: unknown, nowMs: number, locksHeld: number): Stats {
-  const hash = new Map<string, number>();
-  const entries: [unknown, unknown][] = Array.isArray(raw)
-    ? raw.flatMap((v, i) => i % 2 === 0 ? [[v, raw[i + 1]] as [unknown, unknown]] : [])
-    : Object.entries((raw ?? {}) as Record<string, unknown>);
-  for (const [k, v] of entries) {
-    const n = Number(v);
-    if (typeof k === "string" && Number.isFinite(n)) hash.set(k, n);
-  }
+/**
+ * Builds the stats from the hashes' fields (HGETALL as a flat array or an object): one hash per
+ * prefix, or one per bucket of the cluster layout, summed.
+ */
+export function toStats(raws: readonly unknown[], nowMs: number, locksHeld: number): Stats {
+  const hashes = raws.map(toHash);
   const minute = Math.floor(nowMs / 60_000);
   const minutes: MinuteStats[] = [];
   const slots: ((field: string) => number)[] = [];
   for (let m = minute - WINDOW_MINUTES + 1; m <= minute; m++) {
     const slot = `${m % WINDOW_MINUTES}:`;
-    const get = hash.get(`${slot}m`) === m ? (f: string) => hash.get(slot + f) ?? 0 : () => 0;
+    // A slot counts in a hash only while it holds minute m (it is cleared when it turns over).
+    const current = hashes.filter((hash) => hash.get(`${slot}m`) === m);
+    const get = (f: string) => current.reduce((sum, hash) => sum + (hash.get(slot + f) ?? 0), 0);
     slots.push(get);
     const c = counts(get);
     minutes.push({
@@ -217,7 +206,7 @@ export function toStats(raw: unknown, nowMs: number, locksHeld: number): Stats {
       wait_p99_ms: c.wait.p99_ms,
     });
   }
-  const total = (f: string) => hash.get(`t:${f}`) ?? 0;
+  const total = (f: string) => hashes.reduce((sum, hash) => sum + (hash.get(`t:${f}`) ?? 0), 0);
   return {
     at: nowMs,
     locks_held: locksHeld,
@@ -225,6 +214,18 @@ export function toStats(raw: unknown, nowMs: number, locksHeld: number): Stats {
     last_hour: counts((f) => slots.reduce((sum, get) => sum + get(f), 0)),
     minutes,
   };
+}
+
+function toHash(raw: unknown): Map<string, number> {
+  const hash = new Map<string, number>();
+  const entries: [unknown, unknown][] = Array.isArray(raw)
+    ? raw.flatMap((v, i) => i % 2 === 0 ? [[v, raw[i + 1]] as [unknown, unknown]] : [])
+    : Object.entries((raw ?? {}) as Record<string, unknown>);
+  for (const [k, v] of entries) {
+    const n = Number(v);
+    if (typeof k === "string" && Number.isFinite(n)) hash.set(k, n);
+  }
+  return hash;
 }
 
 function counts(get: (field: string) => number, sums = false): Counts {

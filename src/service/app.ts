@@ -38,11 +38,10 @@ export interface AppDeps {
   keyPrefix?: string;
   /** How long one Redis request may take before the reply is 503, ms. @default 2000 */
   redisTimeoutMs?: number;
-  /**
-   * Keep stats and the held index (`/v1/stats`, `/v1/locks`, `/metrics` need them); off on a Redis
-   * Cluster for now, where they live outside a lock's slot. @default true
-   */
+  /** Keep stats and the held index (`/v1/stats`, `/v1/locks`, `/metrics` need them). @default true */
   stats?: boolean;
+  /** Lay the keys out for a Redis Cluster (`LOCK_KEY_LAYOUT=cluster`; see `Locks`). @default false */
+  cluster?: boolean;
   /** Per-tenant caps on this instance: concurrent waits and requests per second. */
   limits?: TenantLimits;
   /** Where each request's log line goes. @default one JSON line on the console */
@@ -118,6 +117,7 @@ export function createApp(
     log = logLine,
     onEvent,
     stats = true,
+    cluster = false,
   }: AppDeps,
 ): OpenAPIHono<AppEnv> {
   if (apiKeys.length === 0) throw new RangeError("createApp needs at least one API key");
@@ -133,7 +133,7 @@ export function createApp(
     })),
   ]);
   const byTenant: ReadonlyMap<string, TenantStores> = new Map(apiKeys.map(({ tenant }) => {
-    const options = { prefix: `${keyPrefix}:${tenant}`, timeoutMs, stats };
+    const options = { prefix: `${keyPrefix}:${tenant}`, timeoutMs, stats, cluster };
     const tell = onEvent && ((event: LockEvent) => onEvent({ ...event, tenant }));
     return [tenant, {
       locks: new Locks(redis, { ...options, ...(tell && { onEvent: tell }) }),

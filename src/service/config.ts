@@ -17,6 +17,8 @@ export interface ServiceConfig {
   redisTimeoutMs?: number;
   /** `LOCK_MAX_WAITS` and `LOCK_RATE_LIMIT`: per-tenant caps of one instance. */
   limits: TenantLimits;
+  /** `LOCK_KEY_LAYOUT`: `single` (one Redis, the default) or `cluster` (a Redis Cluster). */
+  cluster: boolean;
 }
 
 /** Every setting the service reads; any other `LOCK_*` variable is a mistake. */
@@ -29,6 +31,7 @@ export const SETTINGS = [
   "REDIS_TIMEOUT_MS",
   "LOCK_MAX_WAITS",
   "LOCK_RATE_LIMIT",
+  "LOCK_KEY_LAYOUT",
 ] as const;
 
 /**
@@ -79,6 +82,12 @@ export function readConfig(env: Record<string, unknown>): ServiceConfig {
   const apiKeys = parseApiKeys(text("LOCK_API_KEYS"));
   const maxWaits = integer("LOCK_MAX_WAITS", 1, 10_000, "waits per tenant");
   const requestsPerSecond = integer("LOCK_RATE_LIMIT", 0, 1_000_000_000, "requests a second");
+  const layout = text("LOCK_KEY_LAYOUT") ?? "single";
+  if (layout !== "single" && layout !== "cluster") {
+    throw new RangeError(
+      "LOCK_KEY_LAYOUT must be single (one Redis, Upstash included) or cluster (a Redis Cluster)",
+    );
+  }
   return {
     redisUrl,
     redisToken,
@@ -90,6 +99,7 @@ export function readConfig(env: Record<string, unknown>): ServiceConfig {
       ...(maxWaits !== undefined && { maxWaits }),
       ...(requestsPerSecond !== undefined && { requestsPerSecond }),
     },
+    cluster: layout === "cluster",
   };
 }
 
@@ -117,13 +127,14 @@ function checkRestUrl(value: string | undefined): string {
 
 /** The parts of a {@linkcode ServiceConfig} that `createApp` takes besides the Redis client. */
 export function appSettings(
-  { apiKeys, operatorKeys, keyPrefix, redisTimeoutMs, limits }: ServiceConfig,
+  { apiKeys, operatorKeys, keyPrefix, redisTimeoutMs, limits, cluster }: ServiceConfig,
 ): {
   apiKeys: ApiKey[];
   operatorKeys: ApiKey[];
   keyPrefix: string;
   redisTimeoutMs?: number;
   limits: TenantLimits;
+  cluster: boolean;
 } {
   return {
     apiKeys,
@@ -131,5 +142,6 @@ export function appSettings(
     keyPrefix,
     ...(redisTimeoutMs !== undefined && { redisTimeoutMs }),
     limits,
+    cluster,
   };
 }

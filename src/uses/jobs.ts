@@ -10,7 +10,7 @@ import {
 } from "../core/_validate.ts";
 import type { Script } from "../core/_lua.ts";
 import type { StoreOptions } from "./records.ts";
-import { statsKeys } from "../core/stats.ts";
+import { KeySpace } from "../core/_keys.ts";
 import { EXTEND_JOB, FINISH_JOB, START_JOB } from "./scripts.ts";
 
 /** Options for {@linkcode Jobs.start}. */
@@ -57,17 +57,18 @@ export type JobExtension = { extended: true; expiresAt: number } | { extended: f
  */
 export class Jobs implements JobStore {
   readonly #redis: RedisLike;
-  readonly #prefix: string;
+  readonly #keySpace: KeySpace;
   readonly #timeoutMs: number;
-  readonly #statsKeys: string[];
 
   /** Jobs on `redis` (an `@upstash/redis` client), its keys under `prefix`. */
-  constructor(redis: RedisLike, { prefix = "edgelock", timeoutMs, stats }: StoreOptions = {}) {
+  constructor(
+    redis: RedisLike,
+    { prefix = "edgelock", timeoutMs, stats, cluster }: StoreOptions = {},
+  ) {
     checkRedis(redis, "Jobs");
-    this.#prefix = checkPrefix(prefix);
+    this.#keySpace = new KeySpace(checkPrefix(prefix), stats, cluster);
     this.#redis = redis;
     this.#timeoutMs = checkTimeout(timeoutMs);
-    this.#statsKeys = statsKeys(prefix, stats);
   }
 
   /** Starts a run of `job` unless it runs elsewhere, ran too recently, or ran for this tick. */
@@ -88,7 +89,7 @@ export class Jobs implements JobStore {
     const [jobKey, fenceKey] = this.#jobKeys(job);
     const reply = await this.#run(
       START_JOB,
-      [jobKey, fenceKey, `${jobKey}:tick:${tick ?? ""}`, ...this.#statsKeys],
+      [jobKey, fenceKey, `${jobKey}:tick:${tick ?? ""}`, ...this.#keySpace.statsHash(job)],
       [token, atMostMs, atLeastMs, tickRetentionMs, FENCE_GRACE_MS, tick === undefined ? 0 : 1],
     );
     const [run, a, b, c] = integers(START_JOB, reply, 4) as number[];
@@ -128,7 +129,7 @@ export class Jobs implements JobStore {
   }
 
   #jobKeys(job: string): [string, string] {
-    const base = `${this.#prefix}:job:{${job}}`;
+    const base = `${this.#keySpace.base(job)}:job:{${job}}`;
     return [base, `${base}:fence`];
   }
 }

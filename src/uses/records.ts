@@ -22,7 +22,7 @@ import {
 import { sha256Hex } from "../core/_crypto.ts";
 import type { Script } from "../core/_lua.ts";
 import { CLAIM, COMPLETE, GET_RECORD, NOTE, RELEASE_CLAIM, RENEW_CLAIM } from "./scripts.ts";
-import { statsKeys } from "../core/stats.ts";
+import { KeySpace } from "../core/_keys.ts";
 
 /** Options for {@linkcode Records} and {@linkcode Jobs}. */
 export interface StoreOptions {
@@ -32,6 +32,8 @@ export interface StoreOptions {
   timeoutMs?: number;
   /** Count outcomes in the prefix's stats (`Locks.stats()`), in the same scripts. @default true */
   stats?: boolean;
+  /** Lay the keys out for a Redis Cluster, as `Locks` with `cluster` (the same for both). @default false */
+  cluster?: boolean;
 }
 
 /** Record kinds; each has its own key space. */
@@ -132,17 +134,18 @@ export type ClaimRenewal = { renewed: true; leaseExpiresAt: number } | { renewed
  */
 export class Records implements RecordStore {
   readonly #redis: RedisLike;
-  readonly #prefix: string;
+  readonly #keySpace: KeySpace;
   readonly #timeoutMs: number;
-  readonly #statsKeys: string[];
 
   /** Records on `redis` (an `@upstash/redis` client), its keys under `prefix`. */
-  constructor(redis: RedisLike, { prefix = "edgelock", timeoutMs, stats }: StoreOptions = {}) {
+  constructor(
+    redis: RedisLike,
+    { prefix = "edgelock", timeoutMs, stats, cluster }: StoreOptions = {},
+  ) {
     checkRedis(redis, "Records");
-    this.#prefix = checkPrefix(prefix);
+    this.#keySpace = new KeySpace(checkPrefix(prefix), stats, cluster);
     this.#redis = redis;
     this.#timeoutMs = checkTimeout(timeoutMs);
-    this.#statsKeys = statsKeys(prefix, stats);
   }
 
   /**
@@ -150,8 +153,9 @@ export class Records implements RecordStore {
    * script sees it. Never throws; nothing with stats off.
    */
   async noteSignatureFailure(): Promise<void> {
-    if (this.#statsKeys.length === 0) return;
-    await this.#run(NOTE, this.#statsKeys, ["dedupe.signature_failed"]).catch(() => {});
+    if (!this.#keySpace.stats) return;
+    const keys = this.#keySpace.statsHash(""); // one bucket's, in the cluster layout
+    await this.#run(NOTE, keys, ["dedupe.signature_failed"]).catch(() => {});
   }
 
   /** Claims `kind`/`id` for one worker, or says why not. */
@@ -164,7 +168,7 @@ export class Records implements RecordStore {
     if (typeof fingerprint !== "string" || fingerprint.length > MAX_FINGERPRINT) {
       throw new RangeError(`fingerprint must be a string of at most ${MAX_FINGERPRINT} characters`);
     }
-    const reply = await this.#run(CLAIM, [...keys, ...this.#statsKeys], [
+    const reply = await this.#run(CLAIM, [...keys, ...this.#keySpace.statsHash(id)], [
       token,
       leaseMs,
       retentionMs,
@@ -254,7 +258,7 @@ export class Records implements RecordStore {
     if (typeof id !== "string" || !RECORD_ID.test(id)) {
       throw new RangeError(`The ${kind} id must be a name or scope/key, from recordId()`);
     }
-    const base = `${this.#prefix}:${kind}:{${id}}`;
+    const base = `${this.#keySpace.base(id)}:${kind}:{${id}}`;
     return [base, `${base}:fence`];
   }
 }
