@@ -11,6 +11,7 @@ import * as scripts from "../src/core/scripts.ts";
 import * as sharedScripts from "../src/core/shared_scripts.ts";
 import * as multiScripts from "../src/core/multi_scripts.ts";
 import * as useScripts from "../src/uses/scripts.ts";
+import * as quorumScripts from "../src/quorum/scripts.ts";
 import type { Script } from "../src/core/_lua.ts";
 import { startShiftedRedisServer } from "../dev/clock_shift.ts";
 import { slotOf } from "../dev/redis_cluster.ts";
@@ -24,7 +25,9 @@ const PREFIX_KEY = /^edgelock:(stats|held|held:ends|audit)$/;
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /** Every script of both script modules. */
-const ALL = [scripts, sharedScripts, multiScripts, useScripts].flatMap(Object.values).filter((
+const ALL = [scripts, sharedScripts, multiScripts, useScripts, quorumScripts].flatMap(
+  Object.values,
+).filter((
   value,
 ): value is Script =>
   typeof value === "object" && value !== null && "source" in value && "sha1" in value
@@ -140,6 +143,45 @@ async function everyOperation(backend: Backend, cluster = false) {
 }
 
 /**
+ * What a script's source says about its keys: the key of every `redis.call`/`redis.pcall` must
+ * be `KEYS[…]`, a variable, or a helper returning `KEYS[…]`, and every assignment to such a
+ * variable must be `KEYS[…]` (a function parameter gets what its caller passes, checked there).
+ * Returns the offences; a key built in the script (`KEYS[1] .. ':deadline'`) is one.
+ */
+function undeclaredKeys(source: string): string[] {
+  const offences: string[] = [];
+  const variables = new Set<string>();
+  for (
+    const [, command, key] of source.matchAll(
+      /redis\.p?call\(\s*'(\w+)'\s*,\s*([^,()]+(?:\([^()]*\))?)/g,
+    )
+  ) {
+    const arg = key!.trim();
+    if (/^KEYS\[[^\]]+\]$/.test(arg)) continue;
+    const helper = /^(\w+)\(\w*\)$/.exec(arg)?.[1];
+    if (helper) {
+      const body = new RegExp(`local function ${helper}\\(\\w*\\) return (KEYS\\[[^\\]]+\\]) end`);
+      if (!body.test(source)) offences.push(`${command} on ${arg}: not a KEYS helper`);
+    } else if (/^\w+$/.test(arg)) variables.add(arg);
+    else offences.push(`${command} on ${arg}: a key built in the script`);
+  }
+  for (const line of source.split("\n")) {
+    const assignment = /^\s*(?:local\s+)?(\w+(?:\s*,\s*\w+)*)\s*=(?!=)\s*(.*?)\s*(?:--.*)?$/.exec(
+      line,
+    );
+    if (!assignment) continue;
+    const names = assignment[1]!.split(",").map((name) => name.trim());
+    const values = assignment[2]!.split(/,\s*(?![^\[]*\])/).map((value) => value.trim());
+    names.forEach((name, i) => {
+      if (variables.has(name) && !/^KEYS\[[^\]]+\]$/.test(values[i] ?? "")) {
+        offences.push(`${name} = ${values[i] ?? "nothing"}: not a declared key`);
+      }
+    });
+  }
+  return offences;
+}
+
+/**
  * Runs every operation under MONITOR: each command a script runs (COMMAND GETKEYS) must touch only
  * the keys its call declared, and the declared keys must share one slot (in the single layout,
  * except the prefix's stats, held index and audit stream, which are its own keys).
@@ -193,6 +235,20 @@ Deno.test("the scripts", async (t) => {
   const { redis } = backend;
 
   try {
+    await t.step("no script source builds a key: each is read from KEYS", () => {
+      assert.ok(ALL.length > 20, `${ALL.length} scripts`);
+      for (const script of ALL) assert.deepEqual(undeclaredKeys(script.source), [], script.name);
+      // The scan itself catches the forms it looks for.
+      const built = "local q = KEYS[1]\nlocal d = q .. ':deadline'\nredis.call('HGET', d, 'x')";
+      assert.deepEqual(undeclaredKeys(built), ["d = q .. ':deadline': not a declared key"]);
+      assert.equal(undeclaredKeys("redis.call('GET', KEYS[1] .. ':x')").length, 1);
+      assert.equal(
+        undeclaredKeys("local function k(i) return 'x' .. i end\nredis.call('GET', k(1))")
+          .length,
+        1,
+      );
+    });
+
     for (const cluster of [false, true]) {
       await t.step(
         cluster
