@@ -91,6 +91,18 @@ export async function startRedisCluster(
         await new Promise((resolve) => setTimeout(resolve, 100));
       }
     }
+    // Every replica attached and in sync, or a stopped primary may have none to take over.
+    const synced = async () => {
+      const infos = await Promise.all(
+        nodes.map((node) => redisCli(node.port, "info", "replication")),
+      );
+      return infos.filter((info) => /role:slave/.test(info) && /master_link_status:up/.test(info))
+        .length === primaries * replicas;
+    };
+    while (!(await synced())) {
+      if (Date.now() > deadline) throw new Error("the replicas did not sync with their primaries");
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
     return { urls: nodes.map((node) => node.url), nodes, stop };
   } catch (error) {
     await stop();
@@ -114,9 +126,13 @@ export function slotOf(key: string): number {
 }
 
 /** `CLUSTER INFO` of the node on `port`, through redis-cli. */
-export async function clusterInfo(port: number): Promise<string> {
+export function clusterInfo(port: number): Promise<string> {
+  return redisCli(port, "cluster", "info");
+}
+
+async function redisCli(port: number, ...args: string[]): Promise<string> {
   const out = await new Deno.Command("redis-cli", {
-    args: ["-p", String(port), "cluster", "info"],
+    args: ["-p", String(port), ...args],
     stdout: "piped",
     stderr: "null",
   }).output();

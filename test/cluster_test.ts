@@ -9,6 +9,8 @@ import { Redis as IORedis } from "ioredis";
 import { slotOf, startRedisCluster } from "../dev/redis_cluster.ts";
 import { acquired, keygen } from "./_backend.ts";
 import { bucketOf, KeySpace } from "../src/core/_keys.ts";
+import { Miniflare } from "miniflare";
+import { bundleWorker } from "./_process.ts";
 
 Deno.test("every primitive and use on a Redis Cluster", async (t) => {
   const cluster = await startRedisCluster();
@@ -206,6 +208,49 @@ Deno.test("every primitive and use on a Redis Cluster", async (t) => {
       assert.equal(stats.total.hold.count, 77);
       assert.deepEqual((await ops.list()).locks, []);
     });
+
+    await t.step(
+      "the bundled Worker in workerd, LOCK_KEY_LAYOUT=cluster: locks, stats and lists",
+      async () => {
+        const secret = "cluster-worker-secret-0123";
+        const mf = new Miniflare({
+          modules: true,
+          script: await Deno.readTextFile(await bundleWorker()),
+          compatibilityDate: "2026-08-01",
+          bindings: {
+            UPSTASH_REDIS_REST_URL: bridge.url,
+            UPSTASH_REDIS_REST_TOKEN: token,
+            LOCK_API_KEYS: `w:${secret}`,
+            LOCK_KEY_LAYOUT: "cluster",
+          },
+        });
+        const call = async (path: string, body?: unknown) => {
+          const res = await mf.dispatchFetch(`http://edgelock.test${path}`, {
+            method: body === undefined ? "GET" : "POST",
+            headers: { authorization: `Bearer ${secret}`, "content-type": "application/json" },
+            body: body === undefined ? undefined : JSON.stringify(body),
+          });
+          return { status: res.status, body: await res.json() as Record<string, unknown> };
+        };
+        try {
+          const names = ["a", "b", "c", "d"].map((n) => `w-${n}`);
+          const held = await Promise.all(names.map((n) => call(`/v1/locks/${n}/acquire`, {})));
+          assert.deepEqual(held.map((r) => r.status), [200, 200, 200, 200]);
+          const group = await call("/v1/locks/acquire", { names: ["{g}x", "{g}y"] });
+          assert.equal(group.status, 200, JSON.stringify(group.body));
+          const listed = await call("/v1/locks?limit=2");
+          assert.equal(listed.status, 200);
+          const stats = await call("/v1/stats");
+          assert.equal(stats.status, 200);
+          assert.equal(stats.body.locks_held, 6);
+          assert.equal((stats.body.total as { acquire: { granted: number } }).acquire.granted, 5);
+          const released = await call(`/v1/locks/w-a/release`, { token: held[0]!.body.token });
+          assert.deepEqual(released.body, { released: true });
+        } finally {
+          await mf.dispose();
+        }
+      },
+    );
 
     await t.step(
       "the single layout runs with stats off, and with them on is a config_error saying what to change",

@@ -3,22 +3,10 @@ import { Miniflare } from "miniflare";
 import { createClient } from "@edgelock/edgelock/client";
 import { freePort } from "../dev/redis_server.ts";
 import { keygen, startBackend } from "./_backend.ts";
-import { spawnDeno } from "./_process.ts";
+import { bundleWorker, spawnDeno } from "./_process.ts";
 
 const SECRET_A = "worker-secret-a-0123456789";
 const SECRET_B = "worker-secret-b-0123456789";
-
-async function bundleWorker(): Promise<string> {
-  const dir = await Deno.makeTempDir({ prefix: "edgelock-worker-" });
-  const out = `${dir}/worker.js`;
-  const { success, stderr } = await new Deno.Command(Deno.execPath(), {
-    args: ["bundle", "--quiet", "--platform", "browser", "-o", out, "worker/cloudflare.ts"],
-    stdout: "null",
-    stderr: "piped",
-  }).output();
-  if (!success) throw new Error(`deno bundle failed: ${new TextDecoder().decode(stderr)}`);
-  return out;
-}
 
 Deno.test("the bundled Worker runs in workerd (Miniflare) against the bridge", async (t) => {
   const backend = await startBackend();
