@@ -30,6 +30,18 @@ export interface BridgeOptions {
   poolSize?: number;
   /** Connections each held by one `/multi-exec` at a time. @default 2 */
   transactionPoolSize?: number;
+  /**
+   * Blocking commands (BLPOP and its family, XREAD/XREADGROUP with BLOCK, WAIT, WAITAOF) run each
+   * on a connection of its own, at most this many at once; one more is refused. @default 16
+   */
+  maxBlocking?: number;
+  /**
+   * The longest a command may take, ms: then its request fails (a blocking one's connection is
+   * dropped). A blocking command's own timeout should be shorter. @default 30000
+   */
+  commandTimeoutMs?: number;
+  /** On close, how long in-flight requests may finish before their connections are cut, ms. @default 5000 */
+  shutdownGraceMs?: number;
 }
 
 /** What the bridge has served since it started. */
@@ -54,7 +66,8 @@ type Slot = { result: unknown } | { error: string };
 
 const MAX_BODY_BYTES = 10 * 1024 * 1024;
 
-// Upstash rejects these over REST: they change connection state or block a shared connection.
+// Refused over REST (as Upstash does): they change a pooled connection's state, stream replies,
+// or stop the server for everyone. CLIENT is refused but for its read-only subcommands.
 const REJECTED = new Set([
   "multi",
   "exec",
@@ -75,6 +88,17 @@ const REJECTED = new Set([
   "monitor",
   "sync",
   "psync",
+  "readonly",
+  "readwrite",
+  "debug",
+  "shutdown",
+  "replicaof",
+  "slaveof",
+]);
+const CLIENT_READS = new Set(["id", "info", "list", "getname"]);
+
+// Commands that may block their connection: each runs on a connection of its own.
+const BLOCKING = new Set([
   "blpop",
   "brpop",
   "brpoplpush",
@@ -87,6 +111,13 @@ const REJECTED = new Set([
   "waitaof",
 ]);
 
+function isBlocking([name, ...args]: Command): boolean {
+  const lower = name.toLowerCase();
+  if (BLOCKING.has(lower)) return true;
+  return (lower === "xread" || lower === "xreadgroup") &&
+    args.some((arg) => String(arg).toLowerCase() === "block");
+}
+
 class BadRequest extends Error {
   constructor(message: string, readonly status = 400) {
     super(message);
@@ -96,13 +127,16 @@ class BadRequest extends Error {
 /** Starts a bridge; resolves once it is connected to Redis and listening. */
 export async function startBridge(options: BridgeOptions): Promise<Bridge> {
   const { redisUrl, token, port = 8079, hostname = "127.0.0.1" } = options;
+  const { maxBlocking = 16, commandTimeoutMs = 30_000, shutdownGraceMs = 5000 } = options;
   if (!token) throw new TypeError("The bridge needs a token (UPSTASH_REDIS_REST_TOKEN)");
-  const connect = () => {
+  // Blocking commands' connections take no command timeout: the bridge times them and drops them.
+  const connect = (commandTimeout: number | undefined = commandTimeoutMs) => {
     const conn = new IORedis(redisUrl, {
       lazyConnect: true,
       enableOfflineQueue: false,
       maxRetriesPerRequest: 0,
       retryStrategy: () => 100,
+      ...(commandTimeout !== undefined && { commandTimeout }),
     });
     conn.on("error", () => {}); // reported per request; ioredis reconnects by itself
     return conn;
@@ -112,12 +146,15 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
       const { hostname: host, port } = new URL(url);
       return { host, port: Number(port) };
     }),
-    { enableOfflineQueue: false, redisOptions: { maxRetriesPerRequest: 0 } },
+    {
+      enableOfflineQueue: false,
+      redisOptions: { maxRetriesPerRequest: 0, commandTimeout: commandTimeoutMs },
+    },
   );
   cluster?.on("error", () => {}); // reported per request
-  const shared = cluster ? [] : Array.from({ length: options.poolSize ?? 4 }, connect);
+  const shared = cluster ? [] : Array.from({ length: options.poolSize ?? 4 }, () => connect());
   const exclusive = new ExclusivePool(
-    cluster ? [] : Array.from({ length: options.transactionPoolSize ?? 2 }, connect),
+    cluster ? [] : Array.from({ length: options.transactionPoolSize ?? 2 }, () => connect()),
   );
   const all = [...shared, ...exclusive.connections];
   try {
@@ -131,39 +168,87 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
   }
 
   const stats: BridgeStats = { requests: 0, commands: 0 };
-  const expected = Buffer.from(`Bearer ${token}`);
+  const expected = Buffer.from(token);
   let next = 0;
   let syncToken = 0;
   const pick = (): Connection => cluster ?? shared[next++ % shared.length]!;
+  // Blocking commands, on connections of their own (none on a cluster: refused there).
+  const blocking = new Set<IORedis>();
+  const block = async <T>(fn: (conn: IORedis) => Promise<T>): Promise<T> => {
+    if (cluster) {
+      throw new BadRequest("ERR blocking commands are not supported on a cluster bridge");
+    }
+    if (blocking.size >= maxBlocking) {
+      throw new BadRequest(`ERR too many blocking commands in flight (at most ${maxBlocking})`);
+    }
+    const conn = connect(undefined);
+    blocking.add(conn);
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    try {
+      await conn.connect();
+      const late = new Promise<never>((_, reject) => {
+        timer = setTimeout(
+          () => reject(new BadRequest(`ERR the command ran past ${commandTimeoutMs} ms`, 504)),
+          commandTimeoutMs,
+        );
+      });
+      return await Promise.race([fn(conn), late]);
+    } finally {
+      clearTimeout(timer);
+      blocking.delete(conn);
+      conn.disconnect();
+    }
+  };
+
+  function authorized(request: Request, url: URL): boolean {
+    const header = request.headers.get("authorization");
+    const given = Buffer.from(
+      header !== null ? header.replace(/^Bearer /, "") : url.searchParams.get("_token") ?? "",
+    );
+    if (header !== null && !header.startsWith("Bearer ")) return false;
+    return given.length === expected.length && timingSafeEqual(given, expected);
+  }
 
   async function handle(request: Request): Promise<Response> {
-    const path = new URL(request.url).pathname.replace(/\/+$/, "") || "/";
-    const given = Buffer.from(request.headers.get("authorization") ?? "");
-    if (given.length !== expected.length || !timingSafeEqual(given, expected)) {
-      return json(401, { error: "Unauthorized" });
+    const url = new URL(request.url);
+    const path = url.pathname.replace(/\/+$/, "") || "/";
+    if (request.method === "OPTIONS") return preflight(request);
+    if (path === "/healthz" && request.method === "GET") {
+      const ok = await pick().ping().then(() => true, () => false);
+      return json(ok ? 200 : 503, { ok });
     }
+    if (!authorized(request, url)) return json(401, { error: "Unauthorized" });
     if (path === "/__stats" && request.method === "GET") return json(200, { ...stats });
-    if (!["/", "/pipeline", "/multi-exec"].includes(path)) {
-      return json(404, { error: `Unknown path ${path}` });
+    const batch = path === "/pipeline" || path === "/multi-exec";
+    if (batch || path === "/") {
+      if (request.method !== "POST") return json(405, { error: "Use POST" });
+    } else if (request.method !== "POST" && request.method !== "GET") {
+      return json(405, { error: "Use GET or POST" });
     }
-    if (request.method !== "POST") return json(405, { error: "Use POST" });
     stats.requests++;
     const base64 = request.headers.get("upstash-encoding") === "base64";
     const encode = (slot: Slot): Slot =>
       "result" in slot ? { result: toJson(slot.result, base64) } : slot;
     try {
-      const body = await readJson(request);
-      if (path === "/") {
-        const command = parseCommand(body);
+      if (!batch) {
+        const command = path === "/"
+          ? parseCommand(await readJson(request))
+          : await fromPath(request, url);
         stats.commands++;
-        const slot = encode(await runOne(pick(), command));
+        const slot = encode(
+          isBlocking(command)
+            ? await block((conn) => runOne(conn, command))
+            : await runOne(pick(), command),
+        );
         return json("error" in slot ? 400 : 200, slot);
       }
-      const commands = parseBatch(body);
+      const commands = parseBatch(await readJson(request));
       stats.commands += commands.length;
       if (path === "/pipeline") {
         const slots = cluster
           ? await Promise.all(commands.map((command) => runOne(cluster, command)))
+          : commands.some(isBlocking)
+          ? await block((conn) => runPipeline(conn, commands))
           : await runPipeline(shared[next++ % shared.length]!, commands);
         return json(200, slots.map(encode));
       }
@@ -180,30 +265,104 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
   function json(status: number, body: unknown): Response {
     return new Response(JSON.stringify(body), {
       status,
-      headers: { "content-type": "application/json", "upstash-sync-token": String(++syncToken) },
+      headers: {
+        "content-type": "application/json",
+        "upstash-sync-token": String(++syncToken),
+        ...CORS,
+      },
     });
   }
 
   const server = Deno.serve({ port, hostname, onListen() {} }, handle);
   let closing: Promise<void> | undefined;
   const actualPort = server.addr.port;
+  const disconnect = () => {
+    [...all, ...blocking].forEach((conn) => conn.disconnect());
+    cluster?.disconnect();
+  };
   return {
     url: `http://${hostname}:${actualPort}`,
     port: actualPort,
     stats: () => ({ ...stats }),
+    // Stop accepting; let in-flight requests finish for the grace, then cut their connections
+    // (they answer 500) so a stuck command never holds the shutdown.
     close() {
-      closing ??= server.shutdown().then(() => {
-        all.forEach((conn) => conn.disconnect());
-        cluster?.disconnect();
-      });
+      closing ??= (async () => {
+        const done = server.shutdown();
+        let timer: ReturnType<typeof setTimeout> | undefined;
+        const late = new Promise<void>((resolve) => timer = setTimeout(resolve, shutdownGraceMs));
+        await Promise.race([done, late]);
+        clearTimeout(timer);
+        disconnect();
+        await done;
+      })();
       return closing;
     },
   };
 }
 
+const CORS = {
+  "access-control-allow-origin": "*",
+  "access-control-expose-headers": "upstash-sync-token",
+};
+
+// A browser's CORS preflight: any origin may call with a token (the token is the access control).
+function preflight(request: Request): Response {
+  return new Response(null, {
+    status: 204,
+    headers: {
+      ...CORS,
+      "access-control-allow-methods": "GET, POST, OPTIONS",
+      "access-control-allow-headers": request.headers.get("access-control-request-headers") ??
+        "authorization, content-type, upstash-encoding",
+      "access-control-max-age": "86400",
+    },
+  });
+}
+
+// The REST docs' form: `/set/foo/bar?EX=100` is SET foo bar EX 100; a POST body is the last
+// argument (`curl -X POST -d value …/set/foo`).
+async function fromPath(request: Request, url: URL): Promise<Command> {
+  const parts = url.pathname.split("/").filter(Boolean).map((part) => {
+    try {
+      return decodeURIComponent(part);
+    } catch {
+      throw new BadRequest("ERR the path is not valid percent-encoding");
+    }
+  });
+  const args: string[] = parts.slice(1);
+  for (const [key, value] of url.searchParams) {
+    if (key !== "_token") args.push(key, ...(value === "" ? [] : [value]));
+  }
+  if (request.method === "POST") {
+    const body = new TextDecoder().decode(await readBody(request));
+    if (body !== "") args.push(body);
+  }
+  return [parts[0]!, ...args];
+}
+
+// The body, refused past MAX_BODY_BYTES bytes (not characters) without reading it all.
+async function readBody(request: Request): Promise<Uint8Array> {
+  const declared = Number(request.headers.get("content-length") ?? 0);
+  if (declared > MAX_BODY_BYTES) {
+    await request.body?.cancel();
+    throw new BadRequest("ERR request body too large", 413);
+  }
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  for await (const chunk of request.body ?? []) {
+    size += chunk.byteLength;
+    if (size > MAX_BODY_BYTES) throw new BadRequest("ERR request body too large", 413);
+    chunks.push(chunk);
+  }
+  const body = new Uint8Array(size);
+  let at = 0;
+  for (const chunk of chunks) body.set(chunk, (at += chunk.byteLength) - chunk.byteLength);
+  return body;
+}
+
 async function readJson(request: Request): Promise<unknown> {
-  const text = await request.text();
-  if (text.length > MAX_BODY_BYTES) throw new BadRequest("ERR request body too large", 413);
+  const text = new TextDecoder().decode(await readBody(request));
   try {
     return JSON.parse(text);
   } catch {
@@ -237,10 +396,14 @@ function toArgs([name, ...args]: Command): [string, string[]] {
   return [name.toUpperCase(), args.map((arg) => String(arg))];
 }
 
-function rejection(name: string): string | undefined {
-  return REJECTED.has(name.toLowerCase())
-    ? `ERR command '${name}' is not supported over REST`
-    : undefined;
+function rejection(name: string, args: string[] = []): string | undefined {
+  const lower = name.toLowerCase();
+  if (lower === "client" && !CLIENT_READS.has(String(args[0] ?? "").toLowerCase())) {
+    return `ERR command 'CLIENT ${
+      args[0] ?? ""
+    }' is not supported over REST (it changes the connection)`;
+  }
+  return REJECTED.has(lower) ? `ERR command '${name}' is not supported over REST` : undefined;
 }
 
 // A connection of the pool, or the cluster client (which routes each command by its keys' slot).
@@ -255,7 +418,7 @@ function untilReady(cluster: Cluster): Promise<void> {
 
 async function runOne(conn: Connection, command: Command): Promise<Slot> {
   const [name, args] = toArgs(command);
-  const rejected = rejection(name);
+  const rejected = rejection(name, args);
   if (rejected) return { error: rejected };
   try {
     return { result: await conn.callBuffer(name, ...args) };
@@ -268,7 +431,7 @@ async function runPipeline(conn: IORedis, commands: Command[]): Promise<Slot[]> 
   const pipeline = conn.pipeline();
   const slots: (Slot | undefined)[] = commands.map((command) => {
     const [name, args] = toArgs(command);
-    const rejected = rejection(name);
+    const rejected = rejection(name, args);
     if (!rejected) pipeline.callBuffer(name, ...args);
     return rejected ? { error: rejected } : undefined;
   });
@@ -279,7 +442,7 @@ async function runPipeline(conn: IORedis, commands: Command[]): Promise<Slot[]> 
 
 async function runTransaction(conn: Connection, commands: Command[]): Promise<Slot[] | Slot> {
   for (const command of commands) {
-    const rejected = rejection(toArgs(command)[0]);
+    const rejected = rejection(...toArgs(command));
     if (rejected) return { error: rejected };
   }
   const multi = conn.multi();
@@ -346,6 +509,13 @@ if (import.meta.main) {
     {
       port: { type: "number", default: 8079, min: 0, max: 65535, help: "port, 0 for a free one" },
       redis: { type: "string", default: "redis://127.0.0.1:6379", help: "the redis-server" },
+      "grace-ms": {
+        type: "number",
+        default: 5000,
+        min: 0,
+        max: 600_000,
+        help: "on SIGTERM, how long in-flight requests may finish",
+      },
     },
   );
   // A Redis Cluster instead, from its seed nodes: REDIS_CLUSTER_URLS=redis://h:p,redis://h:p
@@ -362,6 +532,7 @@ if (import.meta.main) {
       redisUrl: flags.redis,
       token,
       port: flags.port,
+      shutdownGraceMs: flags["grace-ms"],
       ...(clusterUrls?.length && { clusterUrls }),
     });
     const front = clusterUrls?.length ? `the Redis Cluster at ${clusterUrls}` : flags.redis;

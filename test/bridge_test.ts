@@ -139,15 +139,15 @@ Deno.test("the bridge speaks the Upstash REST protocol to the real @upstash/redi
       },
     );
 
-    await t.step("stateful and blocking commands are refused over REST", async () => {
-      for (const command of [["MULTI"], ["SELECT", "1"], ["BLPOP", "l", "0"], ["SUBSCRIBE", "c"]]) {
+    await t.step("stateful commands are refused over REST", async () => {
+      for (const command of [["MULTI"], ["SELECT", "1"], ["MONITOR"], ["SUBSCRIBE", "c"]]) {
         const res = await post("/", command);
         assert.equal(res.status, 400, command[0]);
         assert.match(await errorOf(res), /not supported/);
       }
     });
 
-    await t.step("malformed bodies get a JSON 400, unknown paths 404", async () => {
+    await t.step("malformed bodies and unknown command paths get a JSON 400", async () => {
       const bad = await fetch(bridge.url, {
         method: "POST",
         headers: { authorization: `Bearer ${token}` },
@@ -158,8 +158,14 @@ Deno.test("the bridge speaks the Upstash REST protocol to the real @upstash/redi
       assert.equal((await post("/", [])).status, 400);
       assert.equal((await post("/pipeline", [])).status, 400);
       const unknown = await post("/nowhere", ["PING"]);
-      assert.equal(unknown.status, 404);
-      await unknown.body?.cancel();
+      assert.equal(unknown.status, 400);
+      assert.match(await errorOf(unknown), /unknown command/i);
+      const put = await fetch(`${bridge.url}/pipeline`, {
+        method: "PUT",
+        headers: { authorization: `Bearer ${token}` },
+      });
+      assert.equal(put.status, 405);
+      await put.body?.cancel();
     });
 
     await t.step("a wrong or missing token gets 401 and the client throws", async () => {

@@ -1,0 +1,222 @@
+// The bridge as a user of the whole Upstash REST surface finds it: the REST docs' path form and
+// `_token`, CORS, a byte-counted body limit, /healthz, blocking commands on connections of their
+// own, connection-state commands refused, a command timeout, and a shutdown a stuck command
+// cannot hold. Each against a real redis-server, with the unmodified @upstash/redis client.
+import assert from "node:assert/strict";
+import { Redis } from "@upstash/redis";
+import { startBridge } from "../dev/bridge.ts";
+import { startRedisServer } from "../dev/redis_server.ts";
+import { spawnDeno } from "./_process.ts";
+import { keygen } from "./_backend.ts";
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+Deno.test("the bridge serves what the Upstash REST docs and client use", async (t) => {
+  const server = await startRedisServer();
+  const token = crypto.randomUUID();
+  const bridge = await startBridge({
+    redisUrl: server.url,
+    token,
+    port: 0,
+    poolSize: 2,
+    maxBlocking: 4,
+    commandTimeoutMs: 2500,
+  });
+  const redis = new Redis({ url: bridge.url, token, enableTelemetry: false, retry: false });
+  const get = (path: string, init: RequestInit = {}) =>
+    fetch(`${bridge.url}${path}`, {
+      ...init,
+      headers: { authorization: `Bearer ${token}`, ...init.headers },
+    });
+  const body = async (res: Response) => await res.json() as { result?: unknown; error?: string };
+
+  try {
+    await t.step("path-style commands, as in the REST docs' curl examples", async () => {
+      const key = keygen("p");
+      assert.deepEqual(await body(await get(`/set/${key}/bar`)), { result: "OK" });
+      assert.deepEqual(await body(await get(`/get/${key}`)), { result: "bar" });
+      const posted = await get(`/set/${key}`, { method: "POST", body: "a value/with ? and €" });
+      assert.deepEqual(await body(posted), { result: "OK" });
+      assert.equal(await redis.get(key), "a value/with ? and €");
+      assert.deepEqual(await body(await get(`/set/${key}/x?EX=100`)), { result: "OK" });
+      assert.ok(await redis.ttl(key) > 90);
+      assert.deepEqual(await body(await get(`/set/${encodeURIComponent(`${key}/y z`)}/1`)), {
+        result: "OK",
+      });
+      assert.equal(await redis.get(`${key}/y z`), 1);
+      const unknown = await get("/nosuchcommand/a");
+      assert.equal(unknown.status, 400);
+      assert.match((await body(unknown)).error!, /unknown command/i);
+    });
+
+    await t.step("the _token query parameter authenticates; a wrong one is 401", async () => {
+      const key = keygen("q");
+      await redis.set(key, "v");
+      const ok = await fetch(`${bridge.url}/get/${key}?_token=${token}`);
+      assert.deepEqual(await body(ok), { result: "v" });
+      const wrong = await fetch(`${bridge.url}/get/${key}?_token=nope`);
+      assert.equal(wrong.status, 401);
+      await wrong.body?.cancel();
+      const notBearer = await fetch(`${bridge.url}/get/${key}`, {
+        headers: { authorization: token },
+      });
+      assert.equal(notBearer.status, 401);
+      await notBearer.body?.cancel();
+    });
+
+    await t.step("CORS: a preflight is answered and every reply allows any origin", async () => {
+      const pre = await fetch(bridge.url, {
+        method: "OPTIONS",
+        headers: {
+          origin: "https://app.example",
+          "access-control-request-method": "POST",
+          "access-control-request-headers": "authorization, content-type, upstash-encoding",
+        },
+      });
+      assert.equal(pre.status, 204);
+      assert.equal(pre.headers.get("access-control-allow-origin"), "*");
+      assert.match(pre.headers.get("access-control-allow-headers")!, /authorization/);
+      assert.match(pre.headers.get("access-control-allow-methods")!, /POST/);
+      const reply = await get("/get/x", { headers: { origin: "https://app.example" } });
+      assert.equal(reply.headers.get("access-control-allow-origin"), "*");
+      await reply.body?.cancel();
+      const denied = await fetch(`${bridge.url}/get/x`);
+      assert.equal(denied.headers.get("access-control-allow-origin"), "*", "401s too");
+      await denied.body?.cancel();
+    });
+
+    await t.step(
+      "the 10 MB body limit counts bytes: 4 M three-byte characters are refused",
+      async () => {
+        const big = JSON.stringify(["SET", "big", "€".repeat(4 * 1024 * 1024)]);
+        assert.ok(big.length < 10 * 1024 * 1024 && new TextEncoder().encode(big).length > 12e6);
+        const res = await get("/", { method: "POST", body: big });
+        assert.equal(res.status, 413);
+        await res.body?.cancel();
+        // Streamed without a content-length, too.
+        const stream = new Blob([big]).stream();
+        const streamed = await get("/", { method: "POST", body: stream });
+        assert.equal(streamed.status, 413);
+        await streamed.body?.cancel();
+        assert.equal(await redis.exists("big"), 0, "nothing was written");
+      },
+    );
+
+    await t.step("/healthz answers without a token and says whether Redis answers", async () => {
+      const res = await fetch(`${bridge.url}/healthz`);
+      assert.equal(res.status, 200);
+      assert.deepEqual(await res.json(), { ok: true });
+    });
+
+    await t.step(
+      "blocking commands wait on connections of their own: ordinary commands never stall",
+      async () => {
+        const stream = keygen("s");
+        const list = keygen("l");
+        const send = (command: unknown[]) =>
+          get("/", { method: "POST", body: JSON.stringify(command) }).then(body);
+        // More blocking calls than the pool has connections, all blocked for 1.5 s: one through
+        // the client, two as raw requests (the client would batch them into one pipeline).
+        const reads = [
+          redis.xread(stream, "$", { blockMS: 1500 }),
+          send(["XREAD", "BLOCK", 1500, "STREAMS", stream, "$"]),
+          send(["XREAD", "BLOCK", 1500, "STREAMS", stream, "$"]),
+        ];
+        // The client has no BLPOP: sent as the REST docs send it.
+        const blpop = () => send(["BLPOP", list, 2]);
+        const pop = blpop();
+        await sleep(100);
+        const started = performance.now();
+        for (let i = 0; i < 20; i++) assert.equal(await redis.get(`${stream}:none`), null);
+        const ordinaryMs = performance.now() - started;
+        assert.ok(ordinaryMs < 900, `20 GETs took ${ordinaryMs} ms beside the blocked calls`);
+        // One more than maxBlocking is refused at once, with a clear error.
+        assert.match((await blpop()).error!, /too many blocking commands in flight \(at most 4\)/);
+        await redis.rpush(list, "job");
+        assert.deepEqual(await pop, { result: [list, "job"] });
+        assert.deepEqual(await Promise.all(reads), [null, { result: null }, { result: null }]);
+      },
+    );
+
+    await t.step(
+      "a blocking command past the command timeout fails; the bridge goes on",
+      async () => {
+        const started = performance.now();
+        const res = await get("/", {
+          method: "POST",
+          body: JSON.stringify(["BLPOP", keygen("l"), 0]),
+        });
+        assert.equal(res.status, 504);
+        assert.match((await body(res)).error!, /ran past 2500 ms/);
+        assert.ok(performance.now() - started < 6000);
+        assert.equal(await redis.set(keygen("k"), "v"), "OK");
+      },
+    );
+
+    await t.step(
+      "commands that change a pooled connection's state are refused; the pool stays sound",
+      async () => {
+        for (
+          const command of [
+            ["CLIENT", "REPLY", "OFF"],
+            ["CLIENT", "REPLY", "SKIP"],
+            ["CLIENT", "SETNAME", "x"],
+            ["CLIENT", "TRACKING", "ON"],
+            ["MONITOR"],
+            ["SUBSCRIBE", "c"],
+            ["READONLY"],
+            ["SELECT", "1"],
+          ]
+        ) {
+          const res = await get("/", { method: "POST", body: JSON.stringify(command) });
+          assert.equal(res.status, 400, command.join(" "));
+          assert.match((await body(res)).error!, /not supported over REST/);
+          const piped = await get("/pipeline", {
+            method: "POST",
+            body: JSON.stringify([command, ["PING"]]),
+          });
+          const slots = await piped.json() as { result?: unknown; error?: string }[];
+          assert.match(slots[0]!.error!, /not supported/);
+          assert.deepEqual(slots[1], { result: "PONG" });
+        }
+        assert.match(String((await body(await get("/client/id"))).result), /^\d+$/);
+        // Every pooled connection still answers in order.
+        const keys = Array.from({ length: 8 }, () => keygen("k"));
+        await Promise.all(keys.map((key) => redis.set(key, key)));
+        assert.deepEqual(await Promise.all(keys.map((key) => redis.get(key))), keys);
+      },
+    );
+  } finally {
+    await bridge.close();
+    await server.stop();
+  }
+});
+
+Deno.test("SIGTERM stops the bridge within its grace even while a command is stuck", async () => {
+  const server = await startRedisServer();
+  const token = crypto.randomUUID();
+  const bridge = await spawnDeno(
+    ["run", "-A", "dev/bridge.ts", "--port", "0", "--redis", server.url, "--grace-ms", "500"],
+    { UPSTASH_REDIS_REST_TOKEN: token },
+    /Upstash REST bridge on (http:\/\/127\.0\.0\.1:\d+) in front of .*\n/,
+  );
+  try {
+    const url = bridge.ready[1]!;
+    const stuck = fetch(url, {
+      method: "POST",
+      headers: { authorization: `Bearer ${token}` },
+      body: JSON.stringify(["BLPOP", "never", 0]),
+    }).then(async (res) => [res.status, await res.text()] as const, () => "dropped" as const);
+    await sleep(200);
+    const started = performance.now();
+    const status = await bridge.stop("SIGTERM");
+    const stoppedMs = performance.now() - started;
+    assert.equal(status.code, 0, bridge.output());
+    assert.ok(stoppedMs < 4000, `stopped after ${stoppedMs} ms`);
+    const outcome = await stuck;
+    assert.ok(outcome === "dropped" || outcome[0] === 500, String(outcome));
+  } finally {
+    await bridge.stop("SIGKILL");
+    await server.stop();
+  }
+});
