@@ -42,6 +42,10 @@ export interface BridgeOptions {
   commandTimeoutMs?: number;
   /** On close, how long in-flight requests may finish before their connections are cut, ms. @default 5000 */
   shutdownGraceMs?: number;
+  /** `/subscribe` and `/psubscribe` streams open at once, each on a connection of its own. @default 1024 */
+  maxSubscriptions?: number;
+  /** A comment line on every open stream this often, so dead clients are found, ms. @default 15000 */
+  heartbeatMs?: number;
 }
 
 /** What the bridge has served since it started. */
@@ -63,6 +67,7 @@ export interface Bridge {
 type Arg = string | number | boolean | null;
 type Command = [string, ...Arg[]];
 type Slot = { result: unknown } | { error: string };
+type Kind = "subscribe" | "psubscribe";
 
 const MAX_BODY_BYTES = 10 * 1024 * 1024;
 
@@ -128,10 +133,12 @@ class BadRequest extends Error {
 export async function startBridge(options: BridgeOptions): Promise<Bridge> {
   const { redisUrl, token, port = 8079, hostname = "127.0.0.1" } = options;
   const { maxBlocking = 16, commandTimeoutMs = 30_000, shutdownGraceMs = 5000 } = options;
+  const { maxSubscriptions = 1024, heartbeatMs = 15_000 } = options;
   if (!token) throw new TypeError("The bridge needs a token (UPSTASH_REDIS_REST_TOKEN)");
   // Blocking commands' connections take no command timeout: the bridge times them and drops them.
+  // On a cluster, a subscription's connection goes to the first seed: PUBLISH reaches every node.
   const connect = (commandTimeout: number | undefined = commandTimeoutMs) => {
-    const conn = new IORedis(redisUrl, {
+    const conn = new IORedis(options.clusterUrls?.[0] ?? redisUrl, {
       lazyConnect: true,
       enableOfflineQueue: false,
       maxRetriesPerRequest: 0,
@@ -200,6 +207,61 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     }
   };
 
+  // Pub/sub as Upstash streams it (server-sent events): `data: subscribe,<channel>,<count>`, then
+  // `data: message,<channel>,<payload>` (`pmessage,<pattern>,<channel>,<payload>`), raw text. A
+  // payload with a newline arrives as several messages: the protocol has no escaping.
+  const streams = new Set<() => void>();
+  async function subscribe(kind: Kind, name: string, signal: AbortSignal): Promise<Response> {
+    if (streams.size >= maxSubscriptions) {
+      throw new BadRequest(`ERR too many subscriptions open (at most ${maxSubscriptions})`, 503);
+    }
+    const conn = connect(undefined);
+    let end = () => conn.disconnect();
+    streams.add(end);
+    try {
+      await conn.connect();
+      const count = await conn[kind](name);
+      const encoder = new TextEncoder();
+      const body = new ReadableStream<Uint8Array>({
+        start(controller) {
+          const send = (text: string) => controller.enqueue(encoder.encode(text));
+          const heartbeat = setInterval(() => send(": ping\n\n"), heartbeatMs);
+          streams.delete(end);
+          end = () => {
+            if (!streams.delete(end)) return;
+            clearInterval(heartbeat);
+            conn.disconnect();
+            try {
+              controller.close();
+            } catch { /* the client went first */ }
+          };
+          streams.add(end);
+          send(`data: ${kind},${name},${count}\n\n`);
+          conn.on("message", (channel: string, message: string) => {
+            send(`data: message,${channel},${message}\n\n`);
+          });
+          conn.on("pmessage", (pattern: string, channel: string, message: string) => {
+            send(`data: pmessage,${pattern},${channel},${message}\n\n`);
+          });
+          conn.on("end", () => end());
+          signal.addEventListener("abort", () => end());
+        },
+        cancel: () => end(),
+      });
+      return new Response(body, {
+        headers: {
+          "content-type": "text/event-stream",
+          "cache-control": "no-cache",
+          ...CORS,
+        },
+      });
+    } catch (error) {
+      end();
+      streams.delete(end);
+      throw error;
+    }
+  }
+
   function authorized(request: Request, url: URL): boolean {
     const header = request.headers.get("authorization");
     const given = Buffer.from(
@@ -219,6 +281,17 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     }
     if (!authorized(request, url)) return json(401, { error: "Unauthorized" });
     if (path === "/__stats" && request.method === "GET") return json(200, { ...stats });
+    const sub = /^\/(p?subscribe)\/(.+)$/.exec(url.pathname);
+    if (sub && (request.method === "POST" || request.method === "GET")) {
+      stats.requests++;
+      await request.body?.cancel();
+      try {
+        return await subscribe(sub[1] as Kind, decodeURIComponent(sub[2]!), request.signal);
+      } catch (error) {
+        if (error instanceof BadRequest) return json(error.status, { error: error.message });
+        return json(500, { error: "ERR bridge: the subscription could not start" });
+      }
+    }
     const batch = path === "/pipeline" || path === "/multi-exec";
     if (batch || path === "/") {
       if (request.method !== "POST") return json(405, { error: "Use POST" });
@@ -289,6 +362,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     close() {
       closing ??= (async () => {
         const done = server.shutdown();
+        [...streams].forEach((end) => end()); // a stream never finishes by itself
         let timer: ReturnType<typeof setTimeout> | undefined;
         const late = new Promise<void>((resolve) => timer = setTimeout(resolve, shutdownGraceMs));
         await Promise.race([done, late]);

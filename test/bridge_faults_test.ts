@@ -29,6 +29,8 @@ Deno.test("the bridge serves what the Upstash REST docs and client use", async (
       headers: { authorization: `Bearer ${token}`, ...init.headers },
     });
   const body = async (res: Response) => await res.json() as { result?: unknown; error?: string };
+  const send = (command: unknown[]) =>
+    get("/", { method: "POST", body: JSON.stringify(command) }).then(body);
 
   try {
     await t.step("path-style commands, as in the REST docs' curl examples", async () => {
@@ -113,8 +115,6 @@ Deno.test("the bridge serves what the Upstash REST docs and client use", async (
       async () => {
         const stream = keygen("s");
         const list = keygen("l");
-        const send = (command: unknown[]) =>
-          get("/", { method: "POST", body: JSON.stringify(command) }).then(body);
         // More blocking calls than the pool has connections, all blocked for 1.5 s: one through
         // the client, two as raw requests (the client would batch them into one pipeline).
         const reads = [
@@ -150,6 +150,82 @@ Deno.test("the bridge serves what the Upstash REST docs and client use", async (
         assert.match((await body(res)).error!, /ran past 2500 ms/);
         assert.ok(performance.now() - started < 6000);
         assert.equal(await redis.set(keygen("k"), "v"), "OK");
+      },
+    );
+
+    await t.step("subscribe and psubscribe stream messages as server-sent events", async () => {
+      const channel = keygen("chat");
+      const events: unknown[] = [];
+      const sub = redis.subscribe([channel]);
+      const psub = redis.psubscribe([`${channel}:*`]);
+      sub.on("subscribe", (count) => events.push(["subscribe", count]));
+      sub.on("message", ({ channel, message }) => events.push(["message", channel, message]));
+      psub.on(
+        "pmessage",
+        ({ pattern, channel, message }) => events.push(["pmessage", pattern, channel, message]),
+      );
+      sub.on("error", (error) => events.push(["error", String(error)]));
+      psub.on("error", (error) => events.push(["error", String(error)]));
+      // Both streams are up once Redis counts two subscribers on the server.
+      const subscribers = async () => {
+        const { result: [, channels] } = await send(["PUBSUB", "NUMSUB", channel]) as {
+          result: [string, number];
+        };
+        return channels + ((await send(["PUBSUB", "NUMPAT"])).result as number);
+      };
+      for (let i = 0; i < 100 && await subscribers() < 2; i++) await sleep(20);
+      assert.equal(await subscribers(), 2);
+      assert.equal(await redis.publish(channel, "hello, world"), 1);
+      assert.equal(await redis.publish(channel, { n: 1 }), 1);
+      // The client parses a pattern message as JSON, strictly.
+      assert.equal(await redis.publish(`${channel}:room`, ["ping"]), 1);
+      for (let i = 0; i < 100 && events.length < 4; i++) await sleep(20);
+      assert.deepEqual(events, [
+        ["subscribe", 1],
+        ["message", channel, "hello, world"],
+        ["message", channel, { n: 1 }],
+        ["pmessage", `${channel}:*`, `${channel}:room`, ["ping"]],
+      ]);
+      // Unsubscribing aborts the stream; the bridge drops its Redis connection.
+      await sub.unsubscribe();
+      await psub.unsubscribe();
+      for (let i = 0; i < 100 && await subscribers() > 0; i++) await sleep(20);
+      assert.equal(await subscribers(), 0);
+      assert.equal(await redis.publish(channel, "nobody"), 0);
+    });
+
+    await t.step(
+      "a stream sends a heartbeat and past the bound a subscribe is refused",
+      async () => {
+        const small = await startBridge({
+          redisUrl: server.url,
+          token,
+          port: 0,
+          maxSubscriptions: 1,
+          heartbeatMs: 50,
+        });
+        try {
+          const open = (channel: string) =>
+            fetch(`${small.url}/subscribe/${channel}`, {
+              method: "POST",
+              headers: { authorization: `Bearer ${token}`, accept: "text/event-stream" },
+              body: "[]",
+            });
+          const first = await open("c1");
+          assert.equal(first.headers.get("content-type"), "text/event-stream");
+          const reader = first.body!.pipeThrough(new TextDecoderStream()).getReader();
+          let text = "";
+          while (!text.includes(": ping")) text += (await reader.read()).value;
+          assert.match(text, /^data: subscribe,c1,1\n\n/);
+          const second = await open("c2");
+          assert.equal(second.status, 503);
+          assert.match((await body(second)).error!, /too many subscriptions open \(at most 1\)/);
+          // Closing the bridge ends an open stream at once.
+          await small.close();
+          while (!(await reader.read()).done) { /* drain */ }
+        } finally {
+          await small.close();
+        }
       },
     );
 
