@@ -9,6 +9,7 @@ import { Buffer } from "node:buffer";
 import { timingSafeEqual } from "node:crypto";
 import { Cluster, Redis as IORedis } from "ioredis";
 import { cli } from "./_cli.ts";
+import { BridgeMetrics, type RequestRecord } from "./_bridge_metrics.ts";
 
 /** Options for {@linkcode startBridge}. */
 export interface BridgeOptions {
@@ -20,8 +21,19 @@ export interface BridgeOptions {
    * may span slots); a transaction's keys must share one slot, as in any cluster.
    */
   clusterUrls?: string[];
-  /** The Bearer token clients must present. */
+  /** The Bearer token clients must present: it may run every command the bridge allows. */
   token: string;
+  /**
+   * A second token that may only read, as Upstash's read-only token: commands Redis flags
+   * `readonly` (GET, EVAL_RO, XREAD…) or that touch no data (PING, TIME), and subscriptions;
+   * anything that writes, publishes, runs a script that may write, or administers is refused.
+   */
+  readonlyToken?: string;
+  /** TLS: the certificate chain and private key, PEM. Both, or neither (plain HTTP). */
+  cert?: string;
+  key?: string;
+  /** Called once per request after its reply (a stream: when it starts). No keys, no arguments. */
+  log?: (entry: RequestLog) => void;
   /** Port to listen on; 0 picks a free one. @default 8079 */
   port?: number;
   /** @default "127.0.0.1" */
@@ -48,6 +60,18 @@ export interface BridgeOptions {
   heartbeatMs?: number;
 }
 
+/** One line of the request log. */
+export interface RequestLog extends RequestRecord {
+  time: string;
+  method: string;
+  /** The first command's name, lower-case (no arguments: they may be secrets). */
+  command?: string;
+  role?: Role;
+}
+
+/** What a token may do. */
+export type Role = "readwrite" | "readonly";
+
 /** What the bridge has served since it started. */
 export interface BridgeStats {
   /** HTTP requests to `/`, `/pipeline` and `/multi-exec`, failed ones included. */
@@ -68,6 +92,7 @@ type Arg = string | number | boolean | null;
 type Command = [string, ...Arg[]];
 type Slot = { result: unknown } | { error: string };
 type Kind = "subscribe" | "psubscribe";
+type Seen = { route: string; commands: number; errors: number; command?: string; role?: Role };
 
 const MAX_BODY_BYTES = 10 * 1024 * 1024;
 
@@ -135,6 +160,14 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
   const { maxBlocking = 16, commandTimeoutMs = 30_000, shutdownGraceMs = 5000 } = options;
   const { maxSubscriptions = 1024, heartbeatMs = 15_000 } = options;
   if (!token) throw new TypeError("The bridge needs a token (UPSTASH_REDIS_REST_TOKEN)");
+  if (options.readonlyToken === token) {
+    throw new TypeError("The read-only token must differ from the read-write token");
+  }
+  if (!options.cert !== !options.key) {
+    throw new TypeError(
+      "TLS needs both a certificate and its key (BRIDGE_TLS_CERT, BRIDGE_TLS_KEY)",
+    );
+  }
   // Blocking commands' connections take no command timeout: the bridge times them and drops them.
   // On a cluster, a subscription's connection goes to the first seed: PUBLISH reaches every node.
   const connect = (commandTimeout: number | undefined = commandTimeoutMs) => {
@@ -175,7 +208,6 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
   }
 
   const stats: BridgeStats = { requests: 0, commands: 0 };
-  const expected = Buffer.from(token);
   let next = 0;
   let syncToken = 0;
   const pick = (): Connection => cluster ?? shared[next++ % shared.length]!;
@@ -262,16 +294,52 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     }
   }
 
-  function authorized(request: Request, url: URL): boolean {
+  const tokens: [Buffer, Role][] = [[Buffer.from(token), "readwrite"]];
+  if (options.readonlyToken) tokens.push([Buffer.from(options.readonlyToken), "readonly"]);
+  const readOnly = options.readonlyToken ? await readOnlyPolicy(pick()) : rejection;
+  function roleOf(request: Request, url: URL): Role | undefined {
     const header = request.headers.get("authorization");
+    if (header !== null && !header.startsWith("Bearer ")) return undefined;
     const given = Buffer.from(
-      header !== null ? header.replace(/^Bearer /, "") : url.searchParams.get("_token") ?? "",
+      header !== null ? header.slice("Bearer ".length) : url.searchParams.get("_token") ?? "",
     );
-    if (header !== null && !header.startsWith("Bearer ")) return false;
-    return given.length === expected.length && timingSafeEqual(given, expected);
+    // Every token is compared, in constant time, whichever matches.
+    let role: Role | undefined;
+    for (const [expected, which] of tokens) {
+      if (given.length === expected.length && timingSafeEqual(given, expected)) role = which;
+    }
+    return role;
   }
 
+  // Each request is timed, counted in the metrics, and logged (its route, first command's name and
+  // status: never a key or an argument).
+  const metrics = new BridgeMetrics();
+  let sharedInFlight = 0;
   async function handle(request: Request): Promise<Response> {
+    const started = performance.now();
+    const seen: Seen = { route: "", commands: 0, errors: 0 };
+    const response = await dispatch(request, seen);
+    if (seen.route) {
+      const record = {
+        route: seen.route,
+        status: response.status,
+        seconds: (performance.now() - started) / 1000,
+        commands: seen.commands,
+        errors: seen.errors,
+      };
+      metrics.record(record);
+      options.log?.({
+        time: new Date().toISOString(),
+        method: request.method,
+        ...record,
+        ...(seen.command && { command: seen.command }),
+        ...(seen.role && { role: seen.role }),
+      });
+    }
+    return response;
+  }
+
+  async function dispatch(request: Request, seen: Seen): Promise<Response> {
     const url = new URL(request.url);
     const path = url.pathname.replace(/\/+$/, "") || "/";
     if (request.method === "OPTIONS") return preflight(request);
@@ -279,9 +347,25 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
       const ok = await pick().ping().then(() => true, () => false);
       return json(ok ? 200 : 503, { ok });
     }
-    if (!authorized(request, url)) return json(401, { error: "Unauthorized" });
-    if (path === "/__stats" && request.method === "GET") return json(200, { ...stats });
+    if (path === "/metrics" && request.method === "GET") {
+      return new Response(
+        metrics.text({
+          shared: { in_use: sharedInFlight, size: shared.length },
+          transaction: { in_use: exclusive.busy, size: exclusive.connections.length },
+          blocking: { in_use: blocking.size, size: maxBlocking },
+          subscription: { in_use: streams.size, size: maxSubscriptions },
+        }),
+        { headers: { "content-type": "text/plain; version=0.0.4" } },
+      );
+    }
     const sub = /^\/(p?subscribe)\/(.+)$/.exec(url.pathname);
+    const batch = path === "/pipeline" || path === "/multi-exec";
+    seen.route = sub ? sub[1]! : batch ? path.slice(1) : path === "/" ? "command" : "path";
+    const role = roleOf(request, url);
+    if (!role) return json(401, { error: "Unauthorized" });
+    seen.role = role;
+    if (path === "/__stats" && request.method === "GET") return json(200, { ...stats });
+    const refuse = role === "readonly" ? readOnly : rejection;
     if (sub && (request.method === "POST" || request.method === "GET")) {
       stats.requests++;
       await request.body?.cancel();
@@ -292,7 +376,6 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
         return json(500, { error: "ERR bridge: the subscription could not start" });
       }
     }
-    const batch = path === "/pipeline" || path === "/multi-exec";
     if (batch || path === "/") {
       if (request.method !== "POST") return json(405, { error: "Use POST" });
     } else if (request.method !== "POST" && request.method !== "GET") {
@@ -300,36 +383,51 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     }
     stats.requests++;
     const base64 = request.headers.get("upstash-encoding") === "base64";
-    const encode = (slot: Slot): Slot =>
-      "result" in slot ? { result: toJson(slot.result, base64) } : slot;
+    const encode = (slot: Slot): Slot => {
+      if ("error" in slot) seen.errors++;
+      return "result" in slot ? { result: toJson(slot.result, base64) } : slot;
+    };
+    const shareOne = async <T>(fn: (conn: Connection) => Promise<T>): Promise<T> => {
+      sharedInFlight++;
+      try {
+        return await fn(pick());
+      } finally {
+        sharedInFlight--;
+      }
+    };
     try {
       if (!batch) {
         const command = path === "/"
           ? parseCommand(await readJson(request))
           : await fromPath(request, url);
         stats.commands++;
+        seen.commands = 1;
+        seen.command = command[0].toLowerCase();
         const slot = encode(
           isBlocking(command)
-            ? await block((conn) => runOne(conn, command))
-            : await runOne(pick(), command),
+            ? await block((conn) => runOne(conn, command, refuse))
+            : await shareOne((conn) => runOne(conn, command, refuse)),
         );
         return json("error" in slot ? 400 : 200, slot);
       }
       const commands = parseBatch(await readJson(request));
       stats.commands += commands.length;
+      seen.commands = commands.length;
+      seen.command = commands[0]![0].toLowerCase();
       if (path === "/pipeline") {
         const slots = cluster
-          ? await Promise.all(commands.map((command) => runOne(cluster, command)))
+          ? await Promise.all(commands.map((command) => runOne(cluster, command, refuse)))
           : commands.some(isBlocking)
-          ? await block((conn) => runPipeline(conn, commands))
-          : await runPipeline(shared[next++ % shared.length]!, commands);
+          ? await block((conn) => runPipeline(conn, commands, refuse))
+          : await shareOne((conn) => runPipeline(conn as IORedis, commands, refuse));
         return json(200, slots.map(encode));
       }
       const slots = cluster
-        ? await runTransaction(cluster, commands)
-        : await exclusive.use((conn) => runTransaction(conn, commands));
-      return Array.isArray(slots) ? json(200, slots.map(encode)) : json(400, slots);
+        ? await runTransaction(cluster, commands, refuse)
+        : await exclusive.use((conn) => runTransaction(conn, commands, refuse));
+      return Array.isArray(slots) ? json(200, slots.map(encode)) : json(400, encode(slots));
     } catch (error) {
+      seen.errors = Math.max(seen.errors, 1);
       if (error instanceof BadRequest) return json(error.status, { error: error.message });
       return json(500, { error: `ERR bridge: ${(error as Error).message}` });
     }
@@ -346,7 +444,8 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     });
   }
 
-  const server = Deno.serve({ port, hostname, onListen() {} }, handle);
+  const tls = options.cert && options.key ? { cert: options.cert, key: options.key } : {};
+  const server = Deno.serve({ port, hostname, onListen() {}, ...tls }, handle);
   let closing: Promise<void> | undefined;
   const actualPort = server.addr.port;
   const disconnect = () => {
@@ -354,7 +453,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     cluster?.disconnect();
   };
   return {
-    url: `http://${hostname}:${actualPort}`,
+    url: `${options.cert ? "https" : "http"}://${hostname}:${actualPort}`,
     port: actualPort,
     stats: () => ({ ...stats }),
     // Stop accepting; let in-flight requests finish for the grace, then cut their connections
@@ -480,6 +579,36 @@ function rejection(name: string, args: string[] = []): string | undefined {
   return REJECTED.has(lower) ? `ERR command '${name}' is not supported over REST` : undefined;
 }
 
+type Refuse = (name: string, args: string[]) => string | undefined;
+
+// Which commands a read-only token may run, from Redis's own command table (`COMMAND`): those
+// flagged `readonly`, and those in no category that writes, publishes, scripts or administers.
+// A subcommand (`SCRIPT LOAD`, `CLIENT KILL`) is judged as itself.
+async function readOnlyPolicy(conn: Connection): Promise<Refuse> {
+  const unsafe = ["@write", "@admin", "@dangerous", "@scripting", "@pubsub"];
+  const allowed = new Set<string>();
+  const containers = new Set<string>();
+  const judge = (entry: unknown[]): void => {
+    const name = String(entry[0]).toLowerCase();
+    const flags = entry[2] as string[];
+    const categories = (entry[6] ?? []) as string[];
+    const subcommands = entry[9];
+    if (Array.isArray(subcommands) && subcommands.length > 0) {
+      containers.add(name);
+      subcommands.forEach((sub) => judge(sub as unknown[]));
+    } else if (flags.includes("readonly") || !categories.some((c) => unsafe.includes(c))) {
+      allowed.add(name);
+    }
+  };
+  (await conn.call("COMMAND") as unknown[][]).forEach(judge);
+  return (name, args) => {
+    const lower = name.toLowerCase();
+    const full = containers.has(lower) ? `${lower}|${String(args[0] ?? "").toLowerCase()}` : lower;
+    if (allowed.has(full)) return rejection(name, args);
+    return `NOPERM this token is read-only: '${full.replace("|", " ")}' may write or administer`;
+  };
+}
+
 // A connection of the pool, or the cluster client (which routes each command by its keys' slot).
 type Connection = IORedis | Cluster;
 
@@ -490,9 +619,9 @@ function untilReady(cluster: Cluster): Promise<void> {
   });
 }
 
-async function runOne(conn: Connection, command: Command): Promise<Slot> {
+async function runOne(conn: Connection, command: Command, refuse: Refuse): Promise<Slot> {
   const [name, args] = toArgs(command);
-  const rejected = rejection(name, args);
+  const rejected = refuse(name, args);
   if (rejected) return { error: rejected };
   try {
     return { result: await conn.callBuffer(name, ...args) };
@@ -501,11 +630,11 @@ async function runOne(conn: Connection, command: Command): Promise<Slot> {
   }
 }
 
-async function runPipeline(conn: IORedis, commands: Command[]): Promise<Slot[]> {
+async function runPipeline(conn: IORedis, commands: Command[], refuse: Refuse): Promise<Slot[]> {
   const pipeline = conn.pipeline();
   const slots: (Slot | undefined)[] = commands.map((command) => {
     const [name, args] = toArgs(command);
-    const rejected = rejection(name, args);
+    const rejected = refuse(name, args);
     if (!rejected) pipeline.callBuffer(name, ...args);
     return rejected ? { error: rejected } : undefined;
   });
@@ -514,9 +643,13 @@ async function runPipeline(conn: IORedis, commands: Command[]): Promise<Slot[]> 
   return slots.map((slot) => slot ?? fromReply(replies[i++]));
 }
 
-async function runTransaction(conn: Connection, commands: Command[]): Promise<Slot[] | Slot> {
+async function runTransaction(
+  conn: Connection,
+  commands: Command[],
+  refuse: Refuse,
+): Promise<Slot[] | Slot> {
   for (const command of commands) {
-    const rejected = rejection(...toArgs(command));
+    const rejected = refuse(...toArgs(command));
     if (rejected) return { error: rejected };
   }
   const multi = conn.multi();
@@ -563,6 +696,10 @@ class ExclusivePool {
     this.#idle = [...connections];
   }
 
+  get busy(): number {
+    return this.connections.length - this.#idle.length;
+  }
+
   async use<T>(fn: (conn: IORedis) => Promise<T>): Promise<T> {
     const conn = this.#idle.pop() ??
       await new Promise<IORedis>((resolve) => this.#waiting.push(resolve));
@@ -576,41 +713,110 @@ class ExclusivePool {
   }
 }
 
+type Env = (name: string) => string | undefined;
+
+/**
+ * The bridge's options from its environment (the production way to run it); a missing or bad
+ * value throws a `TypeError` or `RangeError` naming the variable.
+ */
+export async function bridgeOptionsFromEnv(env: Env): Promise<BridgeOptions> {
+  const get = (name: string) => env(name) || undefined;
+  const int = (name: string, min: number, max: number): number | undefined => {
+    const text = get(name);
+    if (text === undefined) return undefined;
+    const value = Number(text);
+    if (!/^\d+$/.test(text) || value < min || value > max) {
+      throw new RangeError(`${name} must be a whole number from ${min} to ${max}, not "${text}"`);
+    }
+    return value;
+  };
+  const token = get("UPSTASH_REDIS_REST_TOKEN");
+  if (!token) throw new TypeError("set UPSTASH_REDIS_REST_TOKEN to the token clients must present");
+  const [certFile, keyFile] = [get("BRIDGE_TLS_CERT"), get("BRIDGE_TLS_KEY")];
+  if (!certFile !== !keyFile) {
+    throw new TypeError("set both BRIDGE_TLS_CERT and BRIDGE_TLS_KEY (PEM files), or neither");
+  }
+  const read = async (name: string, file: string) => {
+    try {
+      return await Deno.readTextFile(file);
+    } catch (error) {
+      throw new TypeError(`${name}: cannot read ${file} (${(error as Error).message})`);
+    }
+  };
+  const log = get("BRIDGE_LOG") ?? "json";
+  if (log !== "json" && log !== "off") {
+    throw new TypeError(`BRIDGE_LOG must be json or off, not "${log}"`);
+  }
+  const clusterUrls = get("REDIS_CLUSTER_URLS")?.split(",").map((url) => url.trim()).filter(
+    Boolean,
+  );
+  for (const url of [get("REDIS_URL"), ...(clusterUrls ?? [])]) {
+    if (url !== undefined && !/^rediss?:\/\/[^\s]+$/.test(url)) {
+      throw new TypeError(`a Redis URL must look like redis://host:port, not "${url}"`);
+    }
+  }
+  const options: BridgeOptions = {
+    redisUrl: get("REDIS_URL") ?? "redis://127.0.0.1:6379",
+    token,
+    hostname: get("BRIDGE_HOSTNAME") ?? "127.0.0.1",
+    port: int("BRIDGE_PORT", 0, 65535) ?? 8079,
+    poolSize: int("BRIDGE_POOL_SIZE", 1, 256) ?? 4,
+    maxBlocking: int("BRIDGE_MAX_BLOCKING", 0, 10_000) ?? 16,
+    commandTimeoutMs: int("BRIDGE_COMMAND_TIMEOUT_MS", 1, 3_600_000) ?? 30_000,
+    shutdownGraceMs: int("BRIDGE_GRACE_MS", 0, 600_000) ?? 5000,
+    ...(clusterUrls?.length && { clusterUrls }),
+    ...(get("UPSTASH_REDIS_REST_READONLY_TOKEN") &&
+      { readonlyToken: get("UPSTASH_REDIS_REST_READONLY_TOKEN")! }),
+    ...(certFile && keyFile &&
+      {
+        cert: await read("BRIDGE_TLS_CERT", certFile),
+        key: await read("BRIDGE_TLS_KEY", keyFile),
+      }),
+    ...(log === "json" && { log: (entry: RequestLog) => console.log(JSON.stringify(entry)) }),
+  };
+  return options;
+}
+
 if (import.meta.main) {
+  let fromEnv: BridgeOptions;
+  try {
+    fromEnv = await bridgeOptionsFromEnv((name) => Deno.env.get(name));
+  } catch (error) {
+    console.error(`edgelock bridge: ${(error as Error).message}`);
+    Deno.exit(2);
+  }
   const flags = cli(
     "edgelock bridge",
-    "deno task bridge [flags]   (env: UPSTASH_REDIS_REST_TOKEN, the token clients present)",
+    'deno task bridge [flags]   (configured by env: see the README\'s "Running the bridge")',
     {
-      port: { type: "number", default: 8079, min: 0, max: 65535, help: "port, 0 for a free one" },
-      redis: { type: "string", default: "redis://127.0.0.1:6379", help: "the redis-server" },
+      port: {
+        type: "number",
+        default: fromEnv.port!,
+        min: 0,
+        max: 65535,
+        help: "port, 0 for a free one (BRIDGE_PORT)",
+      },
+      hostname: { type: "string", default: fromEnv.hostname!, help: "address (BRIDGE_HOSTNAME)" },
+      redis: { type: "string", default: fromEnv.redisUrl, help: "the redis-server (REDIS_URL)" },
       "grace-ms": {
         type: "number",
-        default: 5000,
+        default: fromEnv.shutdownGraceMs!,
         min: 0,
         max: 600_000,
-        help: "on SIGTERM, how long in-flight requests may finish",
+        help: "on SIGTERM, how long in-flight requests may finish (BRIDGE_GRACE_MS)",
       },
     },
   );
-  // A Redis Cluster instead, from its seed nodes: REDIS_CLUSTER_URLS=redis://h:p,redis://h:p
-  const clusterUrls = Deno.env.get("REDIS_CLUSTER_URLS")?.split(",").filter(Boolean);
-  const token = Deno.env.get("UPSTASH_REDIS_REST_TOKEN");
-  if (!token) {
-    console.error(
-      "edgelock bridge: set UPSTASH_REDIS_REST_TOKEN to the token clients must present",
-    );
-    Deno.exit(2);
-  }
   try {
     const bridge = await startBridge({
+      ...fromEnv,
       redisUrl: flags.redis,
-      token,
       port: flags.port,
+      hostname: flags.hostname,
       shutdownGraceMs: flags["grace-ms"],
-      ...(clusterUrls?.length && { clusterUrls }),
     });
-    const front = clusterUrls?.length ? `the Redis Cluster at ${clusterUrls}` : flags.redis;
-    console.log(`Upstash REST bridge on ${bridge.url} in front of ${front}`);
+    const front = fromEnv.clusterUrls ? `the Redis Cluster at ${fromEnv.clusterUrls}` : flags.redis;
+    console.error(`Upstash REST bridge on ${bridge.url} in front of ${front}`);
     const stop = async () => {
       await bridge.close();
       Deno.exit(0);
