@@ -54,6 +54,11 @@ export interface BridgeOptions {
   commandTimeoutMs?: number;
   /** On close, how long in-flight requests may finish before their connections are cut, ms. @default 5000 */
   shutdownGraceMs?: number;
+  /**
+   * `false` runs blocking commands on the shared pool, as the bridge once did, so they stall it:
+   * only for the soak's `--broken blocking` check, which must see the stall. @default true
+   */
+  isolateBlocking?: boolean;
   /** `/subscribe` and `/psubscribe` streams open at once, each on a connection of its own. @default 1024 */
   maxSubscriptions?: number;
   /** A comment line on every open stream this often, so dead clients are found, ms. @default 15000 */
@@ -159,6 +164,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
   const { redisUrl, token, port = 8079, hostname = "127.0.0.1" } = options;
   const { maxBlocking = 16, commandTimeoutMs = 30_000, shutdownGraceMs = 5000 } = options;
   const { maxSubscriptions = 1024, heartbeatMs = 15_000 } = options;
+  const isolate = options.isolateBlocking === false ? () => false : isBlocking;
   if (!token) throw new TypeError("The bridge needs a token (UPSTASH_REDIS_REST_TOKEN)");
   if (options.readonlyToken === token) {
     throw new TypeError("The read-only token must differ from the read-write token");
@@ -243,7 +249,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
   // `data: message,<channel>,<payload>` (`pmessage,<pattern>,<channel>,<payload>`), raw text. A
   // payload with a newline arrives as several messages: the protocol has no escaping.
   const streams = new Set<() => void>();
-  async function subscribe(kind: Kind, name: string, signal: AbortSignal): Promise<Response> {
+  async function subscribe(kind: Kind, name: string, done: Promise<void>): Promise<Response> {
     if (streams.size >= maxSubscriptions) {
       throw new BadRequest(`ERR too many subscriptions open (at most ${maxSubscriptions})`, 503);
     }
@@ -276,7 +282,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
             send(`data: pmessage,${pattern},${channel},${message}\n\n`);
           });
           conn.on("end", () => end());
-          signal.addEventListener("abort", () => end());
+          done.finally(() => end()).catch(() => {}); // the client went away
         },
         cancel: () => end(),
       });
@@ -315,10 +321,10 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
   // status: never a key or an argument).
   const metrics = new BridgeMetrics();
   let sharedInFlight = 0;
-  async function handle(request: Request): Promise<Response> {
+  async function handle(request: Request, info: Deno.ServeHandlerInfo): Promise<Response> {
     const started = performance.now();
     const seen: Seen = { route: "", commands: 0, errors: 0 };
-    const response = await dispatch(request, seen);
+    const response = await dispatch(request, info, seen);
     if (seen.route) {
       const record = {
         route: seen.route,
@@ -339,7 +345,11 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     return response;
   }
 
-  async function dispatch(request: Request, seen: Seen): Promise<Response> {
+  async function dispatch(
+    request: Request,
+    info: Deno.ServeHandlerInfo,
+    seen: Seen,
+  ): Promise<Response> {
     const url = new URL(request.url);
     const path = url.pathname.replace(/\/+$/, "") || "/";
     if (request.method === "OPTIONS") return preflight(request);
@@ -370,7 +380,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
       stats.requests++;
       await request.body?.cancel();
       try {
-        return await subscribe(sub[1] as Kind, decodeURIComponent(sub[2]!), request.signal);
+        return await subscribe(sub[1] as Kind, decodeURIComponent(sub[2]!), info.completed);
       } catch (error) {
         if (error instanceof BadRequest) return json(error.status, { error: error.message });
         return json(500, { error: "ERR bridge: the subscription could not start" });
@@ -404,7 +414,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
         seen.commands = 1;
         seen.command = command[0].toLowerCase();
         const slot = encode(
-          isBlocking(command)
+          isolate(command)
             ? await block((conn) => runOne(conn, command, refuse))
             : await shareOne((conn) => runOne(conn, command, refuse)),
         );
@@ -417,7 +427,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
       if (path === "/pipeline") {
         const slots = cluster
           ? await Promise.all(commands.map((command) => runOne(cluster, command, refuse)))
-          : commands.some(isBlocking)
+          : commands.some(isolate)
           ? await block((conn) => runPipeline(conn, commands, refuse))
           : await shareOne((conn) => runPipeline(conn as IORedis, commands, refuse));
         return json(200, slots.map(encode));

@@ -35,6 +35,7 @@ import {
 import { DURABLE_ARGS, startRedisServer } from "./redis_server.ts";
 import { startRedisCluster } from "./redis_cluster.ts";
 import { QUORUM_BROKEN, runQuorumTorture } from "./torture_quorum.ts";
+import { runBridgeSoak } from "./torture_bridge.ts";
 
 /** Options for {@linkcode runTorture}. */
 export interface TortureOptions {
@@ -478,9 +479,15 @@ if (import.meta.main) {
       help: "quorum locks over this many redis-servers (3–9), with databases down, paused, " +
         "partitioned and one losing its data; --broken minority or commit",
     },
+    bridge: {
+      type: "boolean",
+      help: "soak the REST bridge: blocking, pub/sub and ordinary commands mixed, no stall " +
+        "allowed; --broken blocking",
+    },
     json: { type: "boolean", help: "print the report as JSON" },
   });
   if (flags.quorum > 0) await quorumMain(flags);
+  if (flags.bridge) await bridgeMain(flags);
   const broken = flags.broken === "" ? undefined : flags.broken as BrokenRule;
   if (broken !== undefined && !BROKEN_RULES.includes(broken)) {
     console.error(`--broken must be one of ${BROKEN_RULES.join(", ")}`);
@@ -521,6 +528,35 @@ if (import.meta.main) {
         ? `the checker caught the broken ${broken}`
         : `the checker MISSED the broken ${broken}`,
     );
+    Deno.exit(caught ? 0 : 1);
+  }
+  Deno.exit(caught ? 1 : 0);
+}
+
+async function bridgeMain(flags: { seconds: number; broken: string }): Promise<never> {
+  if (flags.broken !== "" && flags.broken !== "blocking") {
+    console.error("--broken with --bridge: blocking");
+    Deno.exit(2);
+  }
+  const broken = flags.broken === "blocking" ? "blocking" as const : undefined;
+  const report = await runBridgeSoak({
+    seconds: flags.seconds,
+    ...(broken && { broken }),
+    log: (line) => console.error(line),
+  });
+  const { p50, p99, max } = report.latency;
+  console.log(`bridge soak: ${report.seconds} s${broken ? " (broken blocking)" : ""}`);
+  console.log(`operations: ${JSON.stringify(report.operations)}`);
+  console.log(
+    `ordinary requests: p50 ${p50.toFixed(1)} ms, p99 ${p99.toFixed(1)} ms, max ${
+      max.toFixed(0)
+    } ms; the slowest second completed ${report.slowestSecond}`,
+  );
+  console.log(`violations: ${report.violations.length}`);
+  for (const v of report.violations.slice(0, 20)) console.log(`  ${v}`);
+  const caught = report.violations.length > 0;
+  if (broken) {
+    console.log(caught ? "the soak caught the stall" : "the soak MISSED the stall");
     Deno.exit(caught ? 0 : 1);
   }
   Deno.exit(caught ? 1 : 0);
