@@ -1,7 +1,8 @@
 /**
- * A local server speaking the Upstash Redis REST protocol in front of a real redis-server, so the
- * unmodified `@upstash/redis` client works in tests and local development. It is a development
- * tool, not a production proxy. Wire details: `shared/UPSTASH_REST.md`.
+ * A server speaking the Upstash Redis REST protocol in front of a real redis-server, Valkey or
+ * Redis Cluster, so the unmodified `@upstash/redis` client works against Redis you host: in tests,
+ * locally, and in production (`deno task bridge`, configured by env: the README's "Running the
+ * bridge in production"). Wire details: `shared/UPSTASH_REST.md`.
  *
  * @module
  */
