@@ -193,18 +193,31 @@ export async function runBridgeSoak(options: BridgeSoakOptions = {}): Promise<Br
     }
   };
 
+  // Raw event streams, cancelled by the reader: the @upstash/redis client's unsubscribe() under
+  // Deno sometimes leaves its stream open and read (the bridge cannot tell it from a live one).
   const subscriber = async (id: number) => {
     while (running()) {
       const channel = `soak:chan:${id}`;
-      let received = 0;
-      const sub = redis.subscribe([channel]);
-      sub.on("message", () => received++);
-      sub.on("error", (error) => violate(`subscription: ${error}`));
-      await sleep(300);
+      const res = await fetch(`${bridge.url}/subscribe/${channel}`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${token}`, accept: "text/event-stream" },
+        body: "[]",
+      });
+      if (res.status !== 200) {
+        violate(`subscribe: ${res.status} ${await res.text()}`);
+        continue;
+      }
+      const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
+      let text = "";
+      while (!text.includes("data: subscribe,")) text += (await reader.read()).value ?? "";
       for (let i = 0; i < 10; i++) await ordinary("publish", () => redis.publish(channel, i));
-      await sleep(300);
-      await sub.unsubscribe();
-      if (received === 0) violate(`a subscription on ${channel} received nothing`);
+      const deadline = performance.now() + 2000;
+      while ((text.match(/data: message,/g) ?? []).length < 10 && performance.now() < deadline) {
+        text += (await reader.read()).value ?? "";
+      }
+      await reader.cancel();
+      const received = (text.match(/data: message,/g) ?? []).length;
+      if (received !== 10) violate(`a subscription on ${channel} received ${received} of 10`);
       count("subscription");
     }
   };
@@ -248,6 +261,11 @@ export async function runBridgeSoak(options: BridgeSoakOptions = {}): Promise<Br
     }
     const locked = Number(await direct.get("soak:locked") ?? 0);
     direct.disconnect();
+    // Every stream the subscribers cancelled is closed on the bridge too.
+    await sleep(200);
+    const metrics = await (await fetch(`${bridge.url}/metrics`)).text();
+    const open = /edgelock_bridge_pool_in_use\{pool="subscription"\} (\d+)/.exec(metrics)?.[1];
+    if (open !== "0") violate(`${open} subscription streams left open`);
     for (const job of left) {
       if (popped.has(job)) violate(`job ${job} popped and still queued`);
       popped.add(job);
