@@ -11,6 +11,7 @@ import { timingSafeEqual } from "node:crypto";
 import { Cluster, Redis as IORedis } from "ioredis";
 import { cli } from "./_cli.ts";
 import { BridgeMetrics, type RequestRecord } from "./_bridge_metrics.ts";
+import { KeyLocking, keySpecs, type Prepared } from "./_key_locking.ts";
 
 /** Options for {@linkcode startBridge}. */
 export interface BridgeOptions {
@@ -55,6 +56,12 @@ export interface BridgeOptions {
   commandTimeoutMs?: number;
   /** On close, how long in-flight requests may finish before their connections are cut, ms. @default 5000 */
   shutdownGraceMs?: number;
+  /**
+   * Scripts flagged `allow-key-locking` are always accepted, as on Upstash (the flag is taken off
+   * before Redis sees it). Strict, a flagged script that touches a key it did not pass in `KEYS` is
+   * refused, as Upstash refuses it. @default false
+   */
+  strictKeyLocking?: boolean;
   /**
    * `false` runs blocking commands on the shared pool, as the bridge once did, so they stall it:
    * only for the soak's `--broken blocking` check, which must see the stall. @default true
@@ -304,6 +311,9 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
   const tokens: [Buffer, Role][] = [[Buffer.from(token), "readwrite"]];
   if (options.readonlyToken) tokens.push([Buffer.from(options.readonlyToken), "readonly"]);
   const readOnly = options.readonlyToken ? await readOnlyPolicy(pick()) : rejection;
+  const keyLocking = new KeyLocking(
+    options.strictKeyLocking ? keySpecs(await pick().call("COMMAND") as unknown[][]) : undefined,
+  );
   function roleOf(request: Request, url: URL): Role | undefined {
     const header = request.headers.get("authorization");
     if (header !== null && !header.startsWith("Bearer ")) return undefined;
@@ -377,6 +387,11 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     seen.role = role;
     if (path === "/__stats" && request.method === "GET") return json(200, { ...stats });
     const refuse = role === "readonly" ? readOnly : rejection;
+    const prepare: Prepare = (command) => {
+      const [name, args] = toArgs(command);
+      const refused = refuse(name, args);
+      return refused ? { error: refused } : keyLocking.prepare(name, args);
+    };
     if (sub && (request.method === "POST" || request.method === "GET")) {
       stats.requests++;
       await request.body?.cancel();
@@ -416,8 +431,8 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
         seen.command = command[0].toLowerCase();
         const slot = encode(
           isolate(command)
-            ? await block((conn) => runOne(conn, command, refuse))
-            : await shareOne((conn) => runOne(conn, command, refuse)),
+            ? await block((conn) => runOne(conn, command, prepare))
+            : await shareOne((conn) => runOne(conn, command, prepare)),
         );
         return json("error" in slot ? 400 : 200, slot);
       }
@@ -427,15 +442,15 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
       seen.command = commands[0]![0].toLowerCase();
       if (path === "/pipeline") {
         const slots = cluster
-          ? await Promise.all(commands.map((command) => runOne(cluster, command, refuse)))
+          ? await Promise.all(commands.map((command) => runOne(cluster, command, prepare)))
           : commands.some(isolate)
-          ? await block((conn) => runPipeline(conn, commands, refuse))
-          : await shareOne((conn) => runPipeline(conn as IORedis, commands, refuse));
+          ? await block((conn) => runPipeline(conn, commands, prepare))
+          : await shareOne((conn) => runPipeline(conn as IORedis, commands, prepare));
         return json(200, slots.map(encode));
       }
       const slots = cluster
-        ? await runTransaction(cluster, commands, refuse)
-        : await exclusive.use((conn) => runTransaction(conn, commands, refuse));
+        ? await runTransaction(cluster, commands, prepare)
+        : await exclusive.use((conn) => runTransaction(conn, commands, prepare));
       return Array.isArray(slots) ? json(200, slots.map(encode)) : json(400, encode(slots));
     } catch (error) {
       seen.errors = Math.max(seen.errors, 1);
@@ -630,51 +645,53 @@ function untilReady(cluster: Cluster): Promise<void> {
   });
 }
 
-async function runOne(conn: Connection, command: Command, refuse: Refuse): Promise<Slot> {
-  const [name, args] = toArgs(command);
-  const rejected = refuse(name, args);
-  if (rejected) return { error: rejected };
+// A command as Redis will get it, or the reason it is refused.
+type Prepare = (command: Command) => Prepared | { error: string };
+
+async function runOne(conn: Connection, command: Command, prepare: Prepare): Promise<Slot> {
+  const prepared = prepare(command);
+  if ("error" in prepared) return prepared;
   try {
-    return { result: await conn.callBuffer(name, ...args) };
+    return fixed(prepared, { result: await conn.callBuffer(prepared.name, ...prepared.args) });
   } catch (error) {
     return { error: redisError(error) };
   }
 }
 
-async function runPipeline(conn: IORedis, commands: Command[], refuse: Refuse): Promise<Slot[]> {
+async function runPipeline(conn: IORedis, commands: Command[], prepare: Prepare): Promise<Slot[]> {
   const pipeline = conn.pipeline();
-  const slots: (Slot | undefined)[] = commands.map((command) => {
-    const [name, args] = toArgs(command);
-    const rejected = refuse(name, args);
-    if (!rejected) pipeline.callBuffer(name, ...args);
-    return rejected ? { error: rejected } : undefined;
-  });
+  const all = commands.map(prepare);
+  for (const prepared of all) {
+    if (!("error" in prepared)) pipeline.callBuffer(prepared.name, ...prepared.args);
+  }
   const replies = pipeline.length > 0 ? (await pipeline.exec()) ?? [] : [];
   let i = 0;
-  return slots.map((slot) => slot ?? fromReply(replies[i++]));
+  return all.map((prepared) =>
+    "error" in prepared ? prepared : fixed(prepared, fromReply(replies[i++]))
+  );
 }
 
 async function runTransaction(
   conn: Connection,
   commands: Command[],
-  refuse: Refuse,
+  prepare: Prepare,
 ): Promise<Slot[] | Slot> {
-  for (const command of commands) {
-    const rejected = refuse(...toArgs(command));
-    if (rejected) return { error: rejected };
-  }
+  const all = commands.map(prepare);
+  const refused = all.find((prepared) => "error" in prepared);
+  if (refused) return refused as { error: string };
   const multi = conn.multi();
-  for (const command of commands) {
-    const [name, args] = toArgs(command);
-    multi.callBuffer(name, ...args);
-  }
+  for (const prepared of all as Prepared[]) multi.callBuffer(prepared.name, ...prepared.args);
   try {
     const replies = await multi.exec();
     if (replies === null) return { error: "EXECABORT Transaction discarded" };
-    return replies.map(fromReply);
+    return replies.map((reply, i) => fixed(all[i] as Prepared, fromReply(reply)));
   } catch (error) {
     return { error: redisError(error) };
   }
+}
+
+function fixed({ fix }: Prepared, slot: Slot): Slot {
+  return fix && "result" in slot ? { result: fix(slot.result) } : slot;
 }
 
 function fromReply(reply: [Error | null, unknown] | undefined): Slot {
@@ -754,6 +771,10 @@ export async function bridgeOptionsFromEnv(env: Env): Promise<BridgeOptions> {
       throw new TypeError(`${name}: cannot read ${file} (${(error as Error).message})`);
     }
   };
+  const keyLocking = get("BRIDGE_KEY_LOCKING") ?? "accept";
+  if (keyLocking !== "accept" && keyLocking !== "strict") {
+    throw new TypeError(`BRIDGE_KEY_LOCKING must be accept or strict, not "${keyLocking}"`);
+  }
   const log = get("BRIDGE_LOG") ?? "json";
   if (log !== "json" && log !== "off") {
     throw new TypeError(`BRIDGE_LOG must be json or off, not "${log}"`);
@@ -776,6 +797,7 @@ export async function bridgeOptionsFromEnv(env: Env): Promise<BridgeOptions> {
     commandTimeoutMs: int("BRIDGE_COMMAND_TIMEOUT_MS", 1, 3_600_000) ?? 30_000,
     shutdownGraceMs: int("BRIDGE_GRACE_MS", 0, 600_000) ?? 5000,
     ...(clusterUrls?.length && { clusterUrls }),
+    ...(keyLocking === "strict" && { strictKeyLocking: true }),
     ...(get("UPSTASH_REDIS_REST_READONLY_TOKEN") &&
       { readonlyToken: get("UPSTASH_REDIS_REST_READONLY_TOKEN")! }),
     ...(certFile && keyFile &&

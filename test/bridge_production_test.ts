@@ -209,6 +209,11 @@ Deno.test("a bad environment gets an error naming the variable", async () => {
     /BRIDGE_TLS_CERT: cannot read \/nonexistent\/c\.pem/,
   );
   await assert.rejects(from({ BRIDGE_LOG: "yes" }), /BRIDGE_LOG must be json or off/);
+  await assert.rejects(
+    from({ BRIDGE_KEY_LOCKING: "on" }),
+    /BRIDGE_KEY_LOCKING must be accept or strict, not "on"/,
+  );
+  assert.equal((await from({ BRIDGE_KEY_LOCKING: "strict" })).strictKeyLocking, true);
   await assert.rejects(from({ REDIS_URL: "localhost:6379" }), /must look like redis:\/\//);
   await assert.rejects(
     startBridge({ redisUrl: "redis://127.0.0.1:1", token: "t", readonlyToken: "t" }),

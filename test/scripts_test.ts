@@ -4,7 +4,6 @@
 import assert from "node:assert/strict";
 import { Redis as IORedis } from "ioredis";
 import { Locks } from "../src/core/locks.ts";
-import type { Lease } from "../src/core/types.ts";
 import { Jobs } from "../src/uses/jobs.ts";
 import { recordId, Records } from "../src/uses/records.ts";
 import * as scripts from "../src/core/scripts.ts";
@@ -16,8 +15,7 @@ import type { Script } from "../src/core/_lua.ts";
 import { startShiftedRedisServer } from "../dev/clock_shift.ts";
 import { slotOf } from "../dev/redis_cluster.ts";
 import { type Backend, keygen, startBackend, takeTicket, until } from "./_backend.ts";
-
-import { KeySpace } from "../src/core/_keys.ts";
+import { everyOperation } from "./_every_operation.ts";
 
 const lockKey = (name: string) => `edgelock:lock:{${name}}`;
 
@@ -32,115 +30,6 @@ const ALL = [scripts, sharedScripts, multiScripts, useScripts, quorumScripts].fl
 ): value is Script =>
   typeof value === "object" && value !== null && "source" in value && "sha1" in value
 );
-
-/**
- * Drives every operation of the library once, including the paths that repair bad state, in the
- * single key layout or the cluster one.
- */
-async function everyOperation(backend: Backend, cluster = false) {
-  const { redis } = backend;
-  const locks = new Locks(redis, { cluster });
-  const records = new Records(redis, { cluster });
-  const jobs = new Jobs(redis, { cluster });
-  const space = new KeySpace("edgelock", true, cluster);
-  const recordKey = (name: string) => `${space.base(name)}:lock:{${name}}`;
-  const name = keygen();
-  const held = await locks.acquire(name, { ttlMs: 2000, meta: { by: "a" } });
-  assert.ok(held.acquired);
-  await locks.acquire(name, { ttlMs: 2000, token: held.lease.token }); // a retry
-  await locks.acquire(name); // busy
-  await locks.acquire(name, { waitMs: 120 }); // queues, then leaves the queue
-  await locks.renew(held.lease);
-  await locks.renewMany([held.lease, { name: keygen(), token: "other-token-0000000001" }]);
-  await locks.inspect(name);
-  await redis.persist(recordKey(name)); // a lock without a TTL
-  await locks.acquire(name);
-  await locks.inspect(name);
-  await locks.release(held.lease);
-  await locks.release(held.lease); // a retry
-  await redis.del(recordKey(name)); // the released record was evicted
-  const again = await locks.acquire(name);
-  assert.ok(again.acquired);
-  await locks.renew(again.lease);
-  await locks.release(again.lease);
-  await redis.set(recordKey(name), "not a lock record"); // a value this code did not write
-  await locks.acquire(name);
-  await locks.inspect(name);
-  await locks.release(again.lease);
-  await redis.del(recordKey(name));
-
-  // Shared, semaphore, reentrant and multi-name leases, and their mismatches.
-  const readers = await Promise.all([1, 2].map(() => locks.acquire(name, { mode: "shared" })));
-  await locks.acquire(name, {
-    mode: "shared",
-    token: (readers[0] as { lease: Lease }).lease.token,
-  });
-  const writer = locks.acquire(name, { waitMs: 1000 }); // queues behind the readers
-  await sleep(50);
-  await locks.acquire(name, { mode: "shared" }); // busy behind the writer
-  await locks.acquire(name, { limit: 2 }).catch(() => {}); // mode_mismatch
-  await locks.inspect(name);
-  for (const reader of readers) if (reader.acquired) await locks.renew(reader.lease);
-  for (const reader of readers) if (reader.acquired) await locks.release(reader.lease);
-  if (readers[0]!.acquired) await locks.release(readers[0]!.lease); // a retry
-  const wrote = await writer;
-  assert.ok(wrote.acquired);
-  await locks.release(wrote.lease);
-  const permits = await locks.acquire(name, { limit: 3, permits: 2, reentrant: true });
-  await locks.acquire(name, { limit: 4 }).catch(() => {}); // limit_mismatch
-  await locks.acquire(name, { limit: 3, permits: 2, waitMs: 120 }); // queues, leaves
-  if (permits.acquired) {
-    await locks.acquire(name, {
-      limit: 3,
-      permits: 2,
-      reentrant: true,
-      token: permits.lease.token,
-    });
-    await locks.release(permits.lease);
-  }
-  await locks.break(name, { by: "ops" });
-  const twice = await locks.acquire(name, { reentrant: true });
-  if (twice.acquired) {
-    await locks.acquire(name, { reentrant: true, token: twice.lease.token });
-    await locks.release(twice.lease);
-    await locks.release(twice.lease);
-  }
-  const group = [`{${name}}a`, `{${name}}b`];
-  const both = await locks.acquireAll(group, { ttlMs: 2000 });
-  await locks.acquireAll(group, { waitMs: 120 }); // queues in both, then leaves both
-  if (both.acquired) { for (const lease of both.leases) await locks.release(lease); }
-
-  const id = recordId("user-1", keygen("k"));
-  const claim = await records.claim("idempotency", id, { fingerprint: "f1" });
-  assert.equal(claim.state, "claimed");
-  await records.claim("idempotency", id); // in progress
-  await records.claim("idempotency", id, { fingerprint: "f2" }); // mismatch
-  await records.renew("idempotency", id, claim.token);
-  await records.get("idempotency", id);
-  await records.complete("idempotency", id, claim.token, { status: 201 });
-  await records.claim("idempotency", id); // replay
-  await records.get("idempotency", id);
-  const other = recordId("user-1", keygen("k"));
-  const second = await records.claim("dedupe", other);
-  assert.equal(second.state, "claimed");
-  await records.release("dedupe", other, second.token);
-
-  const job = keygen("job");
-  const start = await jobs.start(job, { atMostMs: 2000, atLeastMs: 500, tick: 1 });
-  assert.ok(start.run);
-  await jobs.start(job, { atMostMs: 2000, tick: 1 }); // tick done
-  await jobs.start(job, { atMostMs: 2000 }); // running
-  await jobs.extend(job, start.token, 2000);
-  await jobs.finish(job, start.token);
-  await jobs.start(job, { atMostMs: 2000 }); // too soon
-  await locks.withLock(keygen(), { ttlMs: 1000 }, () => "ran");
-  const broken = await locks.acquire(name, { ttlMs: 2000 });
-  assert.ok(broken.acquired);
-  await locks.list({ limit: 10 });
-  await locks.break(name, { by: "ops" });
-  await locks.audit();
-  await locks.stats();
-}
 
 /**
  * What a script's source says about its keys: the key of every `redis.call`/`redis.pcall` must

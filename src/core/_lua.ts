@@ -6,16 +6,36 @@ export interface Script {
   readonly name: string;
   readonly source: string;
   sha1(): Promise<string>;
+  /**
+   * The same script opted into Upstash's per-key locking: a shebang with `allow-key-locking`
+   * (and `no-writes` for a read-only one), so Upstash locks only its `KEYS`, not the database.
+   * Plain Redis refuses the unknown flag. It is itself for a script already flagged.
+   */
+  readonly keyLocked: Script;
 }
 
 /** Defines a script; its SHA-1 is computed on first use and then cached. */
-export function defineScript(name: string, source: string): Script {
+export function defineScript(
+  name: string,
+  source: string,
+  { readOnly = false }: { readOnly?: boolean } = {},
+): Script {
+  const flags = readOnly ? "no-writes,allow-key-locking" : "allow-key-locking";
+  const keyLocked = script(name, `#!lua flags=${flags}\n${source}`);
+  return script(name, source, keyLocked);
+}
+
+function script(name: string, source: string, keyLocked?: Script): Script {
   let sha1: Promise<string> | undefined;
-  return {
+  const self: Script = {
     name,
     source,
     sha1: () => sha1 ??= digest(source),
+    get keyLocked() {
+      return keyLocked ?? self;
+    },
   };
+  return self;
 }
 
 async function digest(source: string): Promise<string> {

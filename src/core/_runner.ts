@@ -35,6 +35,34 @@ export function checkRedis(redis: RedisLike, what: string): RedisLike {
 /** How long one Redis request may take before it counts as failed, by default. */
 export const DEFAULT_REDIS_TIMEOUT_MS = 2000;
 
+/** How a caller's scripts run: the deadline of one request, and Upstash's per-key locking. */
+export interface RunOptions {
+  timeoutMs: number;
+  /** Send each script's `keyLocked` form (see {@linkcode keyLockingFor}). */
+  keyLocking: boolean;
+}
+
+const DEFAULT_RUN: RunOptions = { timeoutMs: DEFAULT_REDIS_TIMEOUT_MS, keyLocking: false };
+
+/**
+ * Whether scripts opt into Upstash's per-key locking: `option` when given, else on for an
+ * `@upstash/redis` client whose URL is an Upstash database (`*.upstash.io`), off for anything
+ * else (a plain Redis refuses the flag).
+ */
+export function keyLockingFor(redis: RedisLike, option: unknown): boolean {
+  if (option !== undefined) {
+    if (typeof option !== "boolean") throw new TypeError("keyLocking must be true or false");
+    return option;
+  }
+  const url = (redis as { client?: { baseUrl?: unknown } }).client?.baseUrl;
+  if (typeof url !== "string") return false;
+  try {
+    return /(^|\.)upstash\.io$/.test(new URL(url).hostname);
+  } catch {
+    return false;
+  }
+}
+
 /** One script call of a batch. */
 export interface ScriptCall {
   keys: string[];
@@ -48,11 +76,12 @@ export interface ScriptCall {
  */
 export async function runScript(
   redis: RedisLike,
-  script: Script,
+  plain: Script,
   keys: string[],
   args: (string | number)[],
-  timeoutMs = DEFAULT_REDIS_TIMEOUT_MS,
+  { timeoutMs, keyLocking }: RunOptions = DEFAULT_RUN,
 ): Promise<unknown> {
+  const script = keyLocking ? plain.keyLocked : plain;
   const sha1 = await script.sha1();
   try {
     return await deadline(redis.evalsha(sha1, keys, args), script, timeoutMs);
@@ -73,15 +102,17 @@ export async function runScript(
  */
 export async function runScripts(
   redis: RedisLike,
-  script: Script,
+  plain: Script,
   calls: readonly ScriptCall[],
-  timeoutMs = DEFAULT_REDIS_TIMEOUT_MS,
+  options: RunOptions = DEFAULT_RUN,
 ): Promise<unknown[]> {
   if (typeof redis.pipeline !== "function") {
     return Promise.all(
-      calls.map(({ keys, args }) => runScript(redis, script, keys, args, timeoutMs)),
+      calls.map(({ keys, args }) => runScript(redis, plain, keys, args, options)),
     );
   }
+  const { timeoutMs } = options;
+  const script = options.keyLocking ? plain.keyLocked : plain;
   const sha1 = await script.sha1();
   const run = async (indexes: number[], evalsha: boolean) => {
     const pipeline = redis.pipeline!();
@@ -149,8 +180,21 @@ function isCrossSlot(error: unknown): boolean {
   return error instanceof Error && /(^|: )CROSSSLOT /.test(error.message);
 }
 
+// Redis 7 refuses a shebang flag it does not know: the key-locking flag sent to a plain Redis.
+function isUnknownFlag(error: unknown): boolean {
+  return error instanceof Error && /Unexpected flag in script shebang/.test(error.message);
+}
+
 function unavailable(script: Script, cause: unknown): EdgelockError {
   if (cause instanceof EdgelockError) return cause;
+  if (isUnknownFlag(cause)) {
+    return new EdgelockError(
+      "config_error",
+      "This Redis does not know Upstash's allow-key-locking script flag: pass { keyLocking: " +
+        "false } (LOCK_KEY_LOCKING=off for the service) for a plain Redis",
+      { cause },
+    );
+  }
   if (isCrossSlot(cause)) {
     return new EdgelockError(
       "config_error",

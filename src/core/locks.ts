@@ -3,8 +3,10 @@ import {
   checkRedis,
   checkTimeout,
   integers,
+  keyLockingFor,
   parseJsonText,
   type RedisLike,
+  type RunOptions,
   runScript,
   runScripts,
 } from "./_runner.ts";
@@ -96,6 +98,12 @@ export interface LocksOptions {
    */
   cluster?: boolean;
   /**
+   * Send the scripts with Upstash's `allow-key-locking` flag, so Upstash locks only each script's
+   * keys and scripts on different names run in parallel. @default on for an Upstash database
+   * (`*.upstash.io`), off otherwise (plain Redis refuses the flag)
+   */
+  keyLocking?: boolean;
+  /**
    * Told of every operation's outcome, for logs, alerts or tracing (see `@edgelock/edgelock/otel`).
    * Called synchronously; what it throws is ignored.
    */
@@ -138,7 +146,7 @@ export class Locks implements LockClient {
   readonly #redis: RedisLike;
   readonly #keySpace: KeySpace;
   readonly #maxWaiters: number;
-  readonly #timeoutMs: number;
+  readonly #options: RunOptions;
   readonly #fenceWindowMs: number;
   readonly #onEvent: ((event: LockEvent) => void) | undefined;
 
@@ -152,6 +160,7 @@ export class Locks implements LockClient {
       fenceWindowMs,
       stats = true,
       cluster = false,
+      keyLocking,
       onEvent,
     }: LocksOptions = {},
   ) {
@@ -163,7 +172,10 @@ export class Locks implements LockClient {
     this.#redis = redis;
     this.#keySpace = new KeySpace(prefix, stats, cluster);
     this.#maxWaiters = maxWaiters;
-    this.#timeoutMs = checkTimeout(timeoutMs);
+    this.#options = {
+      timeoutMs: checkTimeout(timeoutMs),
+      keyLocking: keyLockingFor(redis, keyLocking),
+    };
     this.#fenceWindowMs = checkDuration(fenceWindowMs, "fenceWindowMs", FENCE_GRACE_MS);
     if (onEvent !== undefined && typeof onEvent !== "function") {
       throw new TypeError("onEvent must be a function");
@@ -172,7 +184,7 @@ export class Locks implements LockClient {
   }
 
   #run(script: Script, keys: string[], args: (string | number)[]): Promise<unknown> {
-    return runScript(this.#redis, script, keys, args, this.#timeoutMs);
+    return runScript(this.#redis, script, keys, args, this.#options);
   }
 
   /** Tells the hook; an operation's Redis failure as an `error` event, then rethrown. */
@@ -408,7 +420,7 @@ export class Locks implements LockClient {
     });
     await (calls.length === 1
       ? this.#run(LEAVE_QUEUE, calls[0]!.keys, calls[0]!.args)
-      : runScripts(this.#redis, LEAVE_QUEUE, calls, this.#timeoutMs)).catch(() => {});
+      : runScripts(this.#redis, LEAVE_QUEUE, calls, this.#options)).catch(() => {});
   }
 
   /** Extends a lease still held by its token; the fence stays the same. */
@@ -462,7 +474,7 @@ export class Locks implements LockClient {
     const replies = await this.#observe(
       refs[0]!.name,
       "renew",
-      () => runScripts(this.#redis, RENEW, calls, this.#timeoutMs),
+      () => runScripts(this.#redis, RENEW, calls, this.#options),
     );
     return refs.map((ref, i) => this.#renewed(ref, replies[i], started));
   }
@@ -529,7 +541,7 @@ export class Locks implements LockClient {
       const { found, next } = mergePages(replies, limit);
       const calls = found.map((name) => ({ keys: this.#inspectKeys(name), args: [] }));
       const infos = calls.length > 0
-        ? await runScripts(this.#redis, INSPECT, calls, this.#timeoutMs)
+        ? await runScripts(this.#redis, INSPECT, calls, this.#options)
         : [];
       const locks = infos.map((info, i) => toInfo(found[i]!, info))
         .filter((info): info is LockInfo & { held: true } => info.held);
@@ -601,7 +613,7 @@ export class Locks implements LockClient {
     const bases = this.#keySpace.bases();
     if (bases.length === 1) return this.#run(script, keys(bases[0]!), args).then((r) => [r]);
     const calls = bases.map((base) => ({ keys: keys(base), args }));
-    return runScripts(this.#redis, script, calls, this.#timeoutMs);
+    return runScripts(this.#redis, script, calls, this.#options);
   }
 
   /** Runs `fn` while holding all of `names`; see {@linkcode withLocks}. */

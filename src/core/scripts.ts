@@ -546,6 +546,7 @@ end
 if #names == limit * 4 + 16 then found[2] = names[#names] end
 return found
 `,
+  { readOnly: true },
 );
 
 /** The held count and the stats hash: `{nowMs, held, field, value, ...}`. Read-only. */
@@ -564,6 +565,7 @@ if fields.err then fields = {} end
 for _, v in ipairs(fields) do reply[#reply + 1] = v end
 return reply
 `,
+  { readOnly: true },
 );
 
 /** The number of audit entries a prefix keeps (its stream is trimmed to them). */
@@ -610,7 +612,8 @@ export const READ_AUDIT = defineScript(
   `
 return redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', tonumber(ARGV[1]))
 `,
+  { readOnly: true },
 );
 
 /** Health check: proves Redis runs scripts. Returns 1. */
-export const PING = defineScript("ping", "return 1");
+export const PING = defineScript("ping", "return 1", { readOnly: true });

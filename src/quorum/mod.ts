@@ -23,7 +23,15 @@
  */
 import { sleep } from "../core/_backoff.ts";
 import { noteSentAt } from "../core/_granted.ts";
-import { checkRedis, checkTimeout, integers, type RedisLike, runScript } from "../core/_runner.ts";
+import {
+  checkRedis,
+  checkTimeout,
+  integers,
+  keyLockingFor,
+  type RedisLike,
+  type RunOptions,
+  runScript,
+} from "../core/_runner.ts";
 import type { Script } from "../core/_lua.ts";
 import {
   checkDuration,
@@ -59,6 +67,11 @@ export interface QuorumLocksOptions {
    * validity. @default 0.01
    */
   driftFactor?: number;
+  /**
+   * Send the scripts with Upstash's `allow-key-locking` flag, as `Locks` with `keyLocking`.
+   * @default decided for each database: on for an Upstash one, off otherwise
+   */
+  keyLocking?: boolean;
 }
 
 const DEFAULT_TTL_MS = 10_000;
@@ -68,7 +81,7 @@ export class QuorumLocks implements LockClient {
   readonly #databases: RedisLike[];
   readonly #majority: number;
   readonly #prefix: string;
-  readonly #timeoutMs: number;
+  readonly #options: RunOptions[];
   readonly #driftFactor: number;
   readonly #down = new Set<number>();
 
@@ -80,7 +93,11 @@ export class QuorumLocks implements LockClient {
     this.#databases = databases.map((db) => checkRedis(db, "QuorumLocks"));
     this.#majority = Math.floor(databases.length / 2) + 1;
     this.#prefix = options.prefix ?? "edgelock";
-    this.#timeoutMs = checkTimeout(options.timeoutMs ?? 500);
+    const timeoutMs = checkTimeout(options.timeoutMs ?? 500);
+    this.#options = databases.map((db) => ({
+      timeoutMs,
+      keyLocking: keyLockingFor(db, options.keyLocking),
+    }));
     const drift = options.driftFactor ?? 0.01;
     if (typeof drift !== "number" || !(drift >= 0 && drift < 0.5)) {
       throw new RangeError("driftFactor must be a number from 0 to 0.5");
@@ -102,7 +119,7 @@ export class QuorumLocks implements LockClient {
   #run(script: Script, name: string, args: (string | number)[], on = this.#all()) {
     return Promise.all(
       on.map((i) =>
-        runScript(this.#databases[i]!, script, [this.#key(name)], args, this.#timeoutMs).then(
+        runScript(this.#databases[i]!, script, [this.#key(name)], args, this.#options[i]).then(
           (reply) => (this.#down.delete(i), reply),
           () => void this.#down.add(i),
         )

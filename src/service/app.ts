@@ -5,7 +5,7 @@ import { type ApiKey, findTenant } from "./auth.ts";
 import { sha256 } from "../core/_crypto.ts";
 import { EdgelockError } from "../core/errors.ts";
 import { Locks } from "../core/locks.ts";
-import { checkTimeout, type RedisLike, runScript } from "../core/_runner.ts";
+import { checkTimeout, keyLockingFor, type RedisLike, runScript } from "../core/_runner.ts";
 import { PING } from "../core/scripts.ts";
 import { Jobs } from "../uses/jobs.ts";
 import { Records } from "../uses/records.ts";
@@ -42,6 +42,8 @@ export interface AppDeps {
   stats?: boolean;
   /** Lay the keys out for a Redis Cluster (`LOCK_KEY_LAYOUT=cluster`; see `Locks`). @default false */
   cluster?: boolean;
+  /** Upstash's per-key locking (`LOCK_KEY_LOCKING`; see `Locks`). @default on for `*.upstash.io` */
+  keyLocking?: boolean;
   /** Per-tenant caps on this instance: concurrent waits and requests per second. */
   limits?: TenantLimits;
   /** Where each request's log line goes. @default one JSON line on the console */
@@ -118,10 +120,12 @@ export function createApp(
     onEvent,
     stats = true,
     cluster = false,
+    keyLocking: keyLockingOption,
   }: AppDeps,
 ): OpenAPIHono<AppEnv> {
   if (apiKeys.length === 0) throw new RangeError("createApp needs at least one API key");
   const timeoutMs = checkTimeout(redisTimeoutMs);
+  const keyLocking = keyLockingFor(redis, keyLockingOption);
   const limiter = tenantLimiter(limits);
   const known = new Map<string, string>();
   // Operators are found as `operator:<name>`, which no tenant name can be (no colon).
@@ -133,7 +137,7 @@ export function createApp(
     })),
   ]);
   const byTenant: ReadonlyMap<string, TenantStores> = new Map(apiKeys.map(({ tenant }) => {
-    const options = { prefix: `${keyPrefix}:${tenant}`, timeoutMs, stats, cluster };
+    const options = { prefix: `${keyPrefix}:${tenant}`, timeoutMs, stats, cluster, keyLocking };
     const tell = onEvent && ((event: LockEvent) => onEvent({ ...event, tenant }));
     return [tenant, {
       locks: new Locks(redis, { ...options, ...(tell && { onEvent: tell }) }),
@@ -245,7 +249,7 @@ export function createApp(
   recordRoutes(app);
   jobRoutes(app);
   app.openapi(healthRoute, async (c) => {
-    await runScript(redis, PING, [], [], timeoutMs);
+    await runScript(redis, PING, [], [], { timeoutMs, keyLocking });
     return c.json({ ok: true as const }, 200);
   });
 

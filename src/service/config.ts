@@ -19,6 +19,11 @@ export interface ServiceConfig {
   limits: TenantLimits;
   /** `LOCK_KEY_LAYOUT`: `single` (one Redis, the default) or `cluster` (a Redis Cluster). */
   cluster: boolean;
+  /**
+   * `LOCK_KEY_LOCKING`: `on` or `off` sends the scripts with or without Upstash's
+   * `allow-key-locking` flag; `auto` (the default, left undefined) turns it on for `*.upstash.io`.
+   */
+  keyLocking?: boolean;
 }
 
 /** Every setting the service reads; any other `LOCK_*` variable is a mistake. */
@@ -28,6 +33,7 @@ export const SETTINGS = [
   "LOCK_API_KEYS",
   "OPERATOR_API_KEYS",
   "LOCK_KEY_PREFIX",
+  "LOCK_KEY_LOCKING",
   "REDIS_TIMEOUT_MS",
   "LOCK_MAX_WAITS",
   "LOCK_RATE_LIMIT",
@@ -88,6 +94,12 @@ export function readConfig(env: Record<string, unknown>): ServiceConfig {
       "LOCK_KEY_LAYOUT must be single (one Redis, Upstash included) or cluster (a Redis Cluster)",
     );
   }
+  const locking = text("LOCK_KEY_LOCKING") ?? "auto";
+  if (locking !== "auto" && locking !== "on" && locking !== "off") {
+    throw new RangeError(
+      "LOCK_KEY_LOCKING must be auto (on for an Upstash database), on or off (a plain Redis)",
+    );
+  }
   return {
     redisUrl,
     redisToken,
@@ -100,6 +112,7 @@ export function readConfig(env: Record<string, unknown>): ServiceConfig {
       ...(requestsPerSecond !== undefined && { requestsPerSecond }),
     },
     cluster: layout === "cluster",
+    ...(locking !== "auto" && { keyLocking: locking === "on" }),
   };
 }
 
@@ -127,7 +140,7 @@ function checkRestUrl(value: string | undefined): string {
 
 /** The parts of a {@linkcode ServiceConfig} that `createApp` takes besides the Redis client. */
 export function appSettings(
-  { apiKeys, operatorKeys, keyPrefix, redisTimeoutMs, limits, cluster }: ServiceConfig,
+  { apiKeys, operatorKeys, keyPrefix, redisTimeoutMs, limits, cluster, keyLocking }: ServiceConfig,
 ): {
   apiKeys: ApiKey[];
   operatorKeys: ApiKey[];
@@ -135,6 +148,7 @@ export function appSettings(
   redisTimeoutMs?: number;
   limits: TenantLimits;
   cluster: boolean;
+  keyLocking?: boolean;
 } {
   return {
     apiKeys,
@@ -143,5 +157,6 @@ export function appSettings(
     ...(redisTimeoutMs !== undefined && { redisTimeoutMs }),
     limits,
     cluster,
+    ...(keyLocking !== undefined && { keyLocking }),
   };
 }

@@ -1,4 +1,12 @@
-import { checkRedis, checkTimeout, integers, type RedisLike, runScript } from "../core/_runner.ts";
+import {
+  checkRedis,
+  checkTimeout,
+  integers,
+  keyLockingFor,
+  type RedisLike,
+  type RunOptions,
+  runScript,
+} from "../core/_runner.ts";
 import { EdgelockError } from "../core/errors.ts";
 import {
   checkDuration,
@@ -58,17 +66,20 @@ export type JobExtension = { extended: true; expiresAt: number } | { extended: f
 export class Jobs implements JobStore {
   readonly #redis: RedisLike;
   readonly #keySpace: KeySpace;
-  readonly #timeoutMs: number;
+  readonly #options: RunOptions;
 
   /** Jobs on `redis` (an `@upstash/redis` client), its keys under `prefix`. */
   constructor(
     redis: RedisLike,
-    { prefix = "edgelock", timeoutMs, stats, cluster }: StoreOptions = {},
+    { prefix = "edgelock", timeoutMs, stats, cluster, keyLocking }: StoreOptions = {},
   ) {
     checkRedis(redis, "Jobs");
     this.#keySpace = new KeySpace(checkPrefix(prefix), stats, cluster);
     this.#redis = redis;
-    this.#timeoutMs = checkTimeout(timeoutMs);
+    this.#options = {
+      timeoutMs: checkTimeout(timeoutMs),
+      keyLocking: keyLockingFor(redis, keyLocking),
+    };
   }
 
   /** Starts a run of `job` unless it runs elsewhere, ran too recently, or ran for this tick. */
@@ -125,7 +136,7 @@ export class Jobs implements JobStore {
   }
 
   #run(script: Script, keys: string[], args: (string | number)[]): Promise<unknown> {
-    return runScript(this.#redis, script, keys, args, this.#timeoutMs);
+    return runScript(this.#redis, script, keys, args, this.#options);
   }
 
   #jobKeys(job: string): [string, string] {

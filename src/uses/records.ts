@@ -2,8 +2,10 @@ import {
   checkRedis,
   checkTimeout,
   integers,
+  keyLockingFor,
   parseJsonText,
   type RedisLike,
+  type RunOptions,
   runScript,
 } from "../core/_runner.ts";
 import {
@@ -34,6 +36,8 @@ export interface StoreOptions {
   stats?: boolean;
   /** Lay the keys out for a Redis Cluster, as `Locks` with `cluster` (the same for both). @default false */
   cluster?: boolean;
+  /** Send the scripts with Upstash's `allow-key-locking` flag, as `Locks` with `keyLocking`. */
+  keyLocking?: boolean;
 }
 
 /** Record kinds; each has its own key space. */
@@ -135,17 +139,20 @@ export type ClaimRenewal = { renewed: true; leaseExpiresAt: number } | { renewed
 export class Records implements RecordStore {
   readonly #redis: RedisLike;
   readonly #keySpace: KeySpace;
-  readonly #timeoutMs: number;
+  readonly #options: RunOptions;
 
   /** Records on `redis` (an `@upstash/redis` client), its keys under `prefix`. */
   constructor(
     redis: RedisLike,
-    { prefix = "edgelock", timeoutMs, stats, cluster }: StoreOptions = {},
+    { prefix = "edgelock", timeoutMs, stats, cluster, keyLocking }: StoreOptions = {},
   ) {
     checkRedis(redis, "Records");
     this.#keySpace = new KeySpace(checkPrefix(prefix), stats, cluster);
     this.#redis = redis;
-    this.#timeoutMs = checkTimeout(timeoutMs);
+    this.#options = {
+      timeoutMs: checkTimeout(timeoutMs),
+      keyLocking: keyLockingFor(redis, keyLocking),
+    };
   }
 
   /**
@@ -250,7 +257,7 @@ export class Records implements RecordStore {
   }
 
   #run(script: Script, keys: string[], args: (string | number)[]): Promise<unknown> {
-    return runScript(this.#redis, script, keys, args, this.#timeoutMs);
+    return runScript(this.#redis, script, keys, args, this.#options);
   }
 
   // The id sits in a hash tag so a record's keys share a cluster slot.
