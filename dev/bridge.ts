@@ -811,44 +811,53 @@ export async function bridgeOptionsFromEnv(env: Env): Promise<BridgeOptions> {
 }
 
 if (import.meta.main) {
-  let fromEnv: BridgeOptions;
-  try {
-    fromEnv = await bridgeOptionsFromEnv((name) => Deno.env.get(name));
-  } catch (error) {
-    console.error(`edgelock bridge: ${(error as Error).message}`);
-    Deno.exit(2);
-  }
+  // Flags first (so --help and a bad flag need no env), then the env with the given flags over it.
   const flags = cli(
     "edgelock bridge",
     'deno task bridge [flags]   (configured by env: see the README\'s "Running the bridge")',
     {
       port: {
         type: "number",
-        default: fromEnv.port!,
+        default: 8079,
         min: 0,
         max: 65535,
         help: "port, 0 for a free one (BRIDGE_PORT)",
       },
-      hostname: { type: "string", default: fromEnv.hostname!, help: "address (BRIDGE_HOSTNAME)" },
-      redis: { type: "string", default: fromEnv.redisUrl, help: "the redis-server (REDIS_URL)" },
+      hostname: { type: "string", default: "127.0.0.1", help: "address (BRIDGE_HOSTNAME)" },
+      redis: {
+        type: "string",
+        default: "redis://127.0.0.1:6379",
+        help: "the redis-server (REDIS_URL)",
+      },
       "grace-ms": {
         type: "number",
-        default: fromEnv.shutdownGraceMs!,
+        default: 5000,
         min: 0,
         max: 600_000,
         help: "on SIGTERM, how long in-flight requests may finish (BRIDGE_GRACE_MS)",
       },
     },
   );
+  const given = (flag: string) =>
+    Deno.args.some((a) => a === `--${flag}` || a.startsWith(`--${flag}=`));
+  const overrides: Record<string, string | undefined> = {
+    BRIDGE_PORT: given("port") ? String(flags.port) : undefined,
+    BRIDGE_HOSTNAME: given("hostname") ? flags.hostname : undefined,
+    REDIS_URL: given("redis") ? flags.redis : undefined,
+    BRIDGE_GRACE_MS: given("grace-ms") ? String(flags["grace-ms"]) : undefined,
+  };
+  let fromEnv: BridgeOptions;
   try {
-    const bridge = await startBridge({
-      ...fromEnv,
-      redisUrl: flags.redis,
-      port: flags.port,
-      hostname: flags.hostname,
-      shutdownGraceMs: flags["grace-ms"],
-    });
-    const front = fromEnv.clusterUrls ? `the Redis Cluster at ${fromEnv.clusterUrls}` : flags.redis;
+    fromEnv = await bridgeOptionsFromEnv((name) => overrides[name] ?? Deno.env.get(name));
+  } catch (error) {
+    console.error(`edgelock bridge: ${(error as Error).message}`);
+    Deno.exit(2);
+  }
+  try {
+    const bridge = await startBridge(fromEnv);
+    const front = fromEnv.clusterUrls
+      ? `the Redis Cluster at ${fromEnv.clusterUrls}`
+      : fromEnv.redisUrl;
     console.error(`Upstash REST bridge on ${bridge.url} in front of ${front}`);
     const stop = async () => {
       await bridge.close();
@@ -861,7 +870,7 @@ if (import.meta.main) {
     console.error(
       `edgelock bridge: ${
         inUse
-          ? `port ${flags.port} is in use; choose another with --port`
+          ? `port ${fromEnv.port} is in use; choose another with --port`
           : (error as Error).message
       }`,
     );
