@@ -1,16 +1,21 @@
 // Flags for the repository's tools (dev, bridge, bench, torture): --help, and an error, not a
 // silent default, for an unknown flag or a bad value.
 
-/** One flag: a number within bounds, a string, or a switch. */
+/**
+ * One flag: a number within bounds, a string, or a switch. A number or string flag without a
+ * default is `undefined` when not given (for a tool whose defaults live elsewhere, e.g. its env).
+ */
 export type Flag =
-  | { type: "number"; default: number; min: number; max: number; help: string }
-  | { type: "string"; default: string; help: string }
+  | { type: "number"; default?: number; min: number; max: number; help: string }
+  | { type: "string"; default?: string; help: string }
   | { type: "boolean"; help: string };
 
 type Values<F extends Record<string, Flag>> = {
-  [K in keyof F]: F[K] extends { type: "number" } ? number
-    : F[K] extends { type: "string" } ? string
-    : boolean;
+  [K in keyof F]: F[K] extends { type: "boolean" } ? boolean
+    : F[K] extends { type: "number"; default: number } ? number
+    : F[K] extends { type: "string"; default: string } ? string
+    : F[K] extends { type: "number" } ? number | undefined
+    : string | undefined;
 };
 
 /** A bad command line: the message says what and how to fix it. */
@@ -59,7 +64,9 @@ export function helpText(usage: string, flags: Record<string, Flag>): string {
   const lines = [usage, "", "Flags:"];
   for (const [name, flag] of Object.entries(flags)) {
     const left = flag.type === "boolean" ? `--${name}` : `--${name} <${flag.type}>`;
-    const fallback = flag.type === "boolean" ? "" : ` (default ${flag.default})`;
+    const fallback = flag.type === "boolean" || flag.default === undefined
+      ? ""
+      : ` (default ${flag.default})`;
     lines.push(`  ${left.padEnd(24)} ${flag.help}${fallback}`);
   }
   lines.push(`  ${"--help".padEnd(24)} show this help`);

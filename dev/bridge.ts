@@ -811,44 +811,33 @@ export async function bridgeOptionsFromEnv(env: Env): Promise<BridgeOptions> {
 }
 
 if (import.meta.main) {
-  // Flags first (so --help and a bad flag need no env), then the env with the given flags over it.
+  // Flags first (so --help and a bad flag need no env); a flag given overrides its variable.
   const flags = cli(
     "edgelock bridge",
     'deno task bridge [flags]   (configured by env: see the README\'s "Running the bridge")',
     {
-      port: {
-        type: "number",
-        default: 8079,
-        min: 0,
-        max: 65535,
-        help: "port, 0 for a free one (BRIDGE_PORT)",
-      },
-      hostname: { type: "string", default: "127.0.0.1", help: "address (BRIDGE_HOSTNAME)" },
-      redis: {
-        type: "string",
-        default: "redis://127.0.0.1:6379",
-        help: "the redis-server (REDIS_URL)",
-      },
+      port: { type: "number", min: 0, max: 65535, help: "port, 0 for a free one (BRIDGE_PORT)" },
+      hostname: { type: "string", help: "address (BRIDGE_HOSTNAME)" },
+      redis: { type: "string", help: "the redis-server (REDIS_URL)" },
       "grace-ms": {
         type: "number",
-        default: 5000,
         min: 0,
         max: 600_000,
         help: "on SIGTERM, how long in-flight requests may finish (BRIDGE_GRACE_MS)",
       },
     },
   );
-  const given = (flag: string) =>
-    Deno.args.some((a) => a === `--${flag}` || a.startsWith(`--${flag}=`));
-  const overrides: Record<string, string | undefined> = {
-    BRIDGE_PORT: given("port") ? String(flags.port) : undefined,
-    BRIDGE_HOSTNAME: given("hostname") ? flags.hostname : undefined,
-    REDIS_URL: given("redis") ? flags.redis : undefined,
-    BRIDGE_GRACE_MS: given("grace-ms") ? String(flags["grace-ms"]) : undefined,
+  const overrides: Record<string, number | string | undefined> = {
+    BRIDGE_PORT: flags.port,
+    BRIDGE_HOSTNAME: flags.hostname,
+    REDIS_URL: flags.redis,
+    BRIDGE_GRACE_MS: flags["grace-ms"],
   };
   let fromEnv: BridgeOptions;
   try {
-    fromEnv = await bridgeOptionsFromEnv((name) => overrides[name] ?? Deno.env.get(name));
+    fromEnv = await bridgeOptionsFromEnv((name) =>
+      overrides[name]?.toString() ?? Deno.env.get(name)
+    );
   } catch (error) {
     console.error(`edgelock bridge: ${(error as Error).message}`);
     Deno.exit(2);
