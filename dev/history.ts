@@ -9,7 +9,7 @@
  */
 import type { RedisLike } from "../src/core/_runner.ts";
 import type { Script } from "../src/core/_lua.ts";
-import { RELEASE } from "../src/core/scripts.ts";
+import { ACQUIRE, RELEASE } from "../src/core/scripts.ts";
 import { ACQUIRE_SHARED } from "../src/core/shared_scripts.ts";
 import { ACQUIRE_ALL } from "../src/core/multi_scripts.ts";
 
@@ -33,6 +33,8 @@ export type Operation =
     permits?: number;
     /** Part of a multi-name acquire (all its names' entries share the token). */
     multi?: boolean;
+    /** A reentrant acquire's hold id. */
+    hold?: string;
   }
   | {
     op: "renew";
@@ -53,6 +55,8 @@ export type Operation =
     invokedAt: number;
     completedAt: number;
     outcome: "released" | "not_held" | "failed";
+    /** The reentrant hold it ends. */
+    hold?: string;
   };
 
 /** A violation the checker found. */
@@ -168,15 +172,31 @@ export function check(
     }
   }
   // A release may have taken effect as early as the first attempt's invocation, whatever its
-  // reply said: the reply may be lost, or be that of a duplicate or retry.
+  // reply said: the reply may be lost, or be that of a duplicate or retry. A reentrant lease
+  // ends only once every hold it was granted has had its release sent: the latest of those.
   const firstRelease = new Map<string, number>();
+  const holds = new Map<string, Map<string, number>>(); // by lease: hold id -> its first release
+  for (const op of history) {
+    if (op.op === "acquire" && op.outcome === "acquired") {
+      const k = key(op.name, op.token);
+      if (!holds.has(k)) holds.set(k, new Map());
+      const mine = holds.get(k)!;
+      if (!mine.has(op.hold ?? "")) mine.set(op.hold ?? "", Infinity);
+    }
+  }
   for (const op of history) {
     if (op.op === "release") {
       const k = key(op.name, op.token);
       firstRelease.set(k, Math.min(firstRelease.get(k) ?? Infinity, op.invokedAt));
-      const span = spans.get(k);
-      if (span) span.end = Math.min(span.end, Math.max(span.start, op.invokedAt));
+      const mine = holds.get(k);
+      const hold = op.hold ?? "";
+      if (mine?.has(hold)) mine.set(hold, Math.min(mine.get(hold)!, op.invokedAt));
     }
+  }
+  for (const [k, mine] of holds) {
+    const span = spans.get(k);
+    const last = Math.max(...mine.values());
+    if (span && last < Infinity) span.end = Math.min(span.end, Math.max(span.start, last));
   }
 
   const byName = new Map<string, LeaseSpan[]>();
@@ -326,7 +346,15 @@ export function check(
 }
 
 /** The rules the torture run can break on purpose, each of which the checker must catch. */
-export const BROKEN_RULES = ["release", "shared", "limit", "multi", "fence"] as const;
+export const BROKEN_RULES = [
+  "release",
+  "shared",
+  "limit",
+  "multi",
+  "fence",
+  "reentry",
+  "hold",
+] as const;
 /** One of {@linkcode BROKEN_RULES}. */
 export type BrokenRule = typeof BROKEN_RULES[number];
 
@@ -345,7 +373,8 @@ const BREAKS: Record<BrokenRule, [Script, string, string]> = {
     `for i = 1, n do
   if not blocked[i] and not held[i] then
     writeHeld(lockKey(i), {fence = string.format('%.0f', nowUs), leaseEnd = nowMs + ttlMs,
-      at = nowMs, hold = 20, flag = '0', token = token, meta = '', count = 1, released = ''},
+      at = nowMs, hold = 20, flag = '0', token = token, meta = '', holds = newHolds(''),
+      released = ''},
       nowMs, graceMs)
   end
 end
@@ -353,6 +382,14 @@ local places, position = {}, -1`,
   ],
   // Shared and semaphore leases reuse the last fence instead of a higher one.
   fence: [ACQUIRE_SHARED, "math.max(nowUs, floor + 1)", "math.max(floor, 1)"],
+  // A holder's acquire again (a reentrant hold) sets the lease end to its own TTL, shortening it.
+  reentry: [
+    ACQUIRE,
+    "r.leaseEnd = math.max(r.leaseEnd, nowMs + ttlMs)",
+    "r.leaseEnd = nowMs + ttlMs",
+  ],
+  // A release of a hold that is gone (a retry) ends another hold instead.
+  hold: [RELEASE, "if i then table.remove(holds.ids, i) end", "table.remove(holds.ids, i)"],
 };
 
 /** Runs the script of `rule` with its check removed, in place of the real one. */

@@ -83,10 +83,13 @@ export async function holderOf(
     : undefined;
 }
 
-/** The Redis keys of lock `name`, laid out as the library does: the record, queue, tickets. */
-export function lockKeys(name: string, prefix = "edgelock"): [string, string, string] {
+/**
+ * The Redis keys the exclusive acquire of lock `name` takes, laid out as the library does: the
+ * record, queue, tickets and released marks.
+ */
+export function lockKeys(name: string, prefix = "edgelock"): [string, string, string, string] {
   const base = `${prefix}:lock:{${name}}`;
-  return [base, `${base}:queue`, `${base}:tickets`];
+  return [base, `${base}:queue`, `${base}:tickets`, `${base}:released`];
 }
 
 /**
@@ -100,6 +103,7 @@ export async function takeTicket(
   ticketMs: number,
   { prefix = "edgelock", maxWaiters = 128 } = {},
 ): Promise<number[]> {
-  const args = [token, 1000, "", FENCE_GRACE_MS, ticketMs, maxWaiters];
+  // token, ttlMs, meta, graceMs, ticketMs, maxWaiters, name, waitedMs, waiting, hold
+  const args = [token, 1000, "", FENCE_GRACE_MS, ticketMs, maxWaiters, name, 0, "1", ""];
   return await runScript(redis, ACQUIRE, lockKeys(name, prefix), args) as number[];
 }

@@ -70,20 +70,22 @@ export async function everyOperation(
   await locks.acquire(name, { limit: 4 }).catch(() => {}); // limit_mismatch
   await locks.acquire(name, { limit: 3, permits: 2, waitMs: 120 }); // queues, leaves
   if (permits.acquired) {
-    await locks.acquire(name, {
+    const inner = await locks.acquire(name, {
       limit: 3,
       permits: 2,
       reentrant: true,
       token: permits.lease.token,
     });
     await locks.release(permits.lease);
+    if (inner.acquired) await locks.release(inner.lease);
   }
   await locks.break(name, { by: "ops" });
   const twice = await locks.acquire(name, { reentrant: true });
   if (twice.acquired) {
-    await locks.acquire(name, { reentrant: true, token: twice.lease.token });
+    const inner = await locks.acquire(name, { reentrant: true, token: twice.lease.token });
     await locks.release(twice.lease);
-    await locks.release(twice.lease);
+    await locks.release(twice.lease); // a retry: no hold more
+    if (inner.acquired) await locks.release(inner.lease);
   }
   const group = [`{${name}}a`, `{${name}}b`];
   const both = await locks.acquireAll(group, { ttlMs: 2000 });

@@ -613,6 +613,28 @@ Deno.test("the HTTP service's limits and deadlines", async (t) => {
       assert.throws(() => make({ requestsPerSecond: -1 }), /requestsPerSecond must be/);
     });
 
+    await t.step(
+      "a list page counts as its limit against the rate, so no request makes unbounded work",
+      async () => {
+        const get = (app: ReturnType<typeof make>, path: string) =>
+          app.request(path, { headers: { authorization: `Bearer ${secret}` } });
+        const small = await get(make({ requestsPerSecond: 5 }), "/v1/locks?limit=2");
+        assert.equal(small.status, 200, "2 of 5 requests' worth");
+        await small.body?.cancel();
+        const big = await problemOf(
+          await get(make({ requestsPerSecond: 5 }), "/v1/locks?limit=1000"),
+        );
+        assert.equal(big.status, 429, "a page of 1000 is over a rate of 5");
+        assert.equal(big.code, "too_many_requests");
+        let now = 0;
+        const limiter = tenantLimiter({ requestsPerSecond: 100 }, () => now);
+        limiter.admit("a", 60);
+        assert.throws(() => limiter.admit("a", 60), /Over 100 requests per second/);
+        now = 200; // 20 more tokens: 60 again
+        limiter.admit("a", 60);
+      },
+    );
+
     await t.step("the rate limit refills continuously, per tenant (a stepped clock)", () => {
       let now = 0;
       const limiter = tenantLimiter({ requestsPerSecond: 5 }, () => now);

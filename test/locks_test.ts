@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { EdgelockError, type Lease, Locks } from "@edgelock/edgelock";
 import { Redis } from "@upstash/redis";
 import { freePort } from "../dev/redis_server.ts";
-import { FENCE_GRACE_MS } from "../src/core/scripts.ts";
+import { FENCE_GRACE_MS, RELEASE_MEMORY_MS } from "../src/core/scripts.ts";
 import { acquired, holderOf, keygen, startBackend, until } from "./_backend.ts";
 
 const lockKey = (name: string) => `edgelock:lock:{${name}}`;
@@ -125,20 +125,26 @@ Deno.test("Locks", async (t) => {
     );
 
     await t.step(
-      "a released name leaves one small record for fenceWindowMs, then nothing",
+      "a released name leaves a small record for fenceWindowMs and its release mark, then nothing",
       async () => {
         const short = new Locks(redis, { fenceWindowMs: 1000 });
         const name = keygen();
         const lease = acquired(await short.acquire(name, { ttlMs: 5000 }));
         assert.equal(await short.release(lease), true);
+        const marks = `${lockKey(name)}:released`;
         const { Redis: IORedis } = await import("ioredis");
         const tcp = new IORedis(backend.server.url);
         try {
-          const bytes = Number(await tcp.memory("USAGE", lockKey(name)));
-          // One key: about 100 bytes of Redis overhead and value, plus the name itself.
+          // The README's bound: the record about 100 bytes plus the name, the mark (for retried
+          // releases) about 100 bytes plus the name and the token.
           const keys = await tcp.keys(`*{${name}}*`);
-          assert.deepEqual(keys, [lockKey(name)]);
-          assert.ok(bytes > 0 && bytes <= 100 + name.length + 16, `the residue is ${bytes} bytes`);
+          assert.deepEqual(keys.sort(), [lockKey(name), marks]);
+          const record = Number(await tcp.memory("USAGE", lockKey(name)));
+          assert.ok(record <= 100 + name.length + 16, `the record is ${record} bytes`);
+          const mark = Number(await tcp.memory("USAGE", marks));
+          assert.ok(mark <= 120 + name.length + lease.token.length, `the mark is ${mark} bytes`);
+          const markTtl = await tcp.pttl(marks);
+          assert.ok(markTtl > 0 && markTtl <= RELEASE_MEMORY_MS, `the mark lives ${markTtl} ms`);
         } finally {
           tcp.disconnect();
         }
@@ -148,6 +154,32 @@ Deno.test("Locks", async (t) => {
         const next = acquired(await short.acquire(name));
         assert.ok(next.fence > lease.fence, "still above the old fence (the clock is ahead)");
         assert.throws(() => new Locks(redis, { fenceWindowMs: 999 }), /fenceWindowMs/);
+      },
+    );
+
+    await t.step(
+      "a lease that runs out unreleased leaves its record, meta included, for fenceWindowMs",
+      async () => {
+        const name = keygen();
+        const meta = { note: "x".repeat(1000) }; // about the 1 KiB limit
+        acquired(await locks.acquire(name, { ttlMs: 100, meta }));
+        await until("the lease ran out", async () => !(await locks.inspect(name)).held);
+        const { Redis: IORedis } = await import("ioredis");
+        const tcp = new IORedis(backend.server.url);
+        try {
+          const keys = await tcp.keys(`*{${name}}*`);
+          assert.deepEqual(keys, [lockKey(name)], "only the record");
+          // The README's bound for a lease that was never released: the record with its meta,
+          // about 200 bytes plus the name, the token and the meta's JSON, and up to a quarter
+          // more where the allocator rounds a large value up.
+          const bytes = Number(await tcp.memory("USAGE", lockKey(name)));
+          const bound = 1.25 * (200 + name.length + 22 + JSON.stringify(meta).length);
+          assert.ok(bytes <= bound, `the residue is ${bytes} bytes, over ${bound}`);
+          const pttl = await tcp.pttl(lockKey(name));
+          assert.ok(pttl > 0 && pttl <= FENCE_GRACE_MS, `kept ${pttl} ms`);
+        } finally {
+          tcp.disconnect();
+        }
       },
     );
 
@@ -170,10 +202,13 @@ Deno.test("Locks", async (t) => {
       assert.equal(renewed.lease.expiresAt, renewed.lease.serverTime + 1500);
       const left = await leaseLeft(name);
       assert.ok(left > 1300 && left <= 1500, `lease left ${left}`);
+      // A renewal never shortens a lease, and its reply tells the end the lease keeps.
       const short = await locks.renew(renewed.lease, { ttlMs: 250 });
       assert.ok(short.renewed);
       const shortLeft = await leaseLeft(name);
-      assert.ok(shortLeft > 100 && shortLeft <= 250, `lease left ${shortLeft}`);
+      assert.ok(shortLeft > 250, `lease left ${shortLeft}`);
+      assert.ok(short.lease.expiresAt >= renewed.lease.expiresAt, "the reply says so");
+      assert.ok(Math.abs(short.lease.ttlMs - shortLeft) < 50, `told ${short.lease.ttlMs}`);
     });
 
     await t.step("inspect() shows fence, TTL and meta but never the token", async () => {

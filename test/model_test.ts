@@ -1,8 +1,11 @@
 // Model-based test of the lease rules: random command sequences run against the library on a
 // real redis-server whose clock the test moves (forward, and back), and against a small
 // reference model of the rules the README states. Any difference fails, and fast-check shrinks
-// it to a short sequence. A variant with one rule broken (release without the token check) must
-// fail, so the test is known to bite.
+// it to a short sequence. Beside the model, a safety check judged only from the replies: no other
+// token is granted the name before the latest end any reply told its holder, unless that
+// holder's last hold was released. Variants with one rule broken (release without the token
+// check, a reentrant hold that shortens the lease, a retried hold release that ends another hold)
+// must fail, so the test is known to bite.
 //
 // Runs: MODEL_RUNS (default 200 in the suite; `MODEL_RUNS=3000 deno test -A test/model_test.ts`).
 import assert from "node:assert/strict";
@@ -10,8 +13,8 @@ import fc from "fast-check";
 import { Locks } from "../src/core/locks.ts";
 import type { Lease } from "../src/core/types.ts";
 import type { RedisLike } from "../src/core/_runner.ts";
-import { MIN_RETRY_MS } from "../src/core/scripts.ts";
-import { withBrokenRelease } from "../dev/history.ts";
+import { MIN_RETRY_MS, RELEASE_MEMORY_MS } from "../src/core/scripts.ts";
+import { type BrokenRule, withBroken } from "../dev/history.ts";
 import { type ShiftedRedisServer, startShiftedRedisServer } from "../dev/clock_shift.ts";
 import { type Backend, keygen, lockKeys, startBackend, takeTicket } from "./_backend.ts";
 
@@ -27,7 +30,8 @@ type Cmd =
   | { kind: "wait"; who: number; ttlMs: number }
   | { kind: "vanish"; who: number; ticketMs: number }
   | { kind: "renew"; who: number; ttlMs: number }
-  | { kind: "release"; who: number; withFence: boolean }
+  | { kind: "reenter"; who: number; ttlMs: number; hold: number }
+  | { kind: "release"; who: number; withFence: boolean; hold: number | null }
   | { kind: "inspect" }
   | { kind: "advance"; ms: number }
   | { kind: "stepBack"; ms: number }
@@ -36,6 +40,7 @@ type Cmd =
 
 const who = fc.integer({ min: 0, max: 2 }); // the third only ever finds the queue full
 const ttlMs = fc.constantFrom(1000, 3000, 20_000);
+const hold = fc.integer({ min: 0, max: 2 }); // a hold id; the same one again is a retry
 const command: fc.Arbitrary<Cmd> = fc.oneof(
   { weight: 4, arbitrary: fc.record({ kind: fc.constant("acquire" as const), who, ttlMs }) },
   { weight: 2, arbitrary: fc.record({ kind: fc.constant("wait" as const), who, ttlMs }) },
@@ -50,7 +55,16 @@ const command: fc.Arbitrary<Cmd> = fc.oneof(
   { weight: 3, arbitrary: fc.record({ kind: fc.constant("renew" as const), who, ttlMs }) },
   {
     weight: 3,
-    arbitrary: fc.record({ kind: fc.constant("release" as const), who, withFence: fc.boolean() }),
+    arbitrary: fc.record({ kind: fc.constant("reenter" as const), who, ttlMs, hold }),
+  },
+  {
+    weight: 4,
+    arbitrary: fc.record({
+      kind: fc.constant("release" as const),
+      who,
+      withFence: fc.boolean(),
+      hold: fc.option(hold, { nil: null }),
+    }),
   },
   { weight: 1, arbitrary: fc.record({ kind: fc.constant("inspect" as const) }) },
   {
@@ -72,10 +86,20 @@ const command: fc.Arbitrary<Cmd> = fc.oneof(
 );
 
 /** The rules, as the README states them, for one lock name. Times are server-clock ms. */
+interface Holder {
+  token: string;
+  fence: number;
+  expiresAt: number | null; // null: no TTL
+  anon: number; // holds without an id (plain acquires)
+  ids: string[]; // reentrant holds' ids, in order
+}
+
 class Model {
-  holder?: { token: string; fence: number; expiresAt: number | null }; // null: no TTL
+  holder?: Holder;
   floorFence?: number; // the fence floor's `fence`, while the floor hash holds it
   marker?: string; // `token:fence` of the last release
+  marks = new Map<string, number>(); // released leases' fences by token, forgotten on a grant
+  marksExpireAt?: number; // the marks' key lives RELEASE_MEMORY_MS from its last write
   queue: { token: string; deadline: number }[] = []; // live tickets in arrival order
   lastFence = new Map<string, number>(); // what each client knows of its last lease
   maxFence = 0;
@@ -92,11 +116,17 @@ class Model {
       this.holder = undefined;
     }
     this.queue = this.queue.filter((t) => t.deadline > now || passed(t.deadline));
+    if (this.marksExpireAt !== undefined && this.marksExpireAt <= now) {
+      passed(this.marksExpireAt);
+      this.marks.clear();
+      this.marksExpireAt = undefined;
+    }
   }
 
   deadlines(): number[] {
     const all = this.queue.map((t) => t.deadline);
     if (this.holder?.expiresAt != null) all.push(this.holder.expiresAt);
+    if (this.marksExpireAt !== undefined) all.push(this.marksExpireAt);
     return all;
   }
 }
@@ -132,23 +162,39 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
   const model = new Model();
   const name = keygen("m");
   const tokens = [0, 1, 2].map((i) => `model-token-${i}-${name.slice(-12)}`);
+  const holdIds = [0, 1, 2].map((i) => `model-hold-${i}`);
   const keys = lockKeys(name);
   const seen: string[] = [];
   const fail = (message: string) => {
     throw new Error(`${message}\nafter: ${seen.join(" → ")}`);
   };
+  // From the replies alone: the latest end any reply told the lease that holds the name.
+  let told: { token: string; fence: number; until: number } | undefined;
+  const tell = (lease: Lease) => {
+    if (told?.token === lease.token && told.fence === lease.fence) {
+      told.until = Math.max(told.until, lease.expiresAt);
+    } else {
+      if (told && lease.serverTime < told.until) {
+        fail(`granted at ${lease.serverTime} while a lease was told it lasts to ${told.until}`);
+      }
+      told = { token: lease.token, fence: lease.fence, until: lease.expiresAt };
+    }
+  };
 
   // What an acquire-like call should do, by the rules. Returns the expected outcome.
-  const decide = (token: string, ttl: number, ticketMs: number, t: number) => {
+  const decide = (token: string, ttl: number, ticketMs: number, t: number, hold = "") => {
     const holder = model.holder;
     if (holder?.token === token) {
-      holder.expiresAt = t + ttl;
+      if (hold !== "" && !holder.ids.includes(hold)) holder.ids.push(hold);
+      // No hold ends the lease before the end another hold was told.
+      holder.expiresAt = Math.max(holder.expiresAt ?? 0, t + ttl);
       model.floorFence ??= holder.fence;
       return { acquired: true as const, fence: holder.fence };
     }
     const head = model.queue[0];
     if (!holder && (!head || head.token === token)) {
       model.queue = model.queue.filter((q) => q.token !== token);
+      model.marks.delete(token); // a grant forgets the token's release mark
       return { acquired: true as const };
     }
     if (holder?.expiresAt === null) holder.expiresAt = t + LONGEST_LEASE_MS; // repaired
@@ -168,13 +214,15 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
     return { acquired: false as const, position };
   };
 
-  const granted = (token: string, ttl: number, lease: Lease, expectedFence?: number) => {
+  const granted = (token: string, ttl: number, lease: Lease, expectedFence?: number, hold = "") => {
     const t = now(ctx);
     if (Math.abs(lease.serverTime - t) > MARGIN_MS) fail(`serverTime ${lease.serverTime} vs ${t}`);
+    tell(lease);
     if (expectedFence !== undefined) {
       if (lease.fence !== expectedFence) {
         fail(`a retry got fence ${lease.fence}, not ${expectedFence}`);
       }
+      checkLease(lease);
       return;
     }
     // A new fence is above every earlier one while the floor lives, or while the clock is ahead.
@@ -182,12 +230,31 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
     if (guaranteed && lease.fence <= model.maxFence) {
       fail(`fence ${lease.fence} is not above ${model.maxFence}`);
     }
-    model.holder = { token, fence: lease.fence, expiresAt: t + ttl };
+    model.holder = {
+      token,
+      fence: lease.fence,
+      expiresAt: t + ttl,
+      anon: hold === "" ? 1 : 0,
+      ids: hold === "" ? [] : [hold],
+    };
+    checkLease(lease);
     model.floorFence = lease.fence;
     // Lost floor and a clock behind the last fence: the README's stated exception. The chain of
     // strictly increasing fences starts again from this one.
     model.maxFence = guaranteed ? Math.max(model.maxFence, lease.fence) : lease.fence;
     model.lastFence.set(token, lease.fence);
+  };
+
+  // A lease's reply tells the lease's true end and, when reentrant, its holds.
+  const checkLease = (lease: Lease) => {
+    const holder = model.holder!;
+    if (Math.abs(lease.expiresAt - holder.expiresAt!) > MARGIN_MS) {
+      fail(`told the lease ends at ${lease.expiresAt}, the model says ${holder.expiresAt}`);
+    }
+    const holds = holder.anon + holder.ids.length;
+    if (lease.holdCount !== undefined && lease.holdCount !== holds) {
+      fail(`holdCount ${lease.holdCount}, the model says ${holds}`);
+    }
   };
 
   const checkHint = (retryAfterMs: number, t: number) => {
@@ -204,19 +271,22 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
     const t = now(ctx);
     switch (cmd.kind) {
       case "acquire":
-      case "wait": {
+      case "wait":
+      case "reenter": {
         const token = tokens[cmd.who]!;
         const ticketMs = cmd.kind === "wait" ? 310 : 0; // what Locks asks for a 60 ms wait
-        const expected = decide(token, cmd.ttlMs, ticketMs, t);
+        const hold = cmd.kind === "reenter" ? holdIds[cmd.hold]! : "";
+        const expected = decide(token, cmd.ttlMs, ticketMs, t, hold);
         const result = await ctx.locks.acquire(name, {
           token,
           ttlMs: cmd.ttlMs,
           ...(cmd.kind === "wait" && { waitMs: 60 }),
+          ...(hold !== "" && { reentrant: true, hold }),
         });
         if (result.acquired !== expected.acquired) {
           fail(`acquire: ${result.acquired}, the model says ${expected.acquired}`);
         }
-        if (result.acquired) granted(token, cmd.ttlMs, result.lease, expected.fence);
+        if (result.acquired) granted(token, cmd.ttlMs, result.lease, expected.fence, hold);
         else {
           if (cmd.kind === "wait") model.queue = model.queue.filter((q) => q.token !== token);
           const reason = !expected.acquired && expected.position === -2 ? "queue_full" : "busy";
@@ -253,25 +323,44 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
         if (result.renewed !== holds) fail(`renew: ${result.renewed}, the model says ${holds}`);
         if (result.renewed) {
           if (result.lease.fence !== model.holder!.fence) fail("renew changed the fence");
-          model.holder!.expiresAt = t + cmd.ttlMs;
+          // A renewal never shortens a lease: another hold may have been told the later end.
+          model.holder!.expiresAt = Math.max(model.holder!.expiresAt ?? 0, t + cmd.ttlMs);
           model.floorFence ??= model.holder!.fence;
+          tell(result.lease);
+          checkLease(result.lease);
         }
         break;
       }
       case "release": {
         const token = tokens[cmd.who]!;
         const fence = cmd.withFence ? model.lastFence.get(token) : undefined;
-        const released = await ctx.locks.release({ name, token, ...(fence && { fence }) });
+        const hold = cmd.hold === null ? "" : holdIds[cmd.hold]!;
+        const released = await ctx.locks.release({
+          name,
+          token,
+          ...(fence && { fence }),
+          ...(hold !== "" && { hold }),
+        });
         let expected: boolean;
         const holder = model.holder;
         if (holder?.token === token && (fence === undefined || fence === holder.fence)) {
           expected = true;
-          model.holder = undefined;
-          model.floorFence = holder.fence;
-          model.marker = `${token}:${holder.fence}`;
+          // The hold with this id, or without one a plain hold; none when it is gone (a retry).
+          if (hold !== "") {
+            if (holder.ids.includes(hold)) holder.ids.splice(holder.ids.indexOf(hold), 1);
+          } else if (holder.anon > 0) holder.anon--;
+          if (holder.anon + holder.ids.length === 0) {
+            model.holder = undefined;
+            told = undefined; // its last hold released: the name may go to another now
+            model.floorFence = holder.fence;
+            model.marker = `${token}:${holder.fence}`;
+            model.marks.set(token, holder.fence);
+            model.marksExpireAt = t + RELEASE_MEMORY_MS;
+          }
+        } else if (fence !== undefined) {
+          expected = model.marks.get(token) === fence || model.marker === `${token}:${fence}`;
         } else {
-          const which = fence ?? model.floorFence;
-          expected = which !== undefined && model.marker === `${token}:${which}`;
+          expected = model.marks.has(token);
         }
         if (released !== expected) fail(`release: ${released}, the model says ${expected}`);
         break;
@@ -338,18 +427,60 @@ Deno.test("the library follows the lease rules of a reference model", async (t) 
       );
     });
 
-    await t.step("with release's token check removed, the model finds the difference", async () => {
-      const ctx = make(withBrokenRelease(backend.redis));
-      const result = await fc.check(
-        fc.asyncProperty(fc.array(command, { minLength: 1, maxLength: 40 }), async (cmds) => {
-          await shiftTo(ctx, 0);
-          await runSequence(ctx, cmds);
-        }),
-        { numRuns: RUNS },
-      );
-      assert.ok(result.failed, "the broken release went unnoticed");
-      assert.match(String(result.errorInstance), /release: true, the model says false/);
-    });
+    // Each broken variant, and a sequence certain to show it (for release, the search too).
+    const variants: [BrokenRule, string, Cmd[], RegExp][] = [
+      [
+        "release",
+        "release's token check removed",
+        [{ kind: "acquire", who: 0, ttlMs: 3000 }, {
+          kind: "release",
+          who: 1,
+          withFence: false,
+          hold: null,
+        }],
+        /release: true, the model says false/,
+      ],
+      [
+        "reentry",
+        "a reentrant hold that shortens the lease",
+        [
+          { kind: "reenter", who: 0, ttlMs: 20_000, hold: 0 },
+          { kind: "reenter", who: 0, ttlMs: 1000, hold: 1 },
+          { kind: "release", who: 0, withFence: true, hold: 1 },
+          { kind: "advance", ms: 2000 },
+          { kind: "acquire", who: 1, ttlMs: 1000 },
+        ],
+        /told the lease ends|acquire: true, the model says false|while a lease was told/,
+      ],
+      [
+        "hold",
+        "a retried hold release that ends another hold",
+        [
+          { kind: "reenter", who: 0, ttlMs: 20_000, hold: 0 },
+          { kind: "reenter", who: 0, ttlMs: 20_000, hold: 1 },
+          { kind: "release", who: 0, withFence: true, hold: 1 },
+          { kind: "release", who: 0, withFence: true, hold: 1 },
+          { kind: "acquire", who: 1, ttlMs: 1000 },
+        ],
+        /acquire: true, the model says false|while a lease was told/,
+      ],
+    ];
+    for (const [rule, label, example, message] of variants) {
+      await t.step(`with ${label}, the model finds the difference`, async () => {
+        const ctx = make(withBroken(backend.redis, rule));
+        await shiftTo(ctx, 0);
+        await assert.rejects(runSequence(ctx, example), message, "the example shows it");
+        if (rule !== "release") return; // the example is certain; the search is a bonus
+        const result = await fc.check(
+          fc.asyncProperty(fc.array(command, { minLength: 1, maxLength: 40 }), async (cmds) => {
+            await shiftTo(ctx, 0);
+            await runSequence(ctx, cmds);
+          }),
+          { numRuns: RUNS },
+        );
+        assert.ok(result.failed, `the broken ${rule} went unnoticed in ${RUNS} runs`);
+      });
+    }
   } finally {
     await server.shift(0);
     await backend.stop();

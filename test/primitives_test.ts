@@ -204,16 +204,19 @@ Deno.test("read-write locks, semaphores, reentrancy and multi-name locks", async
       assert.equal(backend.requests(), before, "no request for a bad input");
     });
 
-    await t.step("a reentrant lease counts its holds; the default retry does not", async () => {
+    await t.step("a reentrant lease counts its holds, each ended by its own release", async () => {
       const name = keygen("re");
       const first = acquired(await locks.acquire(name, { reentrant: true }));
       assert.equal(first.holdCount, 1);
       const again = acquired(await locks.acquire(name, { reentrant: true, token: first.token }));
       assert.equal(again.holdCount, 2);
       assert.equal(again.fence, first.fence, "one lease, one fence");
+      assert.notEqual(again.hold, first.hold, "each acquire is a hold of its own");
       assert.equal(await locks.release(first), true);
       assert.ok((await locks.inspect(name)).held, "still held once");
-      assert.equal(await locks.release(first), true);
+      assert.equal(await locks.release(first), true, "a retry answers the same");
+      assert.ok((await locks.inspect(name)).held, "and ends no other hold");
+      assert.equal(await locks.release(again), true);
       assert.equal((await locks.inspect(name)).held, false, "freed at zero");
       const plain = acquired(await locks.acquire(name));
       acquired(await locks.acquire(name, { token: plain.token })); // a retry, not a hold
@@ -226,13 +229,79 @@ Deno.test("read-write locks, semaphores, reentrancy and multi-name locks", async
       assert.equal(twice.holdCount, 2);
       const renewed = await locks.renew(twice);
       assert.ok(
-        renewed.renewed && renewed.lease.holdCount === 2 && renewed.lease.mode === "shared",
+        renewed.renewed && renewed.lease.holdCount === 2 && renewed.lease.mode === "shared" &&
+          renewed.lease.hold === twice.hold,
       );
       await locks.release(reader);
-      assert.ok((await locks.inspect(name)).held);
       await locks.release(reader);
+      assert.ok((await locks.inspect(name)).held);
+      await locks.release(renewed.lease);
       assert.equal((await locks.inspect(name)).held, false);
     });
+
+    await t.step(
+      "a retried reentrant acquire (the same hold id) counts once; a retried release ends once",
+      async () => {
+        const name = keygen("re");
+        const outer = acquired(await locks.acquire(name, { reentrant: true, ttlMs: 20_000 }));
+        const options = {
+          reentrant: true,
+          token: outer.token,
+          hold: "inner-hold-1",
+          ttlMs: 20_000,
+        };
+        const inner = acquired(await locks.acquire(name, options));
+        const retried = acquired(await locks.acquire(name, options)); // its reply was lost
+        assert.equal(retried.holdCount, 2, "the retry counted no hold more");
+        assert.equal(await locks.release(inner), true);
+        assert.equal(await locks.release(inner), true, "the release retried");
+        const other = await locks.acquire(name);
+        assert.equal(other.acquired, false, "the outer hold still holds the name");
+        const info = await locks.inspect(name);
+        assert.ok(info.held && info.permits === 1, "one hold left");
+        assert.equal(await locks.release(outer), true);
+        assert.equal((await locks.inspect(name)).held, false, "one release per hold frees it");
+        await assert.rejects(locks.acquire(name, { hold: "inner-hold-1" }), /hold needs reentrant/);
+        await assert.rejects(locks.acquire(name, { reentrant: true, hold: "x" }), RangeError);
+      },
+    );
+
+    for (
+      const [label, mode] of [
+        ["an exclusive", {}],
+        ["a shared", { mode: "shared" as const }],
+        ["a semaphore's", { limit: 2, permits: 2 }],
+      ] as const
+    ) {
+      await t.step(
+        `${label} reentrant hold with a shorter TTL never ends the lease the outer hold was told`,
+        async () => {
+          const name = keygen("re");
+          const outer = acquired(
+            await locks.acquire(name, { ...mode, reentrant: true, ttlMs: 30_000 }),
+          );
+          const inner = acquired(
+            await locks.acquire(name, { ...mode, reentrant: true, token: outer.token, ttlMs: 300 }),
+          );
+          assert.ok(inner.expiresAt >= outer.expiresAt, "the inner hold is told the lease's end");
+          const renewed = await locks.renew(inner, { ttlMs: 300 });
+          assert.ok(renewed.renewed && renewed.lease.expiresAt >= outer.expiresAt, "renew too");
+          assert.equal(await locks.release(renewed.lease), true);
+          // Well past the inner hold's own 300 ms: the outer hold still has its 30 s.
+          await until("a second passed on the server", async () => {
+            const info = await locks.inspect(name);
+            return !info.held || info.ttlMs! < outer.ttlMs - 1000;
+          });
+          // A writer (or, for the semaphore, one more permit) must wait for the outer lease.
+          const other = await locks.acquire(name, "limit" in mode ? { limit: 2 } : {});
+          assert.equal(other.acquired, false, "nobody else holds it while the outer lease runs");
+          const info = await locks.inspect(name);
+          assert.ok(info.held && info.expiresAt! >= outer.expiresAt - 1, "held until its end");
+          assert.ok((await locks.renew(outer)).renewed, "the outer hold renews");
+          assert.equal(await locks.release(outer), true);
+        },
+      );
+    }
 
     await t.step("a shared lease's release is safe to retry; a lost one says so", async () => {
       const name = keygen("rw");
@@ -304,11 +373,16 @@ Deno.test("read-write locks, semaphores, reentrancy and multi-name locks", async
     );
 
     await t.step(
-      "a multi-name lock refuses names in different slots, repeats and too many",
+      "a multi-name lock takes any names on one Redis; the cluster layout refuses other slots",
       async () => {
+        const [a, b] = [keygen("acct"), keygen("other")];
+        const both = await locks.acquireAll([a, b]);
+        assert.ok(both.acquired, "names in different groups, on one Redis");
+        for (const lease of both.leases) assert.equal(await locks.release(lease), true);
+        const cluster = new Locks(backend.redis, { cluster: true });
         await assert.rejects(
-          locks.acquireAll(["acct:1", "acct:2"]),
-          /must share a Redis Cluster slot: "acct:2" does not start like "acct:1"/,
+          cluster.acquireAll(["acct:1", "acct:2"]),
+          /the names of one multi-name lock must share a slot: "acct:2" does not start like "acct:1"/,
         );
         await assert.rejects(locks.acquireAll(["{a}1", "{a}1"]), /must differ/);
         await assert.rejects(locks.acquireAll([]), /1 to 32/);
@@ -479,8 +553,10 @@ Deno.test("every primitive over HTTP, through the typed client and raw requests"
         const once = acquired(await client.acquire(sem, { reentrant: true }));
         const twice = acquired(await client.acquire(sem, { reentrant: true, token: once.token }));
         assert.deepEqual([once.holdCount, twice.holdCount], [1, 2]);
-        await client.release(once);
-        await client.release(once);
+        assert.equal(await client.release(once), true);
+        assert.equal(await client.release(once), true, "a retry");
+        assert.ok((await client.inspect(sem)).held, "the second hold is still there");
+        assert.equal(await client.release(twice), true);
         assert.equal((await client.inspect(sem)).held, false);
       },
     );
@@ -501,7 +577,10 @@ Deno.test("every primitive over HTTP, through the typed client and raw requests"
       assert.equal(busy.body.code, "lock_busy");
       assert.equal((await client.inspect(`${tag}c`)).held, false, "nothing half-taken");
       for (const lease of got.leases) assert.equal(await client.release(lease), true);
-      await assert.rejects(client.acquireAll(["a:1", "a:2"]), RangeError, "checked before sending");
+      const apart = await client.acquireAll([keygen("x"), keygen("y")], { ttlMs: 5000 });
+      assert.ok(apart.acquired, "any names: the service's Redis is one primary");
+      for (const lease of apart.leases) assert.equal(await client.release(lease), true);
+      await assert.rejects(client.acquireAll(["}a", "b"]), RangeError, "checked before sending");
     });
 
     await t.step("a wrong mix is a 4xx problem with its own code, never a 5xx", async () => {
@@ -517,7 +596,8 @@ Deno.test("every primitive over HTTP, through the typed client and raw requests"
         [`/v1/locks/${name}/acquire`, { mode: "read" }, 400, "invalid_request"],
         [`/v1/locks/${name}/acquire`, { limit: 0 }, 400, "invalid_request"],
         [`/v1/locks/${name}/acquire`, { reentrant: "yes" }, 400, "invalid_request"],
-        ["/v1/locks/acquire", { names: ["a:1", "a:2"] }, 400, "invalid_request"],
+        ["/v1/locks/acquire", { names: ["}a", "a:2"] }, 400, "invalid_request"],
+        [`/v1/locks/}${name}/acquire`, {}, 400, "invalid_request"],
         ["/v1/locks/acquire", { names: [] }, 400, "invalid_request"],
         ["/v1/locks/acquire", { names: ["{a}1", "{a}1"] }, 400, "invalid_request"],
         ["/v1/locks/acquire", { names: ["{a}1"], limit: 2 }, 400, "invalid_request"],

@@ -305,6 +305,44 @@ Deno.test("stats kept by the scripts", async (t) => {
       },
     );
 
+    for (
+      const [label, mode] of [["shared", { mode: "shared" as const }], ["semaphore", {
+        limit: 2,
+      }]] as const
+    ) {
+      await t.step(
+        `locks_held counts a ${label} name only while one of its leases lasts`,
+        async () => {
+          const locks = new Locks(redis, { prefix: keygen("held") });
+          const long = acquired(await locks.acquire("r", { ...mode, ttlMs: 60_000 }));
+          acquired(await locks.acquire("r", { ...mode, ttlMs: 300 }));
+          assert.equal((await locks.stats()).locks_held, 1);
+          assert.equal(await locks.release(long), true);
+          await until("the short lease ran out", async () => !(await locks.inspect("r")).held);
+          assert.deepEqual((await locks.list()).locks, []);
+          assert.equal((await locks.stats()).locks_held, 0, "no lease lasts");
+        },
+      );
+    }
+
+    await t.step(
+      "a retried break answers the same, and never ends a lease granted since",
+      async () => {
+        const locks = new Locks(redis, { prefix: keygen("brk") });
+        const first = acquired(await locks.acquire("x", { ttlMs: 60_000 }));
+        const id = "break-id-000001";
+        const once = await locks.break("x", { by: "ops", id });
+        assert.deepEqual(once, { broken: true, fence: first.fence });
+        const next = acquired(await locks.acquire("x", { ttlMs: 60_000 }));
+        assert.deepEqual(await locks.break("x", { by: "ops", id }), once, "the same answer");
+        const info = await locks.inspect("x");
+        assert.ok(info.held && info.fence === next.fence, "the lease granted since stands");
+        assert.equal((await locks.audit()).length, 1, "one break in the audit");
+        assert.equal((await locks.stats()).total.break.broken, 1);
+        await assert.rejects(locks.break("x", { by: "ops", id: "short" }), RangeError);
+      },
+    );
+
     await t.step("break refuses bad input and answers not held for a free name", async () => {
       const locks = new Locks(redis, { prefix: keygen("brk") });
       assert.deepEqual(await locks.break("free", { by: "ops" }), { broken: false });

@@ -16,7 +16,16 @@ const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 function shape(value: unknown): unknown {
   if (Array.isArray(value)) return value.map(shape);
   if (value === null || typeof value !== "object") return value;
-  const vary = ["name", "token", "fence", "ttlMs", "expiresAt", "serverTime", "retryAfterMs"];
+  const vary = [
+    "name",
+    "token",
+    "hold",
+    "fence",
+    "ttlMs",
+    "expiresAt",
+    "serverTime",
+    "retryAfterMs",
+  ];
   return Object.fromEntries(
     Object.entries(value).filter(([key]) => key !== "lockExpiresAt").map(([k, v]) => [
       k,

@@ -1,7 +1,8 @@
 import { backoffDelay, sleep } from "../core/_backoff.ts";
 import {
   checkDuration,
-  checkFlag,
+  checkHold,
+  checkHoldId,
   checkLockName,
   checkLockNames,
   checkMeta,
@@ -10,6 +11,7 @@ import {
   checkToken,
   DEFAULT_LEASE_MS,
   DEFAULT_RETENTION_MS,
+  newHoldId,
   newToken,
   SEGMENT_PATTERN,
 } from "../core/_validate.ts";
@@ -54,8 +56,9 @@ export interface ClientOptions {
   /** The fetch to send requests with (a runtime's own, or one for tests). @default globalThis.fetch */
   fetch?: typeof fetch;
   /**
-   * Retries after a network error or a 503. Safe for every call: the token is chosen before the
-   * first attempt, so a repeated acquire returns the same lease. @default 2
+   * Retries after a network error or a 503. Safe for every call: the token (and a reentrant
+   * acquire's hold id, and a break's id) is chosen before the first attempt, so a repeated call
+   * takes effect once. @default 2
    */
   retries?: number;
   /** For an operator's key: the tenant that `list`, `stats`, `audit` and `break` act on. */
@@ -249,7 +252,7 @@ export function createClient(options: ClientOptions): EdgelockClient {
         ...leaseBody(opts),
         ...(mode === "shared" && { mode }),
         ...(limit > 0 && { limit, permits }),
-        ...(checkFlag(opts.reentrant, "reentrant") && { reentrant: true }),
+        ...hold(opts),
       };
       const { status, data, sentAt } = await call(
         "POST",
@@ -262,7 +265,8 @@ export function createClient(options: ClientOptions): EdgelockClient {
     },
 
     async acquireAll(names: readonly string[], opts: LeaseOptions = {}): Promise<AcquireAllResult> {
-      const body = { names: checkLockNames(names), ...leaseBody(opts) };
+      // The service knows its key layout, and refuses names in different slots in the cluster one.
+      const body = { names: checkLockNames(names, false), ...leaseBody(opts) };
       const { status, data, sentAt } = await call("POST", "v1/locks/acquire", body, opts.signal);
       if (status === 200 && Array.isArray(data.leases)) {
         const leases = data.leases as Record<string, unknown>[];
@@ -310,6 +314,7 @@ export function createClient(options: ClientOptions): EdgelockClient {
       const body = {
         token: checkToken(lease.token),
         ...(Number.isSafeInteger(lease.fence) && { fence: lease.fence }),
+        ...(lease.hold !== undefined && { hold: checkHoldId(lease.hold) }),
       };
       const { status, data } = await call("POST", lockPath(lease.name, "release"), body);
       if (status === 200) return data.released === true;
@@ -357,7 +362,8 @@ export function createClient(options: ClientOptions): EdgelockClient {
 
     async break(name: string, opts: { reason?: string } = {}): Promise<BreakResult> {
       checkLockName(name);
-      const body = opts.reason === undefined ? {} : { reason: opts.reason };
+      // A break id chosen now: a retry of this break answers the same and ends nothing more.
+      const body = { ...(opts.reason !== undefined && { reason: opts.reason }), id: newHoldId() };
       const { status, data } = await call("POST", opsPath(lockPath(name, "break")), body);
       if (status === 200) return data as unknown as BreakResult;
       throw fromProblem(status, data);
@@ -389,6 +395,12 @@ function leaseBody(opts: LeaseOptions) {
   };
 }
 
+// A reentrant acquire's fields, its hold id chosen once for every attempt.
+function hold(opts: AcquireOptions): { reentrant?: true; hold?: string } {
+  const id = checkHold(opts);
+  return id === "" ? {} : { reentrant: true, hold: id };
+}
+
 // A granted lease; the service waited `waitedMs` before the grant, so the lease runs from then
 // at the earliest.
 function granted(data: Record<string, unknown>, reply: Record<string, unknown>, sentAt: number) {
@@ -415,6 +427,7 @@ function busyOrThrow(
 function toLease(data: Record<string, unknown>): Lease {
   const { name, token, fence, ttlMs, expiresAt, serverTime, mode, limit, permits, holdCount } =
     data;
+  const hold = typeof data.hold === "string" ? data.hold : undefined;
   if (
     typeof name !== "string" || typeof token !== "string" ||
     ![fence, ttlMs, expiresAt, serverTime].every(Number.isSafeInteger)
@@ -433,6 +446,7 @@ function toLease(data: Record<string, unknown>): Lease {
     ...((mode === "shared" || mode === "semaphore") && { mode }),
     ...(Number.isSafeInteger(limit) && { limit, permits }),
     ...(Number.isSafeInteger(holdCount) && { holdCount }),
+    ...(hold !== undefined && { hold }),
   } as Lease;
 }
 

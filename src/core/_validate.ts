@@ -9,8 +9,10 @@ export const NAME_PATTERN = /^(?!\.\.?$)[A-Za-z0-9._:-]{1,200}$/;
 /**
  * Lock names: as {@linkcode NAME_PATTERN}, and `{` `}` too, so names can share a Redis Cluster
  * hash slot: names that agree up to their first `}` (e.g. `{bank}acct:1`, `{bank}acct:2`) do.
+ * Not starting with `}`: the key `<prefix>:lock:{}…}` would have an empty hash tag, so its keys
+ * would fall into different slots.
  */
-export const LOCK_NAME_PATTERN = /^(?!\.\.?$)[A-Za-z0-9._:{}-]{1,200}$/;
+export const LOCK_NAME_PATTERN = /^(?!\.\.?$)(?!\})[A-Za-z0-9._:{}-]{1,200}$/;
 /** What a lock name may start with, for listing by prefix: up to 200 of its characters. */
 export const NAME_PREFIX_PATTERN = /^[A-Za-z0-9._:{}-]{0,200}$/;
 /** A record id segment's source: a name, or `#` and a SHA-256 in hex. */
@@ -66,7 +68,7 @@ export function checkLockName(name: unknown): string {
   if (!LOCK_NAME_PATTERN.test(name)) {
     throw new RangeError(
       `The lock name "${name.slice(0, 50)}" must be 1–200 characters of A-Z a-z 0-9 . _ : - { } ` +
-        `(and not . or ..)`,
+        `(not . or .., and not starting with })`,
     );
   }
   return name;
@@ -82,18 +84,22 @@ export function slotTag(name: string): string {
   return end > 0 ? name.slice(0, end) : name;
 }
 
-/** A multi-name lock's names: 1–MAX_NAMES distinct lock names in one Redis Cluster slot. */
-export function checkLockNames(names: unknown): readonly string[] {
+/**
+ * A multi-name lock's names: 1–MAX_NAMES distinct lock names, in one Redis Cluster slot when
+ * `sameSlot` (the cluster layout, where one script's keys must share a slot).
+ */
+export function checkLockNames(names: unknown, sameSlot: boolean): readonly string[] {
   if (!Array.isArray(names) || names.length < 1 || names.length > MAX_NAMES) {
     throw new RangeError(`acquireAll takes 1 to ${MAX_NAMES} lock names`);
   }
   (names as unknown[]).forEach(checkLockName);
   if (new Set(names).size !== names.length) throw new RangeError("The lock names must differ");
+  if (!sameSlot) return names as string[];
   const tag = slotTag(names[0] as string);
   const stray = (names as string[]).find((name) => slotTag(name) !== tag);
   if (stray !== undefined) {
     throw new RangeError(
-      `The names of one multi-name lock must share a Redis Cluster slot: "${stray}" does not ` +
+      `In the cluster layout, the names of one multi-name lock must share a slot: "${stray}" does not ` +
         `start like "${names[0]}". Start each with the same {group}, e.g. {bank}acct:1 and ` +
         `{bank}acct:2`,
     );
@@ -183,6 +189,34 @@ export function checkMode(
     throw new RangeError(`permits must be an integer from 1 to limit (${limit})`);
   }
   return { mode: "semaphore", limit, permits: taken };
+}
+
+/** A reentrant hold's id (or a break's): 8–64 characters of `A-Z a-z 0-9 _ -`. */
+export const HOLD_ID_PATTERN = /^[A-Za-z0-9_-]{8,64}$/;
+
+export function checkHoldId(id: unknown, what = "The hold id"): string {
+  if (typeof id !== "string") throw new TypeError(`${what} must be a string`);
+  if (!HOLD_ID_PATTERN.test(id)) {
+    throw new RangeError(`${what} must be 8–64 characters of A-Z a-z 0-9 _ -`);
+  }
+  return id;
+}
+
+/** A new hold or break id: 72 random bits, base64url (12 characters). */
+export function newHoldId(): string {
+  return newToken().slice(0, 12);
+}
+
+/**
+ * The hold id a reentrant acquire sends ('' when not reentrant): the caller's, or a new one. The
+ * script counts each id once, so a retry with the same id takes effect once.
+ */
+export function checkHold(options: Pick<AcquireOptions, "reentrant" | "hold">): string {
+  if (!checkFlag(options.reentrant, "reentrant")) {
+    if (options.hold !== undefined) throw new TypeError("hold needs reentrant: true");
+    return "";
+  }
+  return options.hold === undefined ? newHoldId() : checkHoldId(options.hold);
 }
 
 export function checkFlag(value: unknown, what: string): boolean {

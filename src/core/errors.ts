@@ -9,6 +9,7 @@ export type ErrorCode =
   | "queue_full"
   | "mode_mismatch"
   | "limit_mismatch"
+  | "hold_limit"
   | "too_many_requests"
   | "lock_lost"
   | "in_progress"

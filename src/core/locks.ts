@@ -15,7 +15,8 @@ import { leaseKind } from "./_lease.ts";
 import { EdgelockError } from "./errors.ts";
 import {
   checkDuration,
-  checkFlag,
+  checkHold,
+  checkHoldId,
   checkLockName,
   checkLockNames,
   checkMeta,
@@ -36,6 +37,7 @@ import {
   INSPECT,
   LEAVE_QUEUE,
   LIST,
+  MAX_HOLDS,
   READ_AUDIT,
   READ_STATS,
   RELEASE,
@@ -228,29 +230,29 @@ export class Locks implements LockClient {
     checkLockName(name);
     const { ttlMs, waitMs, token, meta, signal } = checkLeaseOptions(options);
     const { mode, limit, permits } = checkMode(options);
-    const reentrant = checkFlag(options.reentrant, "reentrant") ? "1" : "0";
-    const [record, queue, tickets, holders] = this.#keys(name);
+    const hold = checkHold(options);
+    const [record, queue, tickets, holders, marks] = this.#keys(name);
     const kind = mode === "exclusive" ? {} : { mode, ...(limit > 0 && { limit, permits }) };
     const call: Attempt<Lease> = mode === "exclusive"
       ? {
         script: ACQUIRE,
-        keys: [record, queue, tickets, ...this.#stats(name)],
+        keys: [record, queue, tickets, marks, ...this.#stats(name)],
         args: (ticketMs, waitedMs, waiting) => [
           ...this.#acquireArgs(token, ttlMs, meta, ticketMs),
           name,
           waitedMs,
           waiting,
-          reentrant,
+          hold,
         ],
         members: [token],
         grant: (reply) => ({
           ...toLease(name, token, ACQUIRE, reply),
-          ...holdCount(reply, reentrant),
+          ...holdOf(reply, hold),
         }),
       }
       : {
         script: ACQUIRE_SHARED,
-        keys: [record, queue, tickets, holders, ...this.#stats(name)],
+        keys: [record, queue, tickets, holders, marks, ...this.#stats(name)],
         args: (ticketMs, waitedMs, waiting) => [
           ...this.#acquireArgs(token, ttlMs, meta, ticketMs),
           name,
@@ -258,13 +260,13 @@ export class Locks implements LockClient {
           waiting,
           limit,
           permits,
-          reentrant,
+          hold,
         ],
         members: [`${token}~${limit > 0 ? permits : "s"}`],
         grant: (reply) => ({
           ...toLease(name, token, ACQUIRE_SHARED, reply),
           ...kind,
-          ...holdCount(reply, reentrant),
+          ...holdOf(reply, hold),
         }),
       };
     return await this.#observe(name, "acquire", async () => {
@@ -276,19 +278,23 @@ export class Locks implements LockClient {
   /**
    * Acquires every name exclusively, all or nothing, in one script per attempt (up to 32 names,
    * one token, one fence per name): a multi-name lock. Waits like `acquire`, in every name's
-   * queue at once, so overlapping sets never deadlock (see `./multi_scripts.ts`). All names must
-   * share a Redis Cluster slot: start each with the same `{group}`, e.g. `{bank}acct:1` and
-   * `{bank}acct:2`. Renew and release the leases one by one or with `renewMany`.
+   * queue at once, so overlapping sets never deadlock (see `./multi_scripts.ts`). Any names on
+   * one Redis (Upstash included); in the cluster layout all names must share a slot: start each
+   * with the same `{group}`, e.g. `{bank}acct:1` and `{bank}acct:2`. Renew and release the leases
+   * one by one or with `renewMany`.
    */
   async acquireAll(
     names: readonly string[],
     options: LeaseOptions = {},
   ): Promise<AcquireAllResult> {
-    checkLockNames(names);
+    checkLockNames(names, this.#keySpace.cluster);
     const { ttlMs, waitMs, token, meta, signal } = checkLeaseOptions(options);
     const call: Attempt<Lease[]> = {
       script: ACQUIRE_ALL,
-      keys: [...names.flatMap((name) => this.#keys(name).slice(0, 3)), ...this.#stats(names[0]!)],
+      keys: [
+        ...names.flatMap((name) => this.#keys(name)).filter((_, i) => i % 5 !== 3), // no holders
+        ...this.#stats(names[0]!),
+      ],
       args: (ticketMs, waitedMs, waiting) => [
         ...this.#acquireArgs(token, ttlMs, meta, ticketMs),
         names.length,
@@ -365,12 +371,7 @@ export class Locks implements LockClient {
       }
       if (status === MISMATCH) { // the caller's mistake, not an outcome: no acquire event
         await leave("");
-        throw code === 2
-          ? new EdgelockError(
-            "limit_mismatch",
-            `Lock "${label}" is held as a semaphore with another limit`,
-          )
-          : new EdgelockError("mode_mismatch", `Lock "${label}" is held in another mode`);
+        throw mismatchError(label, code!);
       }
       const [, hint, now, position, pttl] = integers(call.script, reply, 5);
       const retryAfterMs = Math.max(1, hint!);
@@ -485,7 +486,7 @@ export class Locks implements LockClient {
    */
   async release(lease: LeaseRef): Promise<boolean> {
     const { name, token } = checkLease(lease);
-    const args = [token, this.#fenceWindowMs, fenceArg(lease), name];
+    const args = [token, this.#fenceWindowMs, fenceArg(lease), name, lease.hold ?? ""];
     return await this.#observe(name, "release", async () => {
       const started = performance.now();
       const [record, , , holders, marks] = this.#keys(name);
@@ -580,10 +581,11 @@ export class Locks implements LockClient {
     checkLockName(name);
     const by = checkText(options?.by, "by", 1, 64);
     const reason = checkText(options?.reason ?? "", "reason", 0, 200);
+    const id = options.id === undefined ? "" : checkHoldId(options.id, "The break id");
     return await this.#observe(name, "break", async () => {
-      const [record, , , holders] = this.#keys(name);
-      const keys = [record, holders, ...this.#stats(name), this.#auditKey(name)];
-      const reply = await this.#run(BREAK, keys, [this.#fenceWindowMs, name, by, reason]);
+      const [record, , , holders, marks] = this.#keys(name);
+      const keys = [record, holders, marks, ...this.#stats(name), this.#auditKey(name)];
+      const reply = await this.#run(BREAK, keys, [this.#fenceWindowMs, name, by, reason, id]);
       if (integers(BREAK, reply, 1)[0] !== 1) return { broken: false };
       return { broken: true, fence: integers(BREAK, reply, 2)[1]! };
     });
@@ -758,13 +760,36 @@ function toRenewal(ref: LeaseRef, reply: unknown): RenewResult {
   };
 }
 
-// The hold count a reentrant acquire reports.
-function holdCount(reply: unknown, reentrant: string): { holdCount?: number } {
-  return reentrant === "1" ? { holdCount: (reply as number[])[4]! } : {};
+// A reentrant acquire's hold: its id, for its release, and the lease's hold count.
+function holdOf(reply: unknown, hold: string): { hold?: string; holdCount?: number } {
+  return hold === "" ? {} : { hold, holdCount: (reply as number[])[4]! };
+}
+
+// The acquire scripts' `{-1, code}`: the name is held in another mode (1), as a semaphore with
+// another limit (2), or by this token with MAX_HOLDS holds already (3).
+function mismatchError(name: string, code: number): EdgelockError {
+  if (code === 2) {
+    return new EdgelockError(
+      "limit_mismatch",
+      `Lock "${name}" is held as a semaphore with another limit`,
+    );
+  }
+  if (code === 3) {
+    return new EdgelockError(
+      "hold_limit",
+      `Cannot acquire lock "${name}" again: this token holds it ${MAX_HOLDS} times already`,
+    );
+  }
+  return new EdgelockError("mode_mismatch", `Lock "${name}" is held in another mode`);
 }
 
 // Errors of the caller's making, which are no `error` event: Redis did not fail.
-const CALLER_ERRORS = new Set(["invalid_request", "mode_mismatch", "limit_mismatch"]);
+const CALLER_ERRORS = new Set([
+  "invalid_request",
+  "mode_mismatch",
+  "limit_mismatch",
+  "hold_limit",
+]);
 
 // The acquire scripts' first reply field when the name is held in another mode or limit.
 const MISMATCH = -1;
@@ -805,6 +830,7 @@ function checkLease(lease: LeaseRef): LeaseRef {
   }
   checkLockName(lease.name);
   checkToken(lease.token);
+  if (lease.hold !== undefined) checkHoldId(lease.hold);
   if (lease.fence !== undefined && !(Number.isSafeInteger(lease.fence) && lease.fence > 0)) {
     throw new RangeError("The lease's fence must be a positive integer");
   }

@@ -20,7 +20,7 @@ import { INDEX_LUA, MIN_RETRY_MS, QUEUE_LUA, RECORD_LUA } from "./scripts.ts";
 import { STATS_LUA } from "./stats.ts";
 
 /**
- * Acquire every name, exclusively. KEYS: each name's record, queue and tickets, then the stats
+ * Acquire every name, exclusively. KEYS: each name's record, queue, tickets and released marks, then the stats
  * keys; ARGV: the exclusive acquire's first nine (the name replaced by the count of names),
  * then the names. Returns `{1, nowMs, ttlMs, fence...}` (one fence per name, in order) when
  * acquired (or re-acquired by the same token, keeping each fence), the exclusive script's busy
@@ -39,11 +39,12 @@ local maxWaiters = tonumber(ARGV[6])
 local n          = tonumber(ARGV[7]) -- how many names
 local waitedMs   = tonumber(ARGV[8])
 local waiting    = ARGV[9] == '1'
-local statsKey, namesKey, endsKey = KEYS[3 * n + 1], KEYS[3 * n + 2], KEYS[3 * n + 3]
+local statsKey, namesKey, endsKey = KEYS[4 * n + 1], KEYS[4 * n + 2], KEYS[4 * n + 3]
 ${NOW}${RECORD_LUA}${QUEUE_LUA}${INDEX_LUA}${STATS_LUA}
-local function lockKey(i) return KEYS[3 * i - 2] end
-local function queueKey(i) return KEYS[3 * i - 1] end
-local function ticketsKey(i) return KEYS[3 * i] end
+local function lockKey(i) return KEYS[4 * i - 3] end
+local function queueKey(i) return KEYS[4 * i - 2] end
+local function ticketsKey(i) return KEYS[4 * i - 1] end
+local function marksKey(i) return KEYS[4 * i] end
 local records, held, heads, blocked = {}, {}, {}, {}
 local ready = true
 for i = 1, n do
@@ -67,7 +68,7 @@ if ready then
   for i = 1, n do
     local r = records[i]
     if held[i] then
-      r.leaseEnd = nowMs + ttlMs
+      r.leaseEnd = math.max(r.leaseEnd, nowMs + ttlMs) -- never before the end it was told
       if meta ~= '' then r.meta = meta end
     else
       local flag = '0'
@@ -75,7 +76,8 @@ if ready then
       local floor = (r and tonumber(r.fence)) or 0
       r = {fence = string.format('%.0f', math.max(nowUs, floor + 1)), leaseEnd = nowMs + ttlMs,
         at = nowMs, hold = clamp((r and r.hold) or 20, 1, ${LIMITS.ttlMs.max}), flag = flag,
-        token = token, meta = meta, count = 1, released = (r and r.released) or ''}
+        token = token, meta = meta, holds = newHolds(''), released = (r and r.released) or ''}
+      redis.call('ZREM', marksKey(i), token)
     end
     writeHeld(lockKey(i), r, nowMs, graceMs)
     indexPut(namesKey, endsKey, ARGV[9 + i], r.leaseEnd, nowMs)

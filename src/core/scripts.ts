@@ -42,26 +42,88 @@ export const MIN_RETRY_MS = 5;
 // a sample outside any real hold; each sample and the average stay within 1 ms and the longest TTL.
 const MAX_HOLD_MS = LIMITS.ttlMs.max;
 
+/** How many releases a name remembers, for retried releases. */
+export const RELEASED_MARKS = 1000;
+
+/** The most holds one reentrant lease (or one shared holder) counts; one more is `hold_limit`. */
+export const MAX_HOLDS = 64;
+
+/**
+ * How long a name remembers a release (or a break) by its token (or break id), so that a retry
+ * answers the same: ten minutes, far beyond any client's retries.
+ */
+export const RELEASE_MEMORY_MS = 600_000;
+
+// A lease's holds, written `<n>` or `<n>,<id>,<id>…`: n holds without an id (a plain acquire's,
+// and every hold of a record written before hold ids) and the ids of reentrant holds. A
+// reentrant acquire or release names its own hold, so a retry of either takes effect once.
+const HOLDS_LUA = `
+local function readHolds(text)
+  local holds = {anon = tonumber(string.match(text, '^%d+')), ids = {}}
+  for id in string.gmatch(text, ',([%w_-]+)') do holds.ids[#holds.ids + 1] = id end
+  return holds
+end
+local function holdsText(holds)
+  if #holds.ids == 0 then return string.format('%d', holds.anon) end
+  return string.format('%d', holds.anon) .. ',' .. table.concat(holds.ids, ',')
+end
+local function holdCount(holds) return holds.anon + #holds.ids end
+local function findHold(holds, id)
+  for i, held in ipairs(holds.ids) do if held == id then return i end end
+  return nil
+end
+-- A new lease's holds: one, with the reentrant acquire's id or without.
+local function newHolds(hold)
+  if hold == '' then return {anon = 1, ids = {}} end
+  return {anon = 0, ids = {hold}}
+end
+-- The holder acquires again: a plain acquire or a hold id already there adds nothing (a retry).
+-- False when the lease has ${MAX_HOLDS} holds already.
+local function addHold(holds, hold)
+  if hold == '' or findHold(holds, hold) then return true end
+  if holdCount(holds) >= ${MAX_HOLDS} then return false end
+  holds.ids[#holds.ids + 1] = hold
+  return true
+end
+-- A release drops the hold with its id, or without an id a plain hold; none when that hold is
+-- gone (a retry, or a duplicate). Returns how many holds are left.
+local function dropHold(holds, hold)
+  if hold ~= '' then
+    local i = findHold(holds, hold)
+    if i then table.remove(holds.ids, i) end
+  elseif holds.anon > 0 then
+    holds.anon = holds.anon - 1
+  end
+  return holdCount(holds)
+end
+-- Remembers a release (member: a token, or '~' and a break id) with its fence, for retries.
+local function markReleased(marksKey, member, fence)
+  redis.call('ZADD', marksKey, fence, member)
+  redis.call('ZREMRANGEBYRANK', marksKey, 0, -${RELEASED_MARKS + 1})
+  redis.call('PEXPIRE', marksKey, ${RELEASE_MEMORY_MS})
+end
+`;
+
 // The lock record: read, and written with a TTL that keeps the fence `graceMs` past the lease.
 // A value this code did not write is `foreign`: busy until its TTL (given one if it has none).
 export const RECORD_LUA = `
 local function clamp(value, low, high) return math.min(math.max(value, low), high) end
-local function readRecord(key)
+${HOLDS_LUA}local function readRecord(key)
   local value = redis.call('GET', key)
   if not value then return nil end
   local kind = string.sub(value, 1, 1)
   if kind == 'H' then
     local fence, leaseEnd, at, hold, flag, token, released, count, meta = string.match(value,
-      '^H(%d+)|(%d+)|(%d+)|(%d+)|([01])|([%w_-]+)|([%d:%x]*)|(%d+)|(.*)$')
+      '^H(%d+)|(%d+)|(%d+)|(%d+)|([01])|([%w_-]+)|([%d:%x]*)|(%d[%w_,%-]*)|(.*)$')
     if not fence then -- written by 0.1, before hold counts: one hold
       fence, leaseEnd, at, hold, flag, token, released, meta = string.match(value,
         '^H(%d+)|(%d+)|(%d+)|(%d+)|([01])|([%w_-]+)|([%d:%x]*)|(.*)$')
-      count = 1
+      count = '1'
     end
     if fence then
       return {fence = fence, leaseEnd = tonumber(leaseEnd), at = tonumber(at),
         hold = tonumber(hold), flag = flag, token = token, released = released,
-        count = tonumber(count), meta = meta}
+        holds = readHolds(count), meta = meta}
     end
   elseif kind == 'S' then
     local fence, leaseEnd, at, hold, flag, limit, released =
@@ -84,7 +146,7 @@ local function ms(value) return string.format('%.0f', value) end
 local function writeHeld(key, r, nowMs, graceMs)
   redis.call('SET', key, 'H' .. r.fence .. '|' .. ms(r.leaseEnd) .. '|' .. ms(r.at) .. '|' ..
     string.format('%d', math.floor(r.hold)) .. '|' .. r.flag .. '|' .. r.token .. '|' ..
-    r.released .. '|' .. (r.count or 1) .. '|' .. r.meta, 'PX', math.max(1, r.leaseEnd - nowMs + graceMs))
+    r.released .. '|' .. holdsText(r.holds) .. '|' .. r.meta, 'PX', math.max(1, r.leaseEnd - nowMs + graceMs))
 end
 local function writeShared(key, r, nowMs, graceMs)
   redis.call('SET', key, 'S' .. r.fence .. '|' .. ms(r.leaseEnd) .. '|' .. ms(r.at) .. '|' ..
@@ -105,15 +167,16 @@ end
 `;
 
 // The holders of a name held shared or as a semaphore (record kind S), one hash field each:
-// token -> `<leaseEnd>|<fence>|<permits>|<count>|<meta>`. The record's lease end is the latest
+// token -> `<leaseEnd>|<fence>|<permits>|<holds>|<meta>` (`<holds>` as in HOLDS_LUA). The record's lease end is the latest
 // holder's, and the hash lives until then: past it the name is free and the hash gone. Holders
 // whose lease ran out are dropped when read.
 export const HOLDERS_LUA = `
 local function readHolder(raw)
-  local leaseEnd, fence, permits, count, meta = string.match(raw or '', '^(%d+)|(%d+)|(%d+)|(%d+)|(.*)$')
+  local leaseEnd, fence, permits, holds, meta =
+    string.match(raw or '', '^(%d+)|(%d+)|(%d+)|(%d[%w_,%-]*)|(.*)$')
   if not leaseEnd then return nil end
   return {leaseEnd = tonumber(leaseEnd), fence = fence, permits = tonumber(permits),
-    count = tonumber(count), meta = meta}
+    holds = readHolds(holds), meta = meta}
 end
 -- The live holders by token, the permits they hold, and the latest lease end; with prune, the
 -- others leave the hash.
@@ -134,7 +197,7 @@ local function readHolders(holdersKey, nowMs, prune)
 end
 local function writeHolder(holdersKey, token, h)
   redis.call('HSET', holdersKey, token, ms(h.leaseEnd) .. '|' .. h.fence .. '|' .. h.permits .. '|' ..
-    h.count .. '|' .. h.meta)
+    holdsText(h.holds) .. '|' .. h.meta)
 end
 `;
 
@@ -268,8 +331,9 @@ local maxWaiters = tonumber(ARGV[6]) -- the queue's bound
 local name       = ARGV[7]           -- the lock's name, for the held index
 local waitedMs   = tonumber(ARGV[8]) -- how long the caller has waited so far, for the stats
 local waiting    = ARGV[9] == '1'    -- the caller waits: a busy reply is not its outcome yet
-local reentrant  = ARGV[10] == '1'   -- the holder's token acquiring again counts a hold
-local statsKey, namesKey, endsKey = KEYS[4], KEYS[5], KEYS[6] -- nil with stats off
+local hold       = ARGV[10]          -- a reentrant acquire's hold id; '' when not reentrant
+local marksKey   = KEYS[4]           -- sorted set: released leases' tokens by fence
+local statsKey, namesKey, endsKey = KEYS[5], KEYS[6], KEYS[7] -- nil with stats off
 ${NOW}${RECORD_LUA}${QUEUE_LUA}${INDEX_LUA}${STATS_LUA}
 local function granted(leaseEnd)
   if observe(statsKey, nowMs, 'wait', waitedMs) then indexPrune(namesKey, endsKey, nowMs, 1000) end
@@ -283,12 +347,13 @@ end
 local held = r and (r.token or r.shared) and nowMs < r.leaseEnd
 if held and r.shared and r.limit > 0 then return {-1, 1, nowMs} end
 if held and r.token == token then
-  if reentrant then r.count = r.count + 1 end
-  r.leaseEnd = nowMs + ttlMs
+  if not addHold(r.holds, hold) then return {-1, 3, nowMs} end
+  -- No hold ends the lease before the end another hold was told.
+  r.leaseEnd = math.max(r.leaseEnd, nowMs + ttlMs)
   if meta ~= '' then r.meta = meta end
   writeHeld(lockKey, r, nowMs, graceMs)
   granted(r.leaseEnd)
-  return {1, tonumber(r.fence), ttlMs, nowMs, r.count}
+  return {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, holdCount(r.holds)}
 end
 -- No record (a first acquire, or one that was lost): look at the queue too.
 local head
@@ -299,9 +364,10 @@ if not held and (not head or head == token) then
   if head and leaveQueue(queueKey, ticketsKey, token) then flag = '1' end
   local floor = (r and tonumber(r.fence)) or 0
   local grant = {fence = string.format('%.0f', math.max(nowUs, floor + 1)), leaseEnd = nowMs + ttlMs,
-    at = nowMs, hold = holdMs, flag = flag, token = token, meta = meta, count = 1,
+    at = nowMs, hold = holdMs, flag = flag, token = token, meta = meta, holds = newHolds(hold),
     released = (r and r.released) or ''}
   writeHeld(lockKey, grant, nowMs, graceMs)
+  redis.call('ZREM', marksKey, token) -- a release without a fence now means this lease
   granted(grant.leaseEnd)
   return {1, tonumber(grant.fence), ttlMs, nowMs, 1}
 end
@@ -366,17 +432,11 @@ if not r or not h or h.token ~= token or nowMs >= h.leaseEnd then
   count(statsKey, nowMs, 'renew.lost')
   return {0, nowMs}
 end
-local shorter = nowMs + ttlMs < h.leaseEnd
-h.leaseEnd = nowMs + ttlMs
+-- A renewal never shortens a lease: another hold of it may have been told the later end.
+h.leaseEnd = math.max(h.leaseEnd, nowMs + ttlMs)
 if r.shared then
   writeHolder(holdersKey, token, h)
-  -- The record's lease end stays the latest holder's.
-  if shorter then
-    local _, _, latest = readHolders(holdersKey, nowMs, true)
-    r.leaseEnd = latest
-  else
-    r.leaseEnd = math.max(r.leaseEnd, h.leaseEnd)
-  end
+  r.leaseEnd = math.max(r.leaseEnd, h.leaseEnd) -- the latest holder's
   writeShared(lockKey, r, nowMs, graceMs)
   redis.call('PEXPIRE', holdersKey, r.leaseEnd - nowMs)
 else
@@ -384,31 +444,29 @@ else
 end
 indexPut(namesKey, endsKey, name, r.leaseEnd, nowMs)
 count(statsKey, nowMs, 'renew.renewed')
-return {1, tonumber(h.fence), ttlMs, nowMs, h.count}
+return {1, tonumber(h.fence), h.leaseEnd - nowMs, nowMs, holdCount(h.holds)}
 `,
 );
 
-/** How many released shared and semaphore leases a name remembers, for retried releases. */
-export const RELEASED_MARKS = 1000;
-
 /**
- * Release, any kind of lease. Returns 1 when the token held it (and it is now free, or one hold
- * fewer when reentrant), also when this lease's release already freed it (a retried or
- * duplicated request), else 0. The record keeps the last release's
- * token, and a shared name its last RELEASED_MARKS releases: with the lease's fence, a retry
- * matches exactly that lease; without it, only while no lease was granted since. So a token whose
- * later lease was lost learns so, even though an earlier lease of the same token was released.
+ * Release, any kind of lease. Returns 1 when the token held it (and it is now free, or, for a
+ * reentrant lease, one hold fewer: the hold named by `hold`), also when this release already
+ * went through (a retried or duplicated request), else 0. Every release that frees a lease is
+ * remembered by token for RELEASE_MEMORY_MS (the last RELEASED_MARKS of a name; a grant to the
+ * token forgets it): with the lease's fence, a retry matches exactly that lease; without it, the
+ * token's latest lease, if that one was released.
  */
 export const RELEASE = defineScript(
   "release",
   `
 local lockKey     = KEYS[1]
 local holdersKey  = KEYS[2]
-local releasedKey = KEYS[3]          -- sorted set: released shared leases' tokens by fence
+local releasedKey = KEYS[3]          -- sorted set: released leases' tokens by fence
 local token       = ARGV[1]
 local graceMs     = tonumber(ARGV[2])
 local fence       = ARGV[3]          -- the lease's fence, or '' when the caller does not know it
 local name        = ARGV[4]
+local hold        = ARGV[5]          -- a reentrant hold's id, or ''
 local statsKey, namesKey, endsKey = KEYS[4], KEYS[5], KEYS[6] -- nil with stats off
 ${NOW}${RECORD_LUA}${HOLDERS_LUA}${INDEX_LUA}${STATS_LUA}
 local function lost()
@@ -429,15 +487,12 @@ local sha = string.sub(redis.sha1hex(token), 1, 12)
 if r.shared and nowMs < r.leaseEnd then
   local h = readHolder(redis.call('HGET', holdersKey, token))
   if h and nowMs < h.leaseEnd and (fence == '' or h.fence == fence) then
-    if h.count > 1 then
-      h.count = h.count - 1
+    if dropHold(h.holds, hold) > 0 then
       writeHolder(holdersKey, token, h)
       return 1
     end
     redis.call('HDEL', holdersKey, token)
-    redis.call('ZADD', releasedKey, h.fence, token)
-    redis.call('ZREMRANGEBYRANK', releasedKey, 0, -${RELEASED_MARKS + 1})
-    redis.call('PEXPIRE', releasedKey, graceMs)
+    markReleased(releasedKey, token, h.fence)
     local _, used, latest = readHolders(holdersKey, nowMs, true)
     sampleHold(r, math.floor(tonumber(h.fence) / 1000)) -- a fence is its grant time in µs, or just past
     if used == 0 then
@@ -449,32 +504,30 @@ if r.shared and nowMs < r.leaseEnd then
       r.leaseEnd = latest
       writeShared(lockKey, r, nowMs, graceMs)
       redis.call('PEXPIRE', holdersKey, latest - nowMs)
+      indexPut(namesKey, endsKey, name, latest, nowMs) -- the index ends with the latest holder
     end
     return 1
   end
 end
 if r.free or r.token ~= token or nowMs >= r.leaseEnd or (fence ~= '' and r.fence ~= fence) then
-  -- A retry of a release that went through: the record remembers the last one, and a shared
-  -- name its last releases. Without the lease's fence, only while no lease was granted since.
-  local which = fence
-  if which == '' then
-    if not r.free then return lost() end
-    which = r.fence
-  end
-  if r.released == which .. ':' .. sha then return 1 end
-  if fence ~= '' and tonumber(redis.call('ZSCORE', releasedKey, token)) == tonumber(fence) then
+  -- Not held by this lease now: a retry of a release that went through answers 1 again.
+  -- A grant to the token forgets its mark, so without a fence the mark is its latest lease's.
+  local mark = tonumber(redis.call('ZSCORE', releasedKey, token))
+  if fence ~= '' then
+    if mark == tonumber(fence) or r.released == fence .. ':' .. sha then return 1 end
+  elseif mark then
     return 1
   end
   return lost()
 end
-if r.count > 1 then
-  r.count = r.count - 1
+if dropHold(r.holds, hold) > 0 then
   writeHeld(lockKey, r, nowMs, graceMs)
   return 1
 end
 sampleHold(r, r.at)
 r.released = r.fence .. ':' .. sha
 writeReleased(lockKey, r, graceMs)
+markReleased(releasedKey, token, r.fence)
 indexEnd(endsKey, name, nowMs)
 return 1
 `,
@@ -500,7 +553,7 @@ end
 local waiters = redis.call('ZCOUNT', ticketsKey, '(' .. nowMs, '+inf')
 local reply = {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, waiters}
 if not r.shared then
-  for _, v in ipairs({r.meta, 'exclusive', 1, r.count, 1}) do reply[#reply + 1] = v end
+  for _, v in ipairs({r.meta, 'exclusive', 1, holdCount(r.holds), 1}) do reply[#reply + 1] = v end
   return reply
 end
 local holders, used = readHolders(holdersKey, nowMs, false)
@@ -572,24 +625,31 @@ return reply
 export const AUDIT_LENGTH = 1000;
 
 /**
- * Break a held lock (an operator's act): the lease ends now (every holder's, when shared), its fence stays the floor, so the
- * holder's renew and release fail and the next grant gets a higher fence; waiters keep their
- * places. Recorded in the audit stream. Returns `{1, fence, nowMs}`, or `{0, nowMs}` when it was
- * not held.
+ * Break a held lock (an operator's act): the lease ends now (every holder's, when shared), its
+ * fence stays the floor, so the holder's renew and release fail and the next grant gets a higher
+ * fence; waiters keep their places. Recorded in the audit stream. Returns `{1, fence, nowMs}`, or
+ * `{0, nowMs}` when it was not held. A break with an id is remembered for RELEASE_MEMORY_MS: a
+ * retry answers the same and breaks nothing more (never a lease granted since).
  */
 export const BREAK = defineScript(
   "break",
   `
 local lockKey    = KEYS[1]
 local holdersKey = KEYS[2]
+local marksKey   = KEYS[3]
 local auditKey   = KEYS[#KEYS]
 local statsKey, namesKey, endsKey -- nil with stats off
-if #KEYS == 6 then statsKey, namesKey, endsKey = KEYS[3], KEYS[4], KEYS[5] end
+if #KEYS == 7 then statsKey, namesKey, endsKey = KEYS[4], KEYS[5], KEYS[6] end
 local graceMs  = tonumber(ARGV[1])
 local name     = ARGV[2]
 local by       = ARGV[3]
 local reason   = ARGV[4]
+local breakId  = ARGV[5] -- '' for none
 ${NOW}${RECORD_LUA}${INDEX_LUA}${STATS_LUA}
+if breakId ~= '' then
+  local done = redis.call('ZSCORE', marksKey, '~' .. breakId)
+  if done then return {1, tonumber(done), nowMs} end
+end
 local r = readRecord(lockKey)
 if not r or not (r.token or r.shared) or nowMs >= r.leaseEnd then
   return {0, nowMs}
@@ -597,6 +657,7 @@ end
 r.released = r.fence .. ':' .. string.sub(redis.sha1hex('broken:' .. (r.token or 'shared')), 1, 12)
 writeReleased(lockKey, r, graceMs)
 redis.call('DEL', holdersKey)
+if breakId ~= '' then markReleased(marksKey, '~' .. breakId, r.fence) end
 indexEnd(endsKey, name, nowMs)
 count(statsKey, nowMs, 'break.broken')
 redis.call('XADD', auditKey, 'MAXLEN', ${AUDIT_LENGTH}, '*', 'action', 'break', 'name', name,

@@ -49,8 +49,9 @@ local waitedMs   = tonumber(ARGV[8])
 local waiting    = ARGV[9] == '1'
 local limit      = tonumber(ARGV[10]) -- 0: shared; else a semaphore's permits in all
 local permits    = tonumber(ARGV[11]) -- what this caller takes: 1 when shared
-local reentrant  = ARGV[12] == '1'
-local statsKey, namesKey, endsKey = KEYS[5], KEYS[6], KEYS[7] -- nil with stats off
+local hold       = ARGV[12]          -- a reentrant acquire's hold id; '' when not reentrant
+local marksKey   = KEYS[5]           -- sorted set: released leases' tokens by fence
+local statsKey, namesKey, endsKey = KEYS[6], KEYS[7], KEYS[8] -- nil with stats off
 ${NOW}${RECORD_LUA}${HOLDERS_LUA}${QUEUE_LUA}${INDEX_LUA}${STATS_LUA}
 local function granted(leaseEnd)
   if observe(statsKey, nowMs, 'wait', waitedMs) then indexPrune(namesKey, endsKey, nowMs, 1000) end
@@ -73,15 +74,15 @@ local holders, used = {}, 0
 if live then holders, used = readHolders(holdersKey, nowMs, true) end
 local mine = holders[token]
 if mine then
-  if reentrant then mine.count = mine.count + 1 end
-  mine.leaseEnd = nowMs + ttlMs
+  if not addHold(mine.holds, hold) then return {-1, 3, nowMs} end
+  mine.leaseEnd = math.max(mine.leaseEnd, nowMs + ttlMs) -- never before another hold's end
   if meta ~= '' then mine.meta = meta end
   writeHolder(holdersKey, token, mine)
   r.leaseEnd = math.max(r.leaseEnd, mine.leaseEnd)
   writeShared(lockKey, r, nowMs, graceMs)
   redis.call('PEXPIRE', holdersKey, r.leaseEnd - nowMs)
   granted(r.leaseEnd)
-  return {1, tonumber(mine.fence), ttlMs, nowMs, mine.count}
+  return {1, tonumber(mine.fence), mine.leaseEnd - nowMs, nowMs, holdCount(mine.holds)}
 end
 -- What is free, less what the waiters ahead take in turn: a waiter that does not fit stops
 -- everyone behind it. An exclusive waiter (a bare token) takes everything, and only alone.
@@ -113,8 +114,9 @@ if permits <= free then
   if not live then redis.call('DEL', holdersKey) end -- holders of an earlier shared spell
   local floor = (r and tonumber(r.fence)) or 0
   local h = {fence = string.format('%.0f', math.max(nowUs, floor + 1)), leaseEnd = nowMs + ttlMs,
-    permits = permits, count = 1, meta = meta}
+    permits = permits, holds = newHolds(hold), meta = meta}
   writeHolder(holdersKey, token, h)
+  redis.call('ZREM', marksKey, token) -- a release without a fence now means this lease
   local grant = {fence = h.fence, leaseEnd = h.leaseEnd, at = nowMs, hold = holdMs, flag = flag,
     limit = limit, released = (r and r.released) or '', shared = true}
   if live then grant.leaseEnd = math.max(r.leaseEnd, h.leaseEnd) end

@@ -20,6 +20,11 @@ export interface Lease {
   readonly permits?: number;
   /** A reentrant lease's hold count: releases it takes to free it. Only with `reentrant`. */
   readonly holdCount?: number;
+  /**
+   * This reentrant acquire's hold: its release ends this hold only, once, however often it is
+   * retried. Only with `reentrant`.
+   */
+  readonly hold?: string;
 }
 
 /**
@@ -29,6 +34,7 @@ export interface Lease {
 export type LeaseRef = Pick<Lease, "name" | "token"> & {
   readonly ttlMs?: number;
   readonly fence?: number;
+  readonly hold?: string;
 };
 
 /** Options for `acquire`. */
@@ -49,10 +55,17 @@ export interface AcquireOptions extends LeaseOptions {
   permits?: number;
   /**
    * Acquiring again with the holder's token counts a hold (Redisson's hold count) instead of
-   * answering the same lease: it then takes as many releases to free. Releases are then counted,
-   * not idempotent: a retried release takes one more hold. @default false
+   * answering the same lease: it then takes as many releases to free. Each hold has an id (the
+   * lease's `hold`), so a retried acquire or release of one hold counts once. The lease lasts
+   * until the latest end any of its holds was told: no hold shortens it. @default false
    */
   reentrant?: boolean;
+  /**
+   * A reentrant acquire's hold id, 8–64 characters of `A-Z a-z 0-9 _ -`: choose it before the
+   * first attempt when you retry yourself, so a retry counts the hold once. @default a new
+   * random id
+   */
+  hold?: string;
 }
 
 /** Options for `acquire` and `acquireAll`: the lease, its token, and how long to wait. */
@@ -154,6 +167,11 @@ export interface BreakOptions {
   by: string;
   /** Why, up to 200 printable characters. @default "" */
   reason?: string;
+  /**
+   * This break's id, 8–64 characters of `A-Z a-z 0-9 _ -`: a retry with the same id answers the
+   * same and ends no lease granted since. @default none (a repeated break is a new break)
+   */
+  id?: string;
 }
 
 /** The outcome of `break`: the fence of the lease that was ended, or not held. */

@@ -32,16 +32,18 @@ export async function withLock<T>(
   if (!result.acquired) throw busyError(name, result);
   let lease = result.lease;
   let lost = false; // a renewal found the lease gone: no release to send
+  // Renewals ask for the TTL this call asked for; a reentrant lease may be told it lasts longer.
+  const ttlMs = Math.min(options.ttlMs ?? lease.ttlMs, lease.ttlMs);
   try {
     return await hold({
       what: `lock "${name}"`,
-      ttlMs: lease.ttlMs,
+      ttlMs,
       // From the request that was granted, not from before the wait; a client that cannot tell
       // falls back to the start of the call, which is earlier and so always safe.
       grantedAt: sentAtOf(lease) ?? startedAt,
       signal: options.signal,
       async renew() {
-        const renewal = await locks.renew(lease, { ttlMs: lease.ttlMs });
+        const renewal = await locks.renew(lease, { ttlMs });
         if (renewal.renewed) lease = renewal.lease;
         lost = !renewal.renewed;
         return renewal.renewed;

@@ -13,6 +13,8 @@ export interface TenantStores {
   jobs: Jobs;
   /** Runs a server-side wait within the tenant's cap on concurrent waits. */
   wait: <T>(fn: () => Promise<T>) => Promise<T>;
+  /** Counts `requests` more against the tenant's request rate (throws `too_many_requests`). */
+  charge: (requests: number) => void;
 }
 
 /** What the service's middleware sets for each request: the tenant and its own stores. */
@@ -36,6 +38,11 @@ export type AppEnv = {
     jobs: Jobs;
     /** Runs a server-side wait within the tenant's cap on concurrent waits. */
     wait: <T>(fn: () => Promise<T>) => Promise<T>;
+    /**
+     * Counts `requests` more against the tenant's request rate, for a request that makes that
+     * much Redis work (a list page); nothing for an operator's key.
+     */
+    charge: (requests: number) => void;
     /** Why the request failed, for the request log. */
     failure?: EdgelockError;
   };

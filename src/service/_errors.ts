@@ -18,6 +18,7 @@ const PROBLEMS: Record<ErrorCode, [Status, string]> = {
   queue_full: [409, "Too many callers wait for this lock already"],
   mode_mismatch: [409, "The lock is held in another mode"],
   limit_mismatch: [409, "The semaphore is held with another limit"],
+  hold_limit: [409, "This token holds the lock as many times as it may"],
   too_many_requests: [429, "This tenant is over its request limit"],
   lock_lost: [409, "The lease is no longer held by this token"],
   in_progress: [409, "Another request with this key is in flight"],

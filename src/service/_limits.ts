@@ -16,8 +16,11 @@ export const DEFAULT_LIMITS = { maxWaits: 100, requestsPerSecond: 5000 } as cons
 
 /** Admission control for one instance: throws `too_many_requests` (HTTP 429) over a cap. */
 export interface TenantLimiter {
-  /** Counts one request of `tenant` against its rate. */
-  admit(tenant: string): void;
+  /**
+   * Counts a request of `tenant` against its rate: `cost` requests' worth (a list page counts
+   * each name it may inspect), at most one second's worth. @default 1
+   */
+  admit(tenant: string, cost?: number): void;
   /** Runs a server-side wait of `tenant`, unless it has `maxWaits` running already. */
   wait<T>(tenant: string, fn: () => Promise<T>): Promise<T>;
 }
@@ -39,8 +42,9 @@ export function tenantLimiter(
   // A token bucket per tenant: `requestsPerSecond` tokens, refilled continuously.
   const buckets = new Map<string, { tokens: number; at: number }>();
   return {
-    admit(tenant) {
+    admit(tenant, cost = 1) {
       if (requestsPerSecond === 0) return;
+      const need = Math.min(Math.max(1, cost), requestsPerSecond);
       const t = now();
       const bucket = buckets.get(tenant) ?? { tokens: requestsPerSecond, at: t };
       bucket.tokens = Math.min(
@@ -49,15 +53,15 @@ export function tenantLimiter(
       );
       bucket.at = t;
       buckets.set(tenant, bucket);
-      if (bucket.tokens < 1) {
-        const retryAfterMs = Math.ceil((1 - bucket.tokens) * 1000 / requestsPerSecond);
+      if (bucket.tokens < need) {
+        const retryAfterMs = Math.ceil((need - bucket.tokens) * 1000 / requestsPerSecond);
         throw new EdgelockError(
           "too_many_requests",
           `Over ${requestsPerSecond} requests per second for this API key`,
           { retryAfterMs },
         );
       }
-      bucket.tokens -= 1;
+      bucket.tokens -= need;
     },
     async wait(tenant, fn) {
       const running = waits.get(tenant) ?? 0;

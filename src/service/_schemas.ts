@@ -1,6 +1,7 @@
 // Schema pieces shared by the route modules: they validate requests and generate /openapi.json.
 import { z } from "@hono/zod-openapi";
 import {
+  HOLD_ID_PATTERN,
   LIMITS,
   LOCK_NAME_PATTERN,
   MAX_META_BYTES,
@@ -14,13 +15,19 @@ export const Name = z.string().regex(NAME_PATTERN).openapi({
 });
 /** A lock's name: a name, and `{` `}` for a Redis Cluster hash tag. */
 export const LockName = z.string().regex(LOCK_NAME_PATTERN).openapi({
-  description: "1–200 characters of A-Z a-z 0-9 . _ : - { }, not . or ..; names that agree up " +
+  description: "1–200 characters of A-Z a-z 0-9 . _ : - { }, not . or .., not starting with }; " +
+    "names that agree up " +
     "to their first } share a Redis Cluster slot (start them with the same {group})",
   example: "invoice:42",
 });
 export const Token = z.string().regex(TOKEN_PATTERN).openapi({
   description: "Owner token: 16–128 characters of A-Z a-z 0-9 _ -",
   example: "b3JkZXItNDItd29ya2VyLTE",
+});
+/** A reentrant hold's id, or a break's: chosen by the client so a retry counts once. */
+export const HoldId = z.string().regex(HOLD_ID_PATTERN).openapi({
+  description: "8–64 characters of A-Z a-z 0-9 _ -, chosen before the first attempt",
+  example: "h0ld-1d-x9Qz",
 });
 export const duration = (field: keyof typeof LIMITS, description: string) =>
   z.number().int().min(LIMITS[field].min).max(LIMITS[field].max).openapi({ description });

@@ -144,6 +144,9 @@ export function createApp(
       records: new Records(redis, options),
       jobs: new Jobs(redis, options),
       wait: <T>(fn: () => Promise<T>) => limiter.wait(tenant, fn),
+      charge: (requests: number) => {
+        if (requests > 0) limiter.admit(tenant, requests);
+      },
     }];
   }));
 
@@ -233,11 +236,12 @@ export function createApp(
       limiter.admit(tenant);
     }
     c.set("tenant", tenant);
-    const { locks, records, jobs, wait } = byTenant.get(tenant)!;
+    const { locks, records, jobs, wait, charge } = byTenant.get(tenant)!;
     c.set("locks", locks);
     c.set("records", records);
     c.set("jobs", jobs);
     c.set("wait", wait);
+    c.set("charge", c.get("role") === "tenant" ? charge : () => {});
     await next();
   };
   app.use("/v1/*", authenticate);

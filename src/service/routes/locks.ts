@@ -12,6 +12,7 @@ import {
   body,
   common,
   duration,
+  HoldId,
   Holding,
   json,
   LockName,
@@ -42,12 +43,17 @@ const AcquireBody = LeaseBody.extend({
   }),
   reentrant: z.boolean().optional().openapi({
     description: "The holder's token acquiring again counts a hold (holdCount) instead of " +
-      "answering the same lease; it then takes as many releases",
+      "answering the same lease; it then takes as many releases, each with its hold",
+  }),
+  hold: HoldId.optional().openapi({
+    description: "With reentrant: this acquire's hold id (default: a new one). Send the same " +
+      "id when you retry, so the hold counts once",
   }),
 }).openapi("AcquireRequest");
 const AcquireAllBody = LeaseBody.extend({
   names: z.array(LockName).min(1).max(MAX_NAMES).openapi({
-    description: `1–${MAX_NAMES} distinct names in one Redis Cluster slot (the same {group})`,
+    description:
+      `1–${MAX_NAMES} distinct names; with LOCK_KEY_LAYOUT=cluster in one slot (the same {group})`,
   }),
 }).openapi("AcquireAllRequest");
 const RenewBody = z.strictObject({
@@ -58,6 +64,9 @@ const ReleaseBody = z.strictObject({
   token: Token,
   fence: z.number().int().positive().max(Number.MAX_SAFE_INTEGER).optional().openapi({
     description: "The lease's fence: a retried release then answers true for exactly this lease",
+  }),
+  hold: HoldId.optional().openapi({
+    description: "A reentrant lease's hold to end (the lease's hold): a retry then ends it once",
   }),
 }).openapi("ReleaseRequest");
 
@@ -72,6 +81,7 @@ const LeaseSchema = z.object({
   limit: z.number().int().optional(),
   permits: z.number().int().optional(),
   holdCount: z.number().int().optional().openapi({ description: "A reentrant lease's holds" }),
+  hold: HoldId.optional().openapi({ description: "This reentrant acquire's hold" }),
 }).openapi("Lease");
 const AcquiredSchema = LeaseSchema.extend({
   waitedMs: z.number().int().nonnegative().optional().openapi({
@@ -97,7 +107,8 @@ const acquireRoute = createRoute({
     200: json(AcquiredSchema, "Acquired"),
     409: problemDoc(
       "lock_busy or queue_full, with retryAfterMs and Retry-After; mode_mismatch (held in " +
-        "another mode) or limit_mismatch (a semaphore with another limit)",
+        "another mode), limit_mismatch (a semaphore with another limit) or hold_limit (this " +
+        "token holds it 64 times already)",
     ),
     429: problemDoc("too_many_requests: this tenant's concurrent waits or request rate"),
     ...common,
@@ -223,8 +234,8 @@ export function lockRoutes(app: OpenAPIHono<AppEnv>): void {
 
   app.openapi(releaseRoute, async (c) => {
     const { name } = c.req.valid("param");
-    const { token, fence } = c.req.valid("json");
-    return c.json({ released: await c.var.locks.release({ name, token, fence }) }, 200);
+    const { token, fence, hold } = c.req.valid("json");
+    return c.json({ released: await c.var.locks.release({ name, token, fence, hold }) }, 200);
   });
 
   app.openapi(inspectRoute, async (c) => {

@@ -8,7 +8,7 @@ import { NAME_PREFIX_PATTERN } from "../../core/_validate.ts";
 import type { Stats } from "../../core/stats.ts";
 import type { AppEnv } from "../_env.ts";
 import { toPrometheus } from "../metrics.ts";
-import { Holding, json, LockName, problemDoc, secured } from "../_schemas.ts";
+import { HoldId, Holding, json, LockName, problemDoc, secured } from "../_schemas.ts";
 
 const TenantQuery = z.object({
   tenant: z.string().optional().openapi({
@@ -68,6 +68,9 @@ const BreakBody = z.strictObject({
   reason: z.string().max(200).regex(/^[\x20-\x7e]*$/).optional().openapi({
     description: "Why, for the audit stream (printable ASCII, at most 200)",
   }),
+  id: HoldId.optional().openapi({
+    description: "This break's id: a retry with it answers the same and ends nothing more",
+  }),
 }).openapi("BreakRequest");
 
 const denied = {
@@ -105,10 +108,16 @@ const statsRoute = createRoute({
   responses: { 200: json(StatsSchema, "Stats"), ...denied },
 });
 const listRoute = createRoute({
-  ...get("listLocks", "/v1/locks", "The tenant's held locks by name, a page at a time"),
+  ...get(
+    "listLocks",
+    "/v1/locks",
+    "The tenant's held locks by name, a page at a time; a page counts as `limit` requests " +
+      "(default 100) against the tenant's request rate",
+  ),
   request: { query: ListQuery },
   responses: {
     200: json(z.object({ locks: z.array(HeldLock), cursor: z.string().optional() }), "A page"),
+    429: problemDoc("too_many_requests: the page's cost is over this tenant's request rate"),
     ...denied,
   },
 });
@@ -191,6 +200,9 @@ export function opsRoutes(app: OpenAPIHono<AppEnv>): void {
   app.openapi(listRoute, async (c) => {
     tenantOf(c);
     const { prefix, cursor, limit } = c.req.valid("query");
+    // A page inspects up to `limit` names (a script each) after scanning the index: it counts
+    // as that many requests against the tenant's rate, one already counted.
+    c.get("charge")((limit ?? 100) - 1);
     const page = await c.get("locks").list({
       ...(prefix && { prefix }),
       ...(cursor && { cursor }),
@@ -220,12 +232,12 @@ export function opsRoutes(app: OpenAPIHono<AppEnv>): void {
       throw new EdgelockError("invalid_request", "The body is not JSON");
     }
     const parsed = BreakBody.safeParse(raw);
-    if (!parsed.success) throw new EdgelockError("invalid_request", "The body is { reason? }");
+    if (!parsed.success) {
+      throw new EdgelockError("invalid_request", "The body is { reason?, id? }");
+    }
     const { name } = c.req.valid("param");
-    const result = await c.get("locks").break(name, {
-      by: operator,
-      reason: parsed.data.reason ?? "",
-    });
+    const { reason = "", id } = parsed.data;
+    const result = await c.get("locks").break(name, { by: operator, reason, id });
     return c.json(result, 200);
   });
 
