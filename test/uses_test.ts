@@ -142,6 +142,31 @@ Deno.test("the three uses", async (t) => {
     );
 
     await t.step(
+      "idempotency() answers an empty scope (an anonymous caller) with a 400 problem, not a 5xx",
+      async () => {
+        const app = new Hono();
+        let runs = 0;
+        app.post(
+          "/pay",
+          idempotency({ records, scope: (c) => c.req.header("x-user") ?? "" }),
+          (c) => {
+            runs++;
+            return c.json({ ok: true });
+          },
+        );
+        const res = await app.request("/pay", {
+          method: "POST",
+          headers: { "idempotency-key": crypto.randomUUID() },
+          body: "{}",
+        });
+        assert.equal(res.status, 400);
+        assert.equal(res.headers.get("content-type"), "application/problem+json");
+        assert.match((await res.json()).detail, /no idempotency scope/);
+        assert.equal(runs, 0, "the handler did not run without a record");
+      },
+    );
+
+    await t.step(
       "idempotency() never shares a record between users, whatever their scope strings",
       async () => {
         const app = new Hono();

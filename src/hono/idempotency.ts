@@ -101,9 +101,18 @@ export function idempotency(options: IdempotencyOptions): MiddlewareHandler {
         "Idempotency-Key must be one string of 1–255 printable ASCII characters",
       );
     }
+    const scoped = await scope(c);
+    if (typeof scoped !== "string" || scoped === "") {
+      // The app's scope() gave nothing to key by (an anonymous caller, say): a clear refusal.
+      return problem(
+        400,
+        "invalid_request",
+        "This request has no idempotency scope (the app's scope() returned no non-empty string)",
+      );
+    }
     const fingerprint = await fingerprintOf(c, fingerprintHeaders);
     const id = recordId(
-      await safeName(await scope(c), "scope"),
+      await safeName(scoped, "scope"),
       `#${await sha256Hex(`${c.req.method} ${c.req.path} ${key}`)}`,
     );
 
