@@ -133,6 +133,9 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
   // Both paths use tenant "t"'s key space, so library and HTTP clients contend for the same names.
   const library = new Locks(redis, { prefix: "edgelock:t", cluster: onCluster });
   const remote = createClient({ baseUrl: toService.url, apiKey: SECRET, retries: 0 });
+  // Reentrant clients over HTTP retry with the typed client's own logic: each call takes effect
+  // once however often the faults make it resend.
+  const retrying = createClient({ baseUrl: toService.url, apiKey: SECRET, retries: 3 });
   // The fuzzer talks to the service without faults: any 5xx it sees is a real defect.
   const fuzzApp = createApp({
     redis: direct,
@@ -159,15 +162,27 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
 
   const pick = <T>(list: readonly T[]) => list[Math.floor(Math.random() * list.length)]!;
   // Clients by index: exclusive writers (some pause past their lease, some take a group name),
-  // shared readers of the same names, semaphore holders, multi-name writers of the group.
+  // shared readers of the same names, semaphore holders, multi-name writers of the group, and
+  // reentrant writers whose inner holds are shorter than their outer ones.
+  const ROLES = [
+    "exclusive",
+    "exclusive",
+    "shared",
+    "exclusive",
+    "semaphore",
+    "multi",
+    "reentrant",
+  ];
   const worker = async (index: number) => {
     const id = `c${index}`;
-    const locks: LockClient = index % 2 === 0 ? library : remote;
+    const role = ROLES[(index >> 1) % ROLES.length]!; // each role on both paths
+    const locks: LockClient = index % 2 === 0 ? library : role === "reentrant" ? retrying : remote;
     const pauses = index % 16 === 0; // the "pause past TTL" clients
-    const role = (["exclusive", "exclusive", "shared", "exclusive", "semaphore", "multi"] as const)[
-      (index >> 1) % 6
-    ]!; // each role on both paths: even indexes the library, odd ones HTTP
     while (Date.now() < deadline) {
+      if (role === "reentrant") {
+        await reentrant(locks, id, pick(lockNames));
+        continue;
+      }
       if (role === "multi") {
         const set = GROUP.filter(() => Math.random() < 0.5).slice(0, 3);
         const leases = await acquireAll(locks, id, set.length > 0 ? set : [GROUP[0]!]);
@@ -231,8 +246,33 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     }
   }
 
+  // A reentrant writer: an outer hold, an inner one with a shorter TTL released (and its release
+  // sent again, as a retry), a probe by another token once the inner TTL has passed, then the
+  // write under the outer hold. A probe granted while the outer hold stands is an overlap.
+  async function reentrant(locks: LockClient, client: string, name: string) {
+    const outer = await acquire(locks, client, name, { reentrant: true, ttlMs: TTL_MS * 3 });
+    if (!outer) return void await sleep(5 + Math.random() * 20);
+    const inner = await acquire(locks, client, name, {
+      reentrant: true,
+      token: outer.token,
+      ttlMs: 100,
+    });
+    if (inner) {
+      await release(locks, client, inner);
+      await release(locks, client, inner);
+    }
+    await sleep(150);
+    const probe = await acquire(locks, `${client}-probe`, name, { ttlMs: 100 });
+    if (probe) await release(locks, `${client}-probe`, probe);
+    const value = resource.read(name, outer.fence);
+    if (value !== undefined) resource.write(name, outer.fence, value + 1);
+    await release(locks, client, outer);
+  }
+
   async function acquire(locks: LockClient, client: string, name: string, options: AcquireOptions) {
-    const token = crypto.randomUUID().replaceAll("-", "");
+    const token = options.token ?? crypto.randomUUID().replaceAll("-", "");
+    // A reentrant acquire's hold id, the same for every attempt: a retry counts it once.
+    const hold = options.reentrant ? crypto.randomUUID().slice(0, 12) : undefined;
     const kind = options.mode === "shared"
       ? { mode: "shared" }
       : options.limit
@@ -242,11 +282,11 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     for (let attempt = 0; attempt < 3; attempt++) {
       const result = await timed(
         { op: "acquire", client, name, token },
-        () => locks.acquire(name, { ...options, ttlMs: TTL_MS, token }),
+        () => locks.acquire(name, { ttlMs: TTL_MS, ...options, token, ...(hold && { hold }) }),
         (r) => {
           if (!r.acquired) return { outcome: "busy", ...kind };
           const { fence, serverTime, expiresAt } = r.lease;
-          return { outcome: "acquired", fence, serverTime, expiresAt, ...kind };
+          return { outcome: "acquired", fence, serverTime, expiresAt, ...kind, hold };
         },
       );
       if (result.ok) return result.value.acquired ? result.value.lease : undefined;
@@ -310,12 +350,12 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     );
   }
 
-  async function release(locks: LockClient, client: string, { name, token }: Lease) {
+  async function release(locks: LockClient, client: string, { name, token, hold }: Lease) {
     for (let attempt = 0; attempt < 3; attempt++) {
       const result = await timed(
         { op: "release", client, name, token },
-        () => locks.release({ name, token }),
-        (released) => ({ outcome: released ? "released" : "not_held" }),
+        () => locks.release({ name, token, ...(hold && { hold }) }),
+        (released) => ({ outcome: released ? "released" : "not_held", hold }),
       );
       if (result.ok) return;
     }

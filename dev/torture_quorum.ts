@@ -224,6 +224,73 @@ export async function runQuorumTorture(
       }
     };
 
+    // Seeded partitions, certain to show either break: clients that each reach only some of the
+    // databases (the rest refuse). Two that reach different pairs acquire one name at once (a
+    // quorum below a majority grants both); then one reaching the first majority and, after its
+    // release, one reaching the last (the clocks behind) acquire another (without the commit, the
+    // second fence rests on clocks 10 minutes behind).
+    const down: RedisLike = {
+      evalsha: () => Promise.reject(new Error("partitioned")),
+      eval: () => Promise.reject(new Error("partitioned")),
+    };
+    const direct = clientsOf.map((_, i) =>
+      broken === "commit"
+        ? withoutCommit(new Redis({ url: bridges[i]!.url, token, enableTelemetry: false }))
+        : new Redis({ url: bridges[i]!.url, token, enableTelemetry: false, retry: false })
+    );
+    const reaching = (reach: number[]) =>
+      new Kind(direct.map((db, i) => reach.includes(i) ? db : down), { timeoutMs: 1000 });
+    const seeded = async (client: string, name: string, reach: number[]) => {
+      const side = reaching(reach);
+      const leaseToken = crypto.randomUUID().replaceAll("-", "");
+      const invokedAt = Date.now();
+      const result = await side.acquire(name, { ttlMs: 5000, token: leaseToken })
+        .catch(() => undefined);
+      const lease = result?.acquired ? result.lease : undefined;
+      history.push({
+        op: "acquire",
+        client,
+        name,
+        token: leaseToken,
+        invokedAt,
+        completedAt: Date.now(),
+        ...(lease
+          ? {
+            outcome: "acquired",
+            fence: lease.fence,
+            serverTime: Date.now(),
+            expiresAt: lease.expiresAt,
+          }
+          : { outcome: result ? "busy" : "failed" }),
+      });
+      return async () => {
+        if (!lease) return;
+        const releasedAt = Date.now();
+        const released = await side.release(lease).catch(() => false);
+        history.push({
+          op: "release",
+          client,
+          name,
+          token: leaseToken,
+          invokedAt: releasedAt,
+          completedAt: Date.now(),
+          outcome: released ? "released" : "not_held",
+        });
+      };
+    };
+    const majority = Math.floor(databases / 2) + 1;
+    const all = [...Array(databases).keys()];
+    const pairs = await Promise.all([
+      seeded("split0", "quorum-split", all.slice(0, 2)),
+      seeded("split1", "quorum-split", all.slice(-2)),
+    ]);
+    await sleep(100); // both held, by their replies, for these 100 ms at least
+    for (const release of pairs) await release();
+    const ahead = await seeded("ahead", "quorum-clocks", all.slice(0, majority));
+    await sleep(100); // so the checker orders the two leases
+    await ahead();
+    await (await seeded("behind", "quorum-clocks", all.slice(-majority)))();
+
     const started = Date.now();
     const progress = setInterval(() => log(`${history.length} operations`), 5000);
     await Promise.all([...Array.from({ length: clients }, (_, i) => worker(i)), chaos()]);
