@@ -258,6 +258,20 @@ Deno.test("every primitive and use on a Redis Cluster", async (t) => {
         const single = new Locks(redis, { prefix: "single", stats: false });
         const lease = acquired(await single.acquire(keygen("c")));
         assert.equal(await single.release(lease), true);
+        // Every valid name, braces anywhere but first, works in both layouts; one starting with }
+        // (an empty hash tag) is refused everywhere.
+        const cluster = new Locks(redis, { prefix: "both", cluster: true });
+        for (const name of ["a}", "a}b", "{", "{}", "{}x", "x{y}z", "{{a}}", "a{b"]) {
+          for (const locks of [single, cluster]) {
+            const held = acquired(await locks.acquire(name, { mode: "shared" }));
+            assert.equal(await locks.release(held), true, name);
+          }
+        }
+        for (const name of ["}", "}x", "}}"]) {
+          for (const locks of [single, cluster]) {
+            await assert.rejects(locks.acquire(name), RangeError, name);
+          }
+        }
         const withStats = new Locks(redis, { prefix: "single" });
         await assert.rejects(withStats.acquire(keygen("c")), (error: unknown) => {
           const { code, message } = error as { code?: string; message: string };

@@ -325,6 +325,33 @@ Deno.test("read-write locks, semaphores, reentrancy and multi-name locks", async
       await locks.release(next);
     });
 
+    for (
+      const [label, mode] of [
+        ["an exclusive", {}],
+        ["a shared", { mode: "shared" as const }],
+        ["a semaphore", { limit: 3 }],
+      ] as const
+    ) {
+      await t.step(
+        `${label} release retried with the token alone answers true and counts nothing lost`,
+        async () => {
+          const counted = new Locks(backend.redis, { prefix: keygen("p") });
+          const name = keygen("rt");
+          const first = acquired(await counted.acquire(name, mode));
+          const exclusive = !("mode" in mode) && !("limit" in mode);
+          // Shared and semaphore: another holder stays; exclusive: another lease comes and goes.
+          const other = exclusive ? undefined : acquired(await counted.acquire(name, mode));
+          const ref = { name, token: first.token };
+          assert.equal(await counted.release(ref), true);
+          if (exclusive) await counted.release(acquired(await counted.acquire(name)));
+          assert.equal(await counted.release(ref), true, "the retry, without the fence");
+          assert.equal(await counted.release(first), true, "and with it");
+          assert.equal((await counted.stats()).total.release.lost, 0, "no lease counted lost");
+          if (other) assert.equal(await counted.release(other), true);
+        },
+      );
+    }
+
     await t.step("a multi-name lock takes all its names or none", async () => {
       const tag = `{${keygen("m")}}`;
       const names = ["x", "y", "z"].map((n) => tag + n);

@@ -162,6 +162,29 @@ Deno.test("withLock", async (t) => {
       },
     );
 
+    await t.step(
+      "a nested reentrant withLock with a shorter TTL never lets another token in while the outer runs",
+      async () => {
+        const name = keygen();
+        let intruded = false;
+        await locks.withLock(name, { ttlMs: 6000, reentrant: true }, async (outer, signal) => {
+          await locks.withLock(
+            name,
+            { ttlMs: 300, reentrant: true, token: outer.token },
+            async () => {},
+          );
+          // Well past the inner 300 ms: the outer lease holds until its own end.
+          for (let i = 0; i < 4; i++) {
+            await new Promise((resolve) => setTimeout(resolve, 200));
+            if ((await new Locks(redis).acquire(name)).acquired) intruded = true;
+          }
+          assert.equal(signal.aborted, false);
+        });
+        assert.equal(intruded, false, "another token was granted the name");
+        assert.equal((await locks.inspect(name)).held, false, "released at the end");
+      },
+    );
+
     await t.step("withLock() rejects a missing routine with a TypeError", async () => {
       await assert.rejects(locks.withLock(keygen(), {}, undefined as never), TypeError);
     });
