@@ -183,6 +183,24 @@ Deno.test("Locks", async (t) => {
       },
     );
 
+    await t.step(
+      "a release retried after its record is gone (a short fenceWindowMs) still answers true",
+      async () => {
+        const prefix = keygen("p");
+        const short = new Locks(redis, { fenceWindowMs: 1000, prefix });
+        for (const mode of [{}, { mode: "shared" as const }, { limit: 2 }]) {
+          const name = keygen();
+          const lease = acquired(await short.acquire(name, mode));
+          assert.equal(await short.release(lease), true);
+          const record = `${prefix}:lock:{${name}}`;
+          await until("the record is gone", async () => (await redis.exists(record)) === 0);
+          assert.equal(await short.release(lease), true, "the retry, by its mark");
+          assert.equal(await short.release({ name, token: lease.token }), true, "without a fence");
+        }
+        assert.equal((await short.stats()).total.release.lost, 0, "nothing counted lost");
+      },
+    );
+
     await t.step("fences keep increasing after Redis lost all data (FLUSHALL)", async () => {
       const name = keygen();
       const before = acquired(await locks.acquire(name, { ttlMs: 5000 }));

@@ -184,6 +184,10 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
   // What an acquire-like call should do, by the rules. Returns the expected outcome.
   const decide = (token: string, ttl: number, ticketMs: number, t: number, hold = "") => {
     const holder = model.holder;
+    // A plain acquire of a reentrant lease would count no hold: refused, nothing changes.
+    if (holder?.token === token && hold === "" && holder.ids.length > 0) {
+      return { acquired: false as const, mismatch: true as const, position: -1 };
+    }
     if (holder?.token === token) {
       if (hold !== "" && !holder.ids.includes(hold)) holder.ids.push(hold);
       // No hold ends the lease before the end another hold was told.
@@ -277,12 +281,18 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
         const ticketMs = cmd.kind === "wait" ? 310 : 0; // what Locks asks for a 60 ms wait
         const hold = cmd.kind === "reenter" ? holdIds[cmd.hold]! : "";
         const expected = decide(token, cmd.ttlMs, ticketMs, t, hold);
-        const result = await ctx.locks.acquire(name, {
+        const acquiring = ctx.locks.acquire(name, {
           token,
           ttlMs: cmd.ttlMs,
           ...(cmd.kind === "wait" && { waitMs: 60 }),
           ...(hold !== "" && { reentrant: true, hold }),
         });
+        if ("mismatch" in expected) {
+          const code = await acquiring.then(() => "granted", (e) => (e as { code?: string }).code);
+          if (code !== "mode_mismatch") fail(`acquire: ${code}, the model says mode_mismatch`);
+          break;
+        }
+        const result = await acquiring;
         if (result.acquired !== expected.acquired) {
           fail(`acquire: ${result.acquired}, the model says ${expected.acquired}`);
         }
@@ -301,6 +311,10 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
         const reply = await takeTicket(ctx.redis, name, token, cmd.ticketMs, {
           maxWaiters: MAX_WAITERS,
         });
+        if ("mismatch" in expected) {
+          if (reply[0] !== -1) fail(`vanish: ${reply}, the model says a mismatch`);
+          break;
+        }
         if ((reply[0] === 1) !== expected.acquired) {
           fail(`vanish: ${reply}, model ${expected.acquired}`);
         }

@@ -352,6 +352,38 @@ Deno.test("read-write locks, semaphores, reentrancy and multi-name locks", async
       );
     }
 
+    await t.step(
+      "a holder acquiring again is told only what it holds: other permits or a plain acquire of a reentrant lease are errors",
+      async () => {
+        const name = keygen("sem");
+        const one = acquired(await locks.acquire(name, { limit: 3, permits: 1, reentrant: true }));
+        await assert.rejects(
+          locks.acquire(name, { limit: 3, permits: 3, reentrant: true, token: one.token }),
+          (error) => (error as EdgelockError).code === "permits_mismatch",
+        );
+        await assert.rejects(
+          locks.acquire(name, { limit: 3, permits: 3, token: one.token }),
+          (error) => (error as EdgelockError).code === "permits_mismatch",
+        );
+        const two = acquired(await locks.acquire(name, { limit: 3, permits: 2 }));
+        const info = await locks.inspect(name);
+        assert.ok(info.held && info.permits === 3, "1 + 2 of 3, as the callers were told");
+        await assert.rejects(
+          locks.acquire(name, { limit: 3, permits: 1, token: one.token }),
+          (error) => (error as EdgelockError).code === "mode_mismatch",
+          "a plain acquire would count no hold of the reentrant lease",
+        );
+        for (const lease of [one, two]) assert.equal(await locks.release(lease), true);
+        const outer = acquired(await locks.acquire(name, { reentrant: true }));
+        await assert.rejects(
+          locks.acquire(name, { token: outer.token }),
+          /acquire it again with reentrant: true/,
+        );
+        assert.equal(await locks.release(outer), true);
+        assert.equal((await locks.inspect(name)).held, false);
+      },
+    );
+
     await t.step("a multi-name lock takes all its names or none", async () => {
       const tag = `{${keygen("m")}}`;
       const names = ["x", "y", "z"].map((n) => tag + n);

@@ -340,6 +340,14 @@ Deno.test("stats kept by the scripts", async (t) => {
         assert.equal((await locks.audit()).length, 1, "one break in the audit");
         assert.equal((await locks.stats()).total.break.broken, 1);
         await assert.rejects(locks.break("x", { by: "ops", id: "short" }), RangeError);
+        // A break that found the name free is remembered too: its retry ends nothing.
+        assert.equal(await locks.release(next), true);
+        const free = await locks.break("x", { by: "ops", id: "break-id-000002" });
+        assert.deepEqual(free, { broken: false });
+        const later = acquired(await locks.acquire("x", { ttlMs: 60_000 }));
+        assert.deepEqual(await locks.break("x", { by: "ops", id: "break-id-000002" }), free);
+        assert.ok((await locks.inspect("x")).held, "the lease granted since stands");
+        assert.equal(await locks.release(later), true);
       },
     );
 

@@ -191,13 +191,13 @@ export function checkMode(
   return { mode: "semaphore", limit, permits: taken };
 }
 
-/** A reentrant hold's id (or a break's): 8–64 characters of `A-Z a-z 0-9 _ -`. */
-export const HOLD_ID_PATTERN = /^[A-Za-z0-9_-]{8,64}$/;
+/** A reentrant hold's id (or a break's): 8–32 characters of `A-Z a-z 0-9 _ -`. */
+export const HOLD_ID_PATTERN = /^[A-Za-z0-9_-]{8,32}$/;
 
 export function checkHoldId(id: unknown, what = "The hold id"): string {
   if (typeof id !== "string") throw new TypeError(`${what} must be a string`);
   if (!HOLD_ID_PATTERN.test(id)) {
-    throw new RangeError(`${what} must be 8–64 characters of A-Z a-z 0-9 _ -`);
+    throw new RangeError(`${what} must be 8–32 characters of A-Z a-z 0-9 _ -`);
   }
   return id;
 }

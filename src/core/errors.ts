@@ -10,6 +10,7 @@ export type ErrorCode =
   | "mode_mismatch"
   | "limit_mismatch"
   | "hold_limit"
+  | "permits_mismatch"
   | "too_many_requests"
   | "lock_lost"
   | "in_progress"

@@ -766,21 +766,33 @@ function holdOf(reply: unknown, hold: string): { hold?: string; holdCount?: numb
 }
 
 // The acquire scripts' `{-1, code}`: the name is held in another mode (1), as a semaphore with
-// another limit (2), or by this token with MAX_HOLDS holds already (3).
+// another limit (2), by this token with MAX_HOLDS holds already (3) or with other permits (4), or
+// reentrant by this token, which a plain acquire would not count (5).
 function mismatchError(name: string, code: number): EdgelockError {
-  if (code === 2) {
-    return new EdgelockError(
-      "limit_mismatch",
-      `Lock "${name}" is held as a semaphore with another limit`,
-    );
+  switch (code) {
+    case 2:
+      return new EdgelockError(
+        "limit_mismatch",
+        `Lock "${name}" is held as a semaphore with another limit`,
+      );
+    case 3:
+      return new EdgelockError(
+        "hold_limit",
+        `Cannot acquire lock "${name}" again: this token holds it ${MAX_HOLDS} times already`,
+      );
+    case 4:
+      return new EdgelockError(
+        "permits_mismatch",
+        `This token holds lock "${name}" with another number of permits: release that lease first`,
+      );
+    case 5:
+      return new EdgelockError(
+        "mode_mismatch",
+        `This token holds lock "${name}" reentrant: acquire it again with reentrant: true`,
+      );
+    default:
+      return new EdgelockError("mode_mismatch", `Lock "${name}" is held in another mode`);
   }
-  if (code === 3) {
-    return new EdgelockError(
-      "hold_limit",
-      `Cannot acquire lock "${name}" again: this token holds it ${MAX_HOLDS} times already`,
-    );
-  }
-  return new EdgelockError("mode_mismatch", `Lock "${name}" is held in another mode`);
 }
 
 // Errors of the caller's making, which are no `error` event: Redis did not fail.
@@ -789,6 +801,7 @@ const CALLER_ERRORS = new Set([
   "mode_mismatch",
   "limit_mismatch",
   "hold_limit",
+  "permits_mismatch",
 ]);
 
 // The acquire scripts' first reply field when the name is held in another mode or limit.

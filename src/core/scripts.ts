@@ -347,6 +347,7 @@ end
 local held = r and (r.token or r.shared) and nowMs < r.leaseEnd
 if held and r.shared and r.limit > 0 then return {-1, 1, nowMs} end
 if held and r.token == token then
+  if hold == '' and #r.holds.ids > 0 then return {-1, 5, nowMs} end -- a plain acquire of a reentrant lease
   if not addHold(r.holds, hold) then return {-1, 3, nowMs} end
   -- No hold ends the lease before the end another hold was told.
   r.leaseEnd = math.max(r.leaseEnd, nowMs + ttlMs)
@@ -450,8 +451,9 @@ return {1, tonumber(h.fence), h.leaseEnd - nowMs, nowMs, holdCount(h.holds)}
 
 /**
  * Release, any kind of lease. Returns 1 when the token held it (and it is now free, or, for a
- * reentrant lease, one hold fewer: the hold named by `hold`), also when this release already
- * went through (a retried or duplicated request), else 0. Every release that frees a lease is
+ * reentrant lease, one hold fewer: the hold named by `hold`, none when that hold is gone, as for
+ * a retry), also when this release already went through (a retried or duplicated request), else
+ * 0. Every release that frees a lease is
  * remembered by token for RELEASE_MEMORY_MS (the last RELEASED_MARKS of a name; a grant to the
  * token forgets it): with the lease's fence, a retry matches exactly that lease; without it, the
  * token's latest lease, if that one was released.
@@ -481,8 +483,20 @@ local function sampleHold(r, at)
   end
   observe(statsKey, nowMs, 'hold', nowMs - at)
 end
+-- A retry of a release that went through answers 1 again, by the mark it left (the record may be
+-- gone already: it lives fenceWindowMs, the marks RELEASE_MEMORY_MS). A grant to the token forgets
+-- its mark, so without a fence the mark is its latest lease's.
+local function retried(released, sha)
+  local mark = tonumber(redis.call('ZSCORE', releasedKey, token))
+  if fence == '' then return mark ~= nil end
+  return mark == tonumber(fence) or released == fence .. ':' .. sha
+end
 local r = readRecord(lockKey)
-if not r or r.foreign then return lost() end
+if not r then
+  if retried('', '') then return 1 end
+  return lost()
+end
+if r.foreign then return lost() end
 local sha = string.sub(redis.sha1hex(token), 1, 12)
 if r.shared and nowMs < r.leaseEnd then
   local h = readHolder(redis.call('HGET', holdersKey, token))
@@ -510,14 +524,7 @@ if r.shared and nowMs < r.leaseEnd then
   end
 end
 if r.free or r.token ~= token or nowMs >= r.leaseEnd or (fence ~= '' and r.fence ~= fence) then
-  -- Not held by this lease now: a retry of a release that went through answers 1 again.
-  -- A grant to the token forgets its mark, so without a fence the mark is its latest lease's.
-  local mark = tonumber(redis.call('ZSCORE', releasedKey, token))
-  if fence ~= '' then
-    if mark == tonumber(fence) or r.released == fence .. ':' .. sha then return 1 end
-  elseif mark then
-    return 1
-  end
+  if retried(r.released, sha) then return 1 end -- not held by this lease now
   return lost()
 end
 if dropHold(r.holds, hold) > 0 then
@@ -646,12 +653,14 @@ local by       = ARGV[3]
 local reason   = ARGV[4]
 local breakId  = ARGV[5] -- '' for none
 ${NOW}${RECORD_LUA}${INDEX_LUA}${STATS_LUA}
-if breakId ~= '' then
-  local done = redis.call('ZSCORE', marksKey, '~' .. breakId)
-  if done then return {1, tonumber(done), nowMs} end
+if breakId ~= '' then -- a retry: the same answer (a fence, or 0 for not held), nothing more
+  local done = tonumber(redis.call('ZSCORE', marksKey, '~' .. breakId))
+  if done == 0 then return {0, nowMs} end
+  if done then return {1, done, nowMs} end
 end
 local r = readRecord(lockKey)
 if not r or not (r.token or r.shared) or nowMs >= r.leaseEnd then
+  if breakId ~= '' then markReleased(marksKey, '~' .. breakId, 0) end
   return {0, nowMs}
 end
 r.released = r.fence .. ':' .. string.sub(redis.sha1hex('broken:' .. (r.token or 'shared')), 1, 12)

@@ -74,6 +74,8 @@ local holders, used = {}, 0
 if live then holders, used = readHolders(holdersKey, nowMs, true) end
 local mine = holders[token]
 if mine then
+  if mine.permits ~= permits then return {-1, 4, nowMs} end -- its permits are what it was told
+  if hold == '' and #mine.holds.ids > 0 then return {-1, 5, nowMs} end
   if not addHold(mine.holds, hold) then return {-1, 3, nowMs} end
   mine.leaseEnd = math.max(mine.leaseEnd, nowMs + ttlMs) -- never before another hold's end
   if meta ~= '' then mine.meta = meta end

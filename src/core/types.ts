@@ -61,7 +61,7 @@ export interface AcquireOptions extends LeaseOptions {
    */
   reentrant?: boolean;
   /**
-   * A reentrant acquire's hold id, 8–64 characters of `A-Z a-z 0-9 _ -`: choose it before the
+   * A reentrant acquire's hold id, 8–32 characters of `A-Z a-z 0-9 _ -`: choose it before the
    * first attempt when you retry yourself, so a retry counts the hold once. @default a new
    * random id
    */
@@ -168,7 +168,7 @@ export interface BreakOptions {
   /** Why, up to 200 printable characters. @default "" */
   reason?: string;
   /**
-   * This break's id, 8–64 characters of `A-Z a-z 0-9 _ -`: a retry with the same id answers the
+   * This break's id, 8–32 characters of `A-Z a-z 0-9 _ -`: a retry with the same id answers the
    * same and ends no lease granted since. @default none (a repeated break is a new break)
    */
   id?: string;

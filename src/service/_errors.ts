@@ -19,6 +19,7 @@ const PROBLEMS: Record<ErrorCode, [Status, string]> = {
   mode_mismatch: [409, "The lock is held in another mode"],
   limit_mismatch: [409, "The semaphore is held with another limit"],
   hold_limit: [409, "This token holds the lock as many times as it may"],
+  permits_mismatch: [409, "This token holds the semaphore with another number of permits"],
   too_many_requests: [429, "This tenant is over its request limit"],
   lock_lost: [409, "The lease is no longer held by this token"],
   in_progress: [409, "Another request with this key is in flight"],

@@ -16,11 +16,13 @@ export const DEFAULT_LIMITS = { maxWaits: 100, requestsPerSecond: 5000 } as cons
 
 /** Admission control for one instance: throws `too_many_requests` (HTTP 429) over a cap. */
 export interface TenantLimiter {
+  /** Counts one request of `tenant` against its rate. */
+  admit(tenant: string): void;
   /**
-   * Counts a request of `tenant` against its rate: `cost` requests' worth (a list page counts
-   * each name it may inspect), at most one second's worth. @default 1
+   * Counts `extra` requests' worth more for a request already admitted (a list page counts each
+   * name it may inspect): with the admission, at most one second's worth, so any page can pass.
    */
-  admit(tenant: string, cost?: number): void;
+  charge(tenant: string, extra: number): void;
   /** Runs a server-side wait of `tenant`, unless it has `maxWaits` running already. */
   wait<T>(tenant: string, fn: () => Promise<T>): Promise<T>;
 }
@@ -41,27 +43,32 @@ export function tenantLimiter(
   const waits = new Map<string, number>();
   // A token bucket per tenant: `requestsPerSecond` tokens, refilled continuously.
   const buckets = new Map<string, { tokens: number; at: number }>();
-  return {
-    admit(tenant, cost = 1) {
-      if (requestsPerSecond === 0) return;
-      const need = Math.min(Math.max(1, cost), requestsPerSecond);
-      const t = now();
-      const bucket = buckets.get(tenant) ?? { tokens: requestsPerSecond, at: t };
-      bucket.tokens = Math.min(
-        requestsPerSecond,
-        bucket.tokens + (t - bucket.at) * requestsPerSecond / 1000,
+  const take = (tenant: string, need: number) => {
+    if (requestsPerSecond === 0 || need <= 0) return;
+    const t = now();
+    const bucket = buckets.get(tenant) ?? { tokens: requestsPerSecond, at: t };
+    bucket.tokens = Math.min(
+      requestsPerSecond,
+      bucket.tokens + (t - bucket.at) * requestsPerSecond / 1000,
+    );
+    bucket.at = t;
+    buckets.set(tenant, bucket);
+    if (bucket.tokens < need) {
+      const retryAfterMs = Math.ceil((need - bucket.tokens) * 1000 / requestsPerSecond);
+      throw new EdgelockError(
+        "too_many_requests",
+        `Over ${requestsPerSecond} requests per second for this API key`,
+        { retryAfterMs },
       );
-      bucket.at = t;
-      buckets.set(tenant, bucket);
-      if (bucket.tokens < need) {
-        const retryAfterMs = Math.ceil((need - bucket.tokens) * 1000 / requestsPerSecond);
-        throw new EdgelockError(
-          "too_many_requests",
-          `Over ${requestsPerSecond} requests per second for this API key`,
-          { retryAfterMs },
-        );
-      }
-      bucket.tokens -= need;
+    }
+    bucket.tokens -= need;
+  };
+  return {
+    admit(tenant) {
+      take(tenant, 1);
+    },
+    charge(tenant, extra) {
+      take(tenant, Math.min(extra, requestsPerSecond - 1));
     },
     async wait(tenant, fn) {
       const running = waits.get(tenant) ?? 0;

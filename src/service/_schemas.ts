@@ -26,7 +26,7 @@ export const Token = z.string().regex(TOKEN_PATTERN).openapi({
 });
 /** A reentrant hold's id, or a break's: chosen by the client so a retry counts once. */
 export const HoldId = z.string().regex(HOLD_ID_PATTERN).openapi({
-  description: "8–64 characters of A-Z a-z 0-9 _ -, chosen before the first attempt",
+  description: "8–32 characters of A-Z a-z 0-9 _ -, chosen before the first attempt",
   example: "h0ld-1d-x9Qz",
 });
 export const duration = (field: keyof typeof LIMITS, description: string) =>

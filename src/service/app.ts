@@ -144,9 +144,7 @@ export function createApp(
       records: new Records(redis, options),
       jobs: new Jobs(redis, options),
       wait: <T>(fn: () => Promise<T>) => limiter.wait(tenant, fn),
-      charge: (requests: number) => {
-        if (requests > 0) limiter.admit(tenant, requests);
-      },
+      charge: (requests: number) => limiter.charge(tenant, requests),
     }];
   }));
 
