@@ -10,7 +10,7 @@
  *
  * @module
  */
-import { cli } from "../dev/_cli.ts";
+import { cli } from "../bridge/_cli.ts";
 import { startRedisServer } from "../dev/redis_server.ts";
 import { spawnDeno } from "../test/_process.ts";
 
@@ -76,7 +76,7 @@ async function measure(url: string, pid: number, c: Case, concurrency: number) {
 
 async function withBridge<T>(poolSize: number, fn: (url: string, pid: number) => Promise<T>) {
   const bridge = await spawnDeno(
-    ["run", "-A", "dev/bridge.ts"],
+    ["run", "-A", "bridge/main.ts"],
     {
       UPSTASH_REDIS_REST_TOKEN: token,
       REDIS_URL: server.url,

@@ -15,9 +15,9 @@ import { createClient } from "@edgelock/edgelock/client";
 import { Locks } from "@edgelock/edgelock";
 import { createApp } from "@edgelock/edgelock/service";
 import { gzipSize, minifiedBundle } from "./_bundle.ts";
-import { cli } from "../dev/_cli.ts";
+import { cli } from "../bridge/_cli.ts";
 import { commandStats } from "./_commandstats.ts";
-import { startBridge } from "../dev/bridge.ts";
+import { startBridge } from "../bridge/mod.ts";
 import { startLatencyProxy } from "../dev/latency_proxy.ts";
 import { startRedisServer } from "../dev/redis_server.ts";
 

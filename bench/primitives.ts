@@ -11,9 +11,9 @@
  */
 import { Redis } from "@upstash/redis";
 import { Redis as IORedis } from "ioredis";
-import { cli } from "../dev/_cli.ts";
+import { cli } from "../bridge/_cli.ts";
 import { commandStats } from "./_commandstats.ts";
-import { startBridge } from "../dev/bridge.ts";
+import { startBridge } from "../bridge/mod.ts";
 import { startLatencyProxy } from "../dev/latency_proxy.ts";
 import { startRedisServer } from "../dev/redis_server.ts";
 import { type Lease, Locks } from "../src/core/mod.ts";

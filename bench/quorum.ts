@@ -11,9 +11,9 @@
  */
 import { Redis } from "@upstash/redis";
 import { Redis as IORedis } from "ioredis";
-import { cli } from "../dev/_cli.ts";
+import { cli } from "../bridge/_cli.ts";
 import { commandStats } from "./_commandstats.ts";
-import { type Bridge, startBridge } from "../dev/bridge.ts";
+import { type Bridge, startBridge } from "../bridge/mod.ts";
 import { startLatencyProxy } from "../dev/latency_proxy.ts";
 import { type RedisServer, startRedisServer } from "../dev/redis_server.ts";
 import { type LockClient, Locks } from "../src/core/mod.ts";

@@ -7,7 +7,7 @@
  * @module
  */
 import { gzipSize, minifiedBundle } from "./_bundle.ts";
-import { cli } from "../dev/_cli.ts";
+import { cli } from "../bridge/_cli.ts";
 
 /** Gzip budgets in bytes: the root entry stays within a few KB of the lock core alone (with its
  * stats, held index, break and audit since issue 13: 10.2 KB, was 6.5; with the read-write lock,

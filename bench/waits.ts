@@ -1,6 +1,6 @@
 // The service under 500 concurrent 5-s waits from one tenant (cap 100): replies, descriptors,
 // memory and the bridge requests the waits cost. Run: deno run -A bench/waits.ts
-import { cli } from "../dev/_cli.ts";
+import { cli } from "../bridge/_cli.ts";
 import { startBackend } from "../test/_backend.ts";
 import { LISTENING, spawnDeno } from "../test/_process.ts";
 

@@ -7,7 +7,7 @@
  *
  * @module
  */
-import { cli } from "./_cli.ts";
+import { cli } from "../bridge/_cli.ts";
 
 cli("edgelock doc-lint", "deno run -A dev/doc_lint.ts   (part of deno task check)", {});
 const config = JSON.parse(await Deno.readTextFile(new URL("../deno.json", import.meta.url)));

@@ -7,7 +7,7 @@
  *
  * @module
  */
-import { cli } from "./_cli.ts";
+import { cli } from "../bridge/_cli.ts";
 
 const ENTRIES = ["core", "uses", "hono", "service", "client", "otel", "tcp", "quorum"] as const;
 const EXTERNAL = [

@@ -7,7 +7,7 @@
  *
  * @module
  */
-import { cli } from "./_cli.ts";
+import { cli } from "../bridge/_cli.ts";
 import { type RedisServer, startRedisServer } from "./redis_server.ts";
 
 /** A running cluster. */

@@ -10,8 +10,8 @@
 import { Redis } from "@upstash/redis";
 import { createApp } from "../src/service/app.ts";
 import { appSettings, readConfig } from "../src/service/config.ts";
-import { cli } from "./_cli.ts";
-import { type Bridge, startBridge } from "./bridge.ts";
+import { cli } from "../bridge/_cli.ts";
+import { type Bridge, startBridge } from "../bridge/mod.ts";
 import { DURABLE_ARGS, type RedisServer, startRedisServer } from "./redis_server.ts";
 
 const env = Deno.env.toObject();

@@ -20,8 +20,8 @@ import { createApp } from "../src/service/app.ts";
 import { createClient } from "../src/client/client.ts";
 import { Locks } from "../src/core/locks.ts";
 import type { AcquireOptions, Lease, LockClient } from "../src/core/types.ts";
-import { cli } from "./_cli.ts";
-import { startBridge } from "./bridge.ts";
+import { cli } from "../bridge/_cli.ts";
+import { startBridge } from "../bridge/mod.ts";
 import { FAULT_KINDS, type FaultKind, startFaultProxy } from "./fault_proxy.ts";
 import {
   BROKEN_RULES,
@@ -71,6 +71,8 @@ export interface TortureReport {
   staleWritesRefused: number;
   acceptedWrites: number;
   violations: Violation[];
+  /** Every operation of the tokens the violations name, in order: what to read first. */
+  evidence: Operation[];
 }
 
 const SECRET = "torture-secret-0123456789abcdef";
@@ -109,6 +111,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     token,
     port: 0,
     poolSize: 8,
+    extraCommands: ["script|flush"], // a fault the run injects
   });
   const toBridge = startFaultProxy({ target: bridge.url, faults: faultMix, holdMs: TTL_MS * 2 });
   const direct = new Redis({ url: bridge.url, token, enableTelemetry: false, retry: false });
@@ -227,7 +230,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
 
   // Runs one operation and records it with its times and outcome; a throw is recorded as failed.
   async function timed<T>(
-    entry: { op: Operation["op"]; client: string; name: string; token: string },
+    entry: { op: Operation["op"]; client: string; name: string; token: string; hold?: string },
     call: () => Promise<T>,
     describe: (value: T) => Record<string, unknown>,
   ): Promise<{ ok: true; value: T } | { ok: false }> {
@@ -281,12 +284,12 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     // Retried with the same token after a failure: safe, it returns the same lease.
     for (let attempt = 0; attempt < 3; attempt++) {
       const result = await timed(
-        { op: "acquire", client, name, token },
+        { op: "acquire", client, name, token, ...(hold && { hold }) },
         () => locks.acquire(name, { ttlMs: TTL_MS, ...options, token, ...(hold && { hold }) }),
         (r) => {
           if (!r.acquired) return { outcome: "busy", ...kind };
           const { fence, serverTime, expiresAt } = r.lease;
-          return { outcome: "acquired", fence, serverTime, expiresAt, ...kind, hold };
+          return { outcome: "acquired", fence, serverTime, expiresAt, ...kind };
         },
       );
       if (result.ok) return result.value.acquired ? result.value.lease : undefined;
@@ -352,10 +355,11 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
 
   async function release(locks: LockClient, client: string, { name, token, hold }: Lease) {
     for (let attempt = 0; attempt < 3; attempt++) {
+      // A failed attempt may have taken effect: its entry names the hold it ended, too.
       const result = await timed(
-        { op: "release", client, name, token },
+        { op: "release", client, name, token, ...(hold && { hold }) },
         () => locks.release({ name, token, ...(hold && { hold }) }),
-        (released) => ({ outcome: released ? "released" : "not_held", hold }),
+        (released) => ({ outcome: released ? "released" : "not_held" }),
       );
       if (result.ok) return;
     }
@@ -480,7 +484,14 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     staleWritesRefused: resource.rejected,
     acceptedWrites: [...resource.totals().values()].reduce((sum, t) => sum + t.accepted, 0),
     violations,
+    evidence: evidenceFor(violations, history),
   };
+}
+
+// The operations of every token a violation names (tokens are 32 hex digits here).
+function evidenceFor(violations: Violation[], history: Operation[]): Operation[] {
+  const named = new Set(violations.flatMap((v) => v.detail.match(/\b[0-9a-f]{32}\b/g) ?? []));
+  return history.filter((op) => named.has(op.token));
 }
 
 function flushEveryNode(nodes: { port: number }[]): Promise<unknown> {

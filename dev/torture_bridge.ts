@@ -17,7 +17,7 @@
 import { Redis } from "@upstash/redis";
 import { Redis as IORedis } from "ioredis";
 import { Locks } from "../src/core/locks.ts";
-import { startBridge } from "./bridge.ts";
+import { startBridge } from "../bridge/mod.ts";
 import { startRedisServer } from "./redis_server.ts";
 
 /** Options of the bridge soak. */

@@ -14,7 +14,7 @@ import { Redis } from "@upstash/redis";
 import { QuorumLocks } from "../src/quorum/mod.ts";
 import type { RedisLike } from "../src/core/_runner.ts";
 import { Q_COMMIT } from "../src/quorum/scripts.ts";
-import { type Bridge, startBridge } from "./bridge.ts";
+import { type Bridge, startBridge } from "../bridge/mod.ts";
 import { type FaultKind, type FaultProxy, startFaultProxy } from "./fault_proxy.ts";
 import { check, FencedResource, type Operation, type Violation } from "./history.ts";
 import { DURABLE_ARGS, type RedisServer, startRedisServer } from "./redis_server.ts";

@@ -1,6 +1,6 @@
 // Test backend: a private redis-server and the Upstash REST bridge in front of it.
 import { Redis, type RedisConfigNodejs } from "@upstash/redis";
-import { type Bridge, startBridge } from "../dev/bridge.ts";
+import { type Bridge, startBridge } from "../bridge/mod.ts";
 import { type RedisServer, startRedisServer } from "../dev/redis_server.ts";
 import { type RedisLike, runScript } from "../src/core/_runner.ts";
 import { ACQUIRE, FENCE_GRACE_MS } from "../src/core/scripts.ts";
@@ -28,7 +28,13 @@ export async function startBackend(
   const token = `test-${crypto.randomUUID()}`;
   let bridge: Bridge;
   try {
-    bridge = await startBridge({ redisUrl: server.url, token, port: 0 });
+    // SCRIPT FLUSH is refused over REST; the tests inject it as a fault through the bridge.
+    bridge = await startBridge({
+      redisUrl: server.url,
+      token,
+      port: 0,
+      extraCommands: ["script|flush"],
+    });
   } catch (error) {
     await server.stop();
     throw error;

@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { Redis } from "@upstash/redis";
 import { Locks } from "@edgelock/edgelock";
 import { Jobs, recordId, Records } from "@edgelock/edgelock/uses";
-import { startBridge } from "../dev/bridge.ts";
+import { startBridge } from "../bridge/mod.ts";
 import { Redis as IORedis } from "ioredis";
 import { slotOf, startRedisCluster } from "../dev/redis_cluster.ts";
 import { acquired, keygen } from "./_backend.ts";

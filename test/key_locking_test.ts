@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { Redis } from "@upstash/redis";
 import { Redis as IORedis } from "ioredis";
-import { startBridge } from "../dev/bridge.ts";
+import { startBridge } from "../bridge/mod.ts";
 import { defineScript, type Script } from "../src/core/_lua.ts";
 import { keyLockingFor, runScript } from "../src/core/_runner.ts";
 import { Locks } from "../src/core/locks.ts";

@@ -12,7 +12,7 @@ async function run(script: string, args: string[]) {
 
 const TOOLS = [
   "dev/server.ts",
-  "dev/bridge.ts",
+  "bridge/main.ts",
   "dev/torture.ts",
   "dev/pack.ts",
   "dev/doc_lint.ts",
@@ -45,7 +45,7 @@ Deno.test("a bad flag value is an error, not a silent default or a zero-work pas
     ["dev/torture.ts", ["--clients", "0"], /--clients must be a number from 1 to 1024/],
     ["dev/torture.ts", ["--seconds"], /--seconds needs a value/],
     ["bench/bench.ts", ["--cycles", "-5"], /--cycles must be a number/],
-    ["dev/bridge.ts", ["--port", "70000"], /--port must be a number from 0 to 65535/],
+    ["bridge/main.ts", ["--port", "70000"], /--port must be a number from 0 to 65535/],
     ["bench/size.ts", ["--update=yes"], /--update takes no value/],
   ];
   for (const [tool, args, message] of cases) {

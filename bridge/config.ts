@@ -1,0 +1,83 @@
+// The bridge's options from its environment (the production way to run it): every setting,
+// each bad value refused by name. The table of variables is in docs/bridge.md.
+import type { BridgeOptions, RequestLog } from "./server.ts";
+
+type Env = (name: string) => string | undefined;
+
+/**
+ * The bridge's options from its environment (the production way to run it); a missing or bad
+ * value throws a `TypeError` or `RangeError` naming the variable.
+ */
+export async function bridgeOptionsFromEnv(env: Env): Promise<BridgeOptions> {
+  const get = (name: string) => env(name) || undefined;
+  const int = (name: string, min: number, max: number): number | undefined => {
+    const text = get(name);
+    if (text === undefined) return undefined;
+    const value = Number(text);
+    if (!/^\d+$/.test(text) || value < min || value > max) {
+      throw new RangeError(`${name} must be a whole number from ${min} to ${max}, not "${text}"`);
+    }
+    return value;
+  };
+  const token = get("UPSTASH_REDIS_REST_TOKEN");
+  if (!token) throw new TypeError("set UPSTASH_REDIS_REST_TOKEN to the token clients must present");
+  const [certFile, keyFile] = [get("BRIDGE_TLS_CERT"), get("BRIDGE_TLS_KEY")];
+  if (!certFile !== !keyFile) {
+    throw new TypeError("set both BRIDGE_TLS_CERT and BRIDGE_TLS_KEY (PEM files), or neither");
+  }
+  const read = async (name: string, file: string) => {
+    try {
+      return await Deno.readTextFile(file);
+    } catch (error) {
+      throw new TypeError(`${name}: cannot read ${file} (${(error as Error).message})`);
+    }
+  };
+  const keyLocking = get("BRIDGE_KEY_LOCKING") ?? "accept";
+  if (keyLocking !== "accept" && keyLocking !== "strict") {
+    throw new TypeError(`BRIDGE_KEY_LOCKING must be accept or strict, not "${keyLocking}"`);
+  }
+  const log = get("BRIDGE_LOG") ?? "json";
+  if (log !== "json" && log !== "off") {
+    throw new TypeError(`BRIDGE_LOG must be json or off, not "${log}"`);
+  }
+  const clusterUrls = get("REDIS_CLUSTER_URLS")?.split(",").map((url) => url.trim()).filter(
+    Boolean,
+  );
+  for (const url of [get("REDIS_URL"), ...(clusterUrls ?? [])]) {
+    if (url !== undefined && !/^rediss?:\/\/[^\s]+$/.test(url)) {
+      throw new TypeError(`a Redis URL must look like redis://host:port, not "${url}"`);
+    }
+  }
+  const options: BridgeOptions = {
+    redisUrl: get("REDIS_URL") ?? "redis://127.0.0.1:6379",
+    token,
+    hostname: get("BRIDGE_HOSTNAME") ?? "127.0.0.1",
+    port: int("BRIDGE_PORT", 0, 65535) ?? 8079,
+    poolSize: int("BRIDGE_POOL_SIZE", 1, 256) ?? 4,
+    maxBlocking: int("BRIDGE_MAX_BLOCKING", 0, 10_000) ?? 16,
+    commandTimeoutMs: int("BRIDGE_COMMAND_TIMEOUT_MS", 1, 3_600_000) ?? 30_000,
+    shutdownGraceMs: int("BRIDGE_GRACE_MS", 0, 600_000) ?? 5000,
+    maxSubscriptions: int("BRIDGE_MAX_SUBSCRIPTIONS", 0, 100_000) ?? 1024,
+    maxBodyBytes: int("BRIDGE_MAX_BODY_BYTES", 1024, 100 << 20) ?? 1 << 20,
+    maxCommands: int("BRIDGE_MAX_COMMANDS", 1, 100_000) ?? 1000,
+    maxReplyBytes: int("BRIDGE_MAX_REPLY_BYTES", 1024, 1 << 30) ?? 8 << 20,
+    maxReplyBytesTotal: int("BRIDGE_MAX_REPLY_BYTES_TOTAL", 1024, 1 << 30) ?? 64 << 20,
+    maxScripts: int("BRIDGE_MAX_SCRIPTS", 0, 1_000_000) ?? 1000,
+    maxConnections: int("BRIDGE_MAX_CONNECTIONS", 1, 100_000) ?? 256,
+    headerTimeoutMs: int("BRIDGE_HEADER_TIMEOUT_MS", 100, 600_000) ?? 10_000,
+    idleTimeoutMs: int("BRIDGE_IDLE_TIMEOUT_MS", 100, 3_600_000) ?? 60_000,
+    corsOrigins: get("BRIDGE_CORS_ORIGINS")?.split(",").map((o) => o.trim()).filter(Boolean) ??
+      ["*"],
+    ...(clusterUrls?.length && { clusterUrls }),
+    ...(keyLocking === "strict" && { strictKeyLocking: true }),
+    ...(get("UPSTASH_REDIS_REST_READONLY_TOKEN") &&
+      { readonlyToken: get("UPSTASH_REDIS_REST_READONLY_TOKEN")! }),
+    ...(certFile && keyFile &&
+      {
+        cert: await read("BRIDGE_TLS_CERT", certFile),
+        key: await read("BRIDGE_TLS_KEY", keyFile),
+      }),
+    ...(log === "json" && { log: (entry: RequestLog) => console.log(JSON.stringify(entry)) }),
+  };
+  return options;
+}

@@ -1,0 +1,18 @@
+/**
+ * The Upstash-REST-compatible bridge: an HTTP server speaking the Upstash Redis REST protocol in
+ * front of a real redis-server, Valkey or Redis Cluster, so the unmodified `@upstash/redis` client
+ * works against Redis you host: in tests, locally, and in production (`deno task bridge`,
+ * configured by env: `docs/bridge.md`). It serves data commands only (`./policy.ts`), with
+ * bounded bodies, batches, replies, scripts and connections.
+ *
+ * @module
+ */
+export {
+  type Bridge,
+  type BridgeOptions,
+  type BridgeStats,
+  type RequestLog,
+  type Role,
+  startBridge,
+} from "./server.ts";
+export { bridgeOptionsFromEnv } from "./config.ts";

@@ -1,0 +1,204 @@
+// What one client can make the bridge hold is bounded: bodies, batches, reply bytes, connections
+// (a cap, header and idle timeouts), and malformed requests get a 4xx. Each limit is set small here
+// so the test is quick; the defaults are in docs/bridge.md.
+import assert from "node:assert/strict";
+import { Redis as IORedis } from "ioredis";
+import { startBridge } from "../bridge/mod.ts";
+import { startRedisServer } from "../dev/redis_server.ts";
+import { keygen, until } from "./_backend.ts";
+
+const TOKEN = "limits-token-0123456789";
+
+Deno.test("the bridge bounds what one client can make it hold", async (t) => {
+  const server = await startRedisServer();
+  const redis = new IORedis(server.url);
+  const bridge = await startBridge({
+    redisUrl: server.url,
+    token: TOKEN,
+    port: 0,
+    maxCommands: 100,
+    maxBodyBytes: 64 * 1024,
+    maxReplyBytes: 2 << 20,
+    maxConnections: 16,
+    headerTimeoutMs: 300,
+    idleTimeoutMs: 600,
+    corsOrigins: ["https://app.example"],
+  });
+  const post = async (path: string, body: unknown, headers: Record<string, string> = {}) => {
+    const res = await fetch(`${bridge.url}${path}`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${TOKEN}`, ...headers },
+      body: typeof body === "string" ? body : JSON.stringify(body),
+    });
+    return { status: res.status, body: await res.json() as { error?: string; result?: unknown } };
+  };
+  const ping = async () => (await post("/", ["PING"])).body.result;
+  // A raw TCP client that sends `bytes` and then holds the connection.
+  const raw = async (bytes: string) => {
+    const conn = await Deno.connect({ hostname: "127.0.0.1", port: bridge.port });
+    if (bytes) await conn.write(new TextEncoder().encode(bytes));
+    return conn;
+  };
+  const closedByBridge = async (conn: Deno.Conn) => {
+    const buffer = new Uint8Array(1024);
+    try {
+      while ((await conn.read(buffer)) !== null) { /* a reply, maybe */ }
+    } catch { /* reset */ }
+    conn.close();
+    return true;
+  };
+
+  try {
+    await t.step("a batch over maxCommands and a body over maxBodyBytes are 413", async () => {
+      const many = Array.from({ length: 101 }, () => ["PING"]);
+      const batch = await post("/pipeline", many);
+      assert.equal(batch.status, 413);
+      assert.match(batch.body.error!, /at most 100 commands/);
+      const big = await post("/", ["SET", "k", "x".repeat(70_000)]);
+      assert.equal(big.status, 413);
+      assert.equal(await ping(), "PONG");
+    });
+
+    await t.step("a request whose replies pass maxReplyBytes fails whole with 413", async () => {
+      const key = keygen("big");
+      await redis.set(key, "x".repeat(1 << 20)); // 1 MiB, written directly
+      const one = await post("/", ["GET", key]);
+      assert.equal(one.status, 200, "one value fits");
+      const many = await post("/pipeline", Array.from({ length: 100 }, () => ["GET", key]));
+      assert.equal(many.status, 413);
+      assert.match(many.body.error!, /reply is over 2097152 bytes/);
+      assert.equal(await ping(), "PONG");
+    });
+
+    await t.step("a request head that does not arrive within headerTimeoutMs is cut", async () => {
+      const slow = await raw("POST / HTTP/1.1\r\nHost: x\r\n"); // never finished
+      const started = performance.now();
+      assert.ok(await closedByBridge(slow));
+      assert.ok(performance.now() - started < 5000, "cut by the header timeout");
+      assert.equal(await ping(), "PONG");
+    });
+
+    await t.step(
+      "at maxConnections, strangers are evicted and clients go on being served",
+      async () => {
+        const strangers = await Promise.all(Array.from({ length: 30 }, () => raw("")));
+        // Each request below is a new connection; each evicts a stranger.
+        for (let i = 0; i < 5; i++) assert.equal(await ping(), "PONG");
+        await Promise.all(strangers.map(closedByBridge));
+      },
+    );
+
+    await t.step("a connection idle past idleTimeoutMs is closed", async () => {
+      const conn = await raw(
+        `POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${TOKEN}\r\n` +
+          `Content-Type: application/json\r\nContent-Length: 8\r\n\r\n["PING"]`,
+      );
+      assert.ok(await closedByBridge(conn), "read its reply, then closed when idle");
+    });
+
+    await t.step(
+      "malformed paths are 400 and CORS allows the protocol's headers only",
+      async () => {
+        for (const path of ["/subscribe/%ZZ", "/psubscribe/%E0%A4%A", "/get/%ZZ"]) {
+          const { status, body } = await post(path, "[]");
+          assert.equal(status, 400, path);
+          assert.match(body.error!, /percent-encoding/);
+        }
+        const preflight = await fetch(bridge.url, {
+          method: "OPTIONS",
+          headers: {
+            origin: "https://app.example",
+            "access-control-request-headers": "authorization, x-evil, cookie",
+          },
+        });
+        assert.equal(preflight.status, 204);
+        const allowedHeaders = preflight.headers.get("access-control-allow-headers")!;
+        assert.doesNotMatch(allowedHeaders, /x-evil|cookie/);
+        assert.match(allowedHeaders, /authorization/);
+        assert.equal(preflight.headers.get("access-control-allow-origin"), "https://app.example");
+        const stranger = await fetch(bridge.url, {
+          method: "OPTIONS",
+          headers: { origin: "https://evil.example" },
+        });
+        assert.equal(stranger.status, 403);
+        await stranger.body?.cancel();
+      },
+    );
+
+    await t.step("a wrong token of any length is 401", async () => {
+      for (const token of ["", "x", TOKEN.slice(0, -1), TOKEN + "x", "y".repeat(10_000)]) {
+        const res = await fetch(bridge.url, {
+          method: "POST",
+          headers: { authorization: `Bearer ${token}` },
+          body: '["PING"]',
+        });
+        assert.equal(res.status, 401, `a token of ${token.length}`);
+        await res.body?.cancel();
+      }
+    });
+  } finally {
+    await bridge.close();
+    redis.disconnect();
+    await server.stop();
+  }
+});
+
+Deno.test("the bridge outlives running out of file descriptors", async () => {
+  const server = await startRedisServer();
+  const port = await freePortOf();
+  // The bridge with 128 file descriptors, many fewer than the connections thrown at it.
+  const child = new Deno.Command("bash", {
+    args: ["-c", `ulimit -n 128 && exec deno run -A bridge/main.ts`],
+    env: {
+      UPSTASH_REDIS_REST_TOKEN: TOKEN,
+      REDIS_URL: server.url,
+      BRIDGE_PORT: String(port),
+      BRIDGE_LOG: "off",
+      BRIDGE_HEADER_TIMEOUT_MS: "500",
+    },
+    stdout: "null",
+    stderr: "piped",
+  }).spawn();
+  const ping = async () => {
+    const res = await fetch(`http://127.0.0.1:${port}/`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${TOKEN}` },
+      body: '["PING"]',
+    });
+    return (await res.json()).result;
+  };
+  try {
+    await until("the bridge answers", () => ping().then((r) => r === "PONG", () => false));
+    const conns: Deno.Conn[] = [];
+    for (let i = 0; i < 300; i++) {
+      try {
+        const conn = await Deno.connect({ hostname: "127.0.0.1", port });
+        await conn.write(new TextEncoder().encode("POST / HTTP/1.1\r\nHost: x\r\n"));
+        conns.push(conn);
+      } catch {
+        break; // the listen backlog is full: enough
+      }
+    }
+    for (const conn of conns) conn.close();
+    await until("it serves again", () => ping().then((r) => r === "PONG", () => false));
+    const status = await Promise.race([
+      child.status.then(() => "exited"),
+      new Promise((resolve) => setTimeout(() => resolve("running"), 200)),
+    ]);
+    assert.equal(status, "running", "the bridge did not exit");
+  } finally {
+    try {
+      child.kill("SIGTERM");
+    } catch { /* gone */ }
+    await child.status;
+    await child.stderr.cancel();
+    await server.stop();
+  }
+});
+
+async function freePortOf(): Promise<number> {
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const { port } = listener.addr as Deno.NetAddr;
+  listener.close();
+  return await Promise.resolve(port);
+}

@@ -1,0 +1,183 @@
+// The bridge serves data, not administration: every command of Redis's own `COMMAND` list goes
+// through both tokens, and every one the policy refuses answers 4xx and changes nothing in Redis.
+import assert from "node:assert/strict";
+import { Redis as IORedis } from "ioredis";
+import { startBridge } from "../bridge/mod.ts";
+import { accessOf, allowed } from "../bridge/policy.ts";
+import { startRedisServer } from "../dev/redis_server.ts";
+import { keygen } from "./_backend.ts";
+
+const TOKEN = "policy-token-0123456789";
+const READONLY = "policy-readonly-0123456789";
+
+// What Redis says of itself, to compare before and after.
+async function snapshot(redis: IORedis): Promise<unknown[]> {
+  return await Promise.all([
+    redis.call("ACL", "LIST"),
+    redis.call("CONFIG", "GET", "*"),
+    redis.call("FUNCTION", "LIST"),
+    redis.call("DBSIZE"),
+    redis.call("SCRIPT", "EXISTS", "0000000000000000000000000000000000000000"),
+  ]);
+}
+
+Deno.test("the bridge serves data commands only", async (t) => {
+  const server = await startRedisServer();
+  const redis = new IORedis(server.url);
+  const bridge = await startBridge({
+    redisUrl: server.url,
+    token: TOKEN,
+    readonlyToken: READONLY,
+    port: 0,
+    maxScripts: 50,
+  });
+  const send = async (token: string, command: unknown[]) => {
+    const res = await fetch(bridge.url, {
+      method: "POST",
+      headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+      body: JSON.stringify(command),
+    });
+    return { status: res.status, body: await res.json() as { result?: unknown; error?: string } };
+  };
+  // Sample arguments that would do harm if Redis ran them.
+  const harmful: Record<string, unknown[]> = {
+    "acl|setuser": ["ACL", "SETUSER", "evil", "on", ">pw", "+@all", "~*"],
+    "config|set": ["CONFIG", "SET", "maxmemory-policy", "allkeys-random"],
+    "script|debug": ["SCRIPT", "DEBUG", "SYNC"],
+    "function|load": [
+      "FUNCTION",
+      "LOAD",
+      "#!lua name=evil\nredis.register_function('f', function() return 1 end)",
+    ],
+    "shutdown": ["SHUTDOWN", "NOSAVE"],
+    "debug": ["DEBUG", "SLEEP", "5"],
+    "swapdb": ["SWAPDB", "0", "1"],
+    "client|pause": ["CLIENT", "PAUSE", "10000"],
+    "client|kill": ["CLIENT", "KILL", "TYPE", "normal"],
+    "replicaof": ["REPLICAOF", "127.0.0.1", "1"],
+    "slaveof": ["SLAVEOF", "127.0.0.1", "1"],
+    "latency|reset": ["LATENCY", "RESET"],
+    "slowlog|reset": ["SLOWLOG", "RESET"],
+    "module|load": ["MODULE", "LOAD", "/tmp/evil.so"],
+    "restore": ["RESTORE", "evil", "0", "\u0000garbage"],
+  };
+
+  try {
+    await t.step(
+      "every command the policy refuses answers 4xx to both tokens and changes nothing",
+      async () => {
+        await redis.set("migrate-me", "v");
+        const before = await snapshot(redis);
+        // A listener MIGRATE would connect to, were it run.
+        const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+        let connected = 0;
+        const accepting = (async () => {
+          for await (const conn of listener) {
+            connected++;
+            conn.close();
+          }
+        })();
+        harmful["migrate"] = [
+          "MIGRATE",
+          "127.0.0.1",
+          String((listener.addr as Deno.NetAddr).port),
+          "migrate-me",
+          "0",
+          "1000",
+        ];
+        const table = await redis.call("COMMAND") as unknown[][];
+        const commands: string[] = [];
+        for (const entry of table) {
+          const subs = entry[9] as unknown[][] | undefined;
+          if (Array.isArray(subs) && subs.length > 0) {
+            subs.forEach((sub) => commands.push(String(sub[0])));
+          } else commands.push(String(entry[0]));
+        }
+        assert.ok(commands.length > 300, `${commands.length} commands and subcommands`);
+        let refused = 0;
+        for (const key of commands) {
+          const [name, sub] = key.split("|") as [string, string | undefined];
+          if (accessOf(name, sub ? [sub] : []) !== undefined) continue;
+          refused++;
+          const command = harmful[key] ??
+            [name.toUpperCase(), ...(sub ? [sub.toUpperCase()] : []), "x"];
+          for (const token of [TOKEN, READONLY]) {
+            const { status, body } = await send(token, command);
+            assert.ok(status >= 400 && status < 500, `${key}: ${status}`);
+            assert.match(body.error ?? "", /not supported over REST|unknown command/, key);
+          }
+        }
+        assert.ok(refused > 100, `${refused} refused`);
+        listener.close();
+        await accepting.catch(() => {});
+        assert.equal(connected, 0, "MIGRATE made no connection");
+        assert.deepEqual(await snapshot(redis), before, "ACL, CONFIG, FUNCTION and keys unchanged");
+        assert.equal(await redis.get("migrate-me"), "v");
+        // The pool is sound: no connection was taken over (SCRIPT DEBUG, CLIENT PAUSE).
+        assert.deepEqual(await send(TOKEN, ["EVAL", "return 1", "0"]), {
+          status: 200,
+          body: { result: 1 },
+        });
+        assert.equal(await redis.ping(), "PONG", "a direct client is not held up");
+      },
+    );
+
+    await t.step(
+      "the read-only token reads; every write command is NOPERM and writes nothing",
+      async () => {
+        const key = keygen("ro");
+        await redis.set(key, "v");
+        let writes = 0;
+        for (const [entry, access] of allowed()) {
+          const [name, sub] = entry.split("|") as [string, string | undefined];
+          if (access !== "write") continue;
+          writes++;
+          const command = [name.toUpperCase(), ...(sub ? [sub.toUpperCase()] : []), key, "x", "1"];
+          const { status, body } = await send(READONLY, command);
+          assert.equal(status, 400, entry);
+          assert.match(body.error ?? "", /NOPERM this token is read-only/, entry);
+        }
+        assert.ok(writes > 100, `${writes} write commands`);
+        assert.equal(await redis.get(key), "v", "nothing was written");
+        assert.deepEqual((await send(READONLY, ["GET", key])).body, { result: "v" });
+      },
+    );
+
+    await t.step("every command the policy allows is one this Redis knows", async () => {
+      const known = new Set<string>();
+      for (const entry of await redis.call("COMMAND") as unknown[][]) {
+        known.add(String(entry[0]));
+        for (const sub of (entry[9] ?? []) as unknown[][]) known.add(String(sub[0]));
+      }
+      const newer = new Set(["waitaof"]); // Redis 7.2
+      const unknown = [...allowed().keys()].filter((name) => !known.has(name) && !newer.has(name));
+      assert.deepEqual(unknown, []);
+    });
+
+    await t.step("a token may add at most maxScripts scripts to Redis's script cache", async () => {
+      const before = Number(
+        (await redis.info("memory")).match(/number_of_cached_scripts:(\d+)/)?.[1],
+      );
+      let refusedAt = -1;
+      for (let i = 0; i < 80; i++) {
+        const { status, body } = await send(READONLY, ["EVAL_RO", `return ${i}`, "0"]);
+        if (status !== 200) {
+          refusedAt = i;
+          assert.match(body.error ?? "", /caches at most 50 scripts/);
+          break;
+        }
+      }
+      assert.ok(refusedAt > 0 && refusedAt <= 50, `refused at ${refusedAt}`);
+      const after = Number(
+        (await redis.info("memory")).match(/number_of_cached_scripts:(\d+)/)?.[1],
+      );
+      assert.ok(after - before <= 50, `${after - before} scripts added`);
+      // Scripts the bridge has cached already still run.
+      assert.deepEqual((await send(READONLY, ["EVAL_RO", "return 0", "0"])).body, { result: 0 });
+    });
+  } finally {
+    await bridge.close();
+    redis.disconnect();
+    await server.stop();
+  }
+});
