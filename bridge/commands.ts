@@ -32,11 +32,12 @@ export function isBlocking([name, ...args]: Command): boolean {
 }
 
 /**
- * Reply bytes in flight: at most `perRequest` for one request and `total` for all at once. A
- * request past either fails as a whole (413, or 503 while others hold the total), and what it
- * held is given back.
+ * Request and reply bytes in flight: a request's replies at most `perRequest`, and everything
+ * all requests hold at once (bodies, counted four times for their parsed form, and replies) at
+ * most `total`. A request past either fails as a whole (413, or 503 while others hold the total),
+ * and what it held is given back.
  */
-export class ReplyBudget {
+export class ByteBudget {
   #used = 0;
   constructor(readonly perRequest: number, readonly total: number) {}
 
@@ -44,23 +45,36 @@ export class ReplyBudget {
     return this.#used;
   }
 
-  /** A request's share: `take` counts a reply's bytes in, `done` gives them all back. */
-  open(): { take(reply: unknown): void; done(): void } {
+  /**
+   * A request's share: `body` counts body bytes in, `take` a reply's bytes, `done` gives them
+   * all back.
+   */
+  open(): { body(bytes: number): void; take(reply: unknown): number; done(): void } {
     let mine = 0;
+    let replies = 0;
+    const add = (bytes: number) => {
+      mine += bytes;
+      this.#used += bytes;
+      if (this.#used > this.total) {
+        throw new BadRequest(
+          "ERR the bridge holds too much for other requests: retry shortly",
+          503,
+        );
+      }
+    };
     return {
+      body: (bytes) => add(bytes * 4),
       take: (reply) => {
         const bytes = replyBytes(reply);
-        mine += bytes;
-        this.#used += bytes;
-        if (mine > this.perRequest) {
+        replies += bytes;
+        if (replies > this.perRequest) {
           throw new BadRequest(
             `ERR the reply is over ${this.perRequest} bytes: ask for less in one request`,
             413,
           );
         }
-        if (this.#used > this.total) {
-          throw new BadRequest("ERR the bridge holds too many large replies: retry shortly", 503);
-        }
+        add(bytes);
+        return bytes;
       },
       done: () => {
         this.#used -= mine;
@@ -70,7 +84,8 @@ export class ReplyBudget {
   }
 }
 
-type Take = (reply: unknown) => void;
+/** Counts a reply against the request's budget (throws past it); returns its bytes. */
+type Take = (reply: unknown) => number;
 
 export async function runOne(
   conn: Connection,
@@ -90,8 +105,11 @@ export async function runOne(
   return fixed(prepared, { result: reply });
 }
 
-// A pipeline runs in chunks, so a request whose replies grow past its budget stops early.
-const CHUNK = 64;
+// A pipeline runs in chunks, so a request whose replies grow past its budget stops early. The
+// first chunk is one command; while replies stay small, each chunk is twice the last (up to
+// MAX_CHUNK), so small pipelines keep their speed and large replies are held a few at a time.
+const MAX_CHUNK = 64;
+const SMALL_REPLY = 16 * 1024;
 
 export async function runPipeline(
   conn: IORedis,
@@ -100,14 +118,21 @@ export async function runPipeline(
   take: Take,
 ): Promise<Slot[]> {
   const slots: Slot[] = [];
-  for (let start = 0; start < commands.length; start += CHUNK) {
-    const all = commands.slice(start, start + CHUNK).map(prepare);
+  let chunk = 1;
+  for (
+    let start = 0;
+    start < commands.length;
+    start += chunk, chunk = Math.min(chunk * 2, MAX_CHUNK)
+  ) {
+    const all = commands.slice(start, start + chunk).map(prepare);
     const pipeline = conn.pipeline();
     for (const prepared of all) {
       if (!("error" in prepared)) pipeline.callBuffer(prepared.name, ...prepared.args);
     }
     const replies = pipeline.length > 0 ? (await pipeline.exec()) ?? [] : [];
-    for (const reply of replies) take(reply?.[1]);
+    let bytes = 0;
+    for (const reply of replies) bytes += take(reply?.[1]);
+    if (bytes > SMALL_REPLY * replies.length) chunk = 1; // large replies: one at a time
     let i = 0;
     for (const prepared of all) {
       slots.push("error" in prepared ? prepared : fixed(prepared, fromReply(replies[i++])));

@@ -21,6 +21,8 @@ export interface FrontOptions {
   maxConnections: number;
   headerTimeoutMs: number;
   idleTimeoutMs: number;
+  /** A request declaring a larger body is answered 413 here, its body never read. */
+  maxBodyBytes: number;
 }
 
 /** A running front. */
@@ -190,6 +192,7 @@ export function startFront(options: FrontOptions): Front {
         if (matched === 4) {
           const text = new TextDecoder().decode(new Uint8Array(head)).toLowerCase();
           body = Number(/\r\ncontent-length:\s*(\d+)/.exec(text)?.[1] ?? 0);
+          if (body > options.maxBodyBytes) return await tooLarge(client);
           opaque = /\r\ntransfer-encoding:|\r\nupgrade:/.test(text);
           client.proven = true;
           client.pending = true;
@@ -243,6 +246,16 @@ export function startFront(options: FrontOptions): Front {
       for (const client of [...clients]) client.close();
     },
   };
+}
+
+// The reply to a body over the limit, sent before any of it is read; the connection then ends.
+const TOO_LARGE = new TextEncoder().encode(
+  "HTTP/1.1 413 Payload Too Large\r\ncontent-type: application/json\r\nconnection: close\r\n" +
+    'content-length: 39\r\n\r\n{"error":"ERR request body too large"}\n',
+);
+
+async function tooLarge(client: { conn: Deno.Conn }): Promise<void> {
+  await writeAll(client.conn, TOO_LARGE).catch(() => {});
 }
 
 async function writeAll(conn: Deno.Conn, bytes: Uint8Array): Promise<void> {

@@ -62,21 +62,33 @@ export function decodeSegment(segment: string): string {
 
 // The REST docs' form: `/set/foo/bar?EX=100` is SET foo bar EX 100; a POST body is the last
 // argument (`curl -X POST -d value …/set/foo`).
-export async function fromPath(request: Request, url: URL, maxBytes: number): Promise<Command> {
+export async function fromPath(
+  request: Request,
+  url: URL,
+  maxBytes: number,
+  count: (bytes: number) => void = () => {},
+): Promise<Command> {
   const parts = url.pathname.split("/").filter(Boolean).map(decodeSegment);
   const args: string[] = parts.slice(1);
   for (const [key, value] of url.searchParams) {
     if (key !== "_token") args.push(key, ...(value === "" ? [] : [value]));
   }
   if (request.method === "POST") {
-    const body = new TextDecoder().decode(await readBody(request, maxBytes));
+    const body = new TextDecoder().decode(await readBody(request, maxBytes, count));
     if (body !== "") args.push(body);
   }
   return [parts[0]!, ...args];
 }
 
-/** The body, refused past `maxBytes` bytes (not characters) without reading it all. */
-export async function readBody(request: Request, maxBytes: number): Promise<Uint8Array> {
+/**
+ * The body, refused past `maxBytes` bytes (not characters) without reading it all; `count` is
+ * told of each chunk as it arrives (and may refuse it by throwing).
+ */
+export async function readBody(
+  request: Request,
+  maxBytes: number,
+  count: (bytes: number) => void = () => {},
+): Promise<Uint8Array> {
   const declared = Number(request.headers.get("content-length") ?? 0);
   const tooLarge = () => new BadRequest(`ERR request body over ${maxBytes} bytes`, 413);
   if (declared > maxBytes) {
@@ -88,6 +100,7 @@ export async function readBody(request: Request, maxBytes: number): Promise<Uint
   for await (const chunk of request.body ?? []) {
     size += chunk.byteLength;
     if (size > maxBytes) throw tooLarge();
+    count(chunk.byteLength);
     chunks.push(chunk);
   }
   const body = new Uint8Array(size);
@@ -96,8 +109,12 @@ export async function readBody(request: Request, maxBytes: number): Promise<Uint
   return body;
 }
 
-export async function readJson(request: Request, maxBytes: number): Promise<unknown> {
-  const text = new TextDecoder().decode(await readBody(request, maxBytes));
+export async function readJson(
+  request: Request,
+  maxBytes: number,
+  count: (bytes: number) => void = () => {},
+): Promise<unknown> {
+  const text = new TextDecoder().decode(await readBody(request, maxBytes, count));
   try {
     return JSON.parse(text);
   } catch {

@@ -22,11 +22,11 @@ import {
   toJson,
 } from "./protocol.ts";
 import {
+  ByteBudget,
   type Connection,
   ExclusivePool,
   isBlocking,
   type Prepare,
-  ReplyBudget,
   runOne,
   runPipeline,
   runTransaction,
@@ -99,10 +99,13 @@ export interface BridgeOptions {
   maxBodyBytes?: number;
   /** The most commands in one `/pipeline` or `/multi-exec`. @default 1000 */
   maxCommands?: number;
-  /** The most reply bytes one request may hold; past it the request fails (413). @default 8388608 */
+  /** The most reply bytes one request may hold; past it the request fails (413). @default 4194304 */
   maxReplyBytes?: number;
-  /** The most reply bytes all requests together may hold; past it one fails (503). @default 67108864 */
-  maxReplyBytesTotal?: number;
+  /**
+   * The most bytes all requests together may hold, their bodies (four times, for their parsed
+   * form) and replies; past it a request fails (503). @default 33554432
+   */
+  maxBytesInFlight?: number;
   /**
    * The most distinct scripts the tokens may add to Redis's script cache (which Redis 7.0 never
    * evicts) through EVAL, EVAL_RO and SCRIPT LOAD; a new one past it is refused. @default 1000
@@ -157,9 +160,9 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
   const { maxBodyBytes = 1 << 20, maxCommands = 1000, maxScripts = 1000 } = options;
   const origins = options.corsOrigins ?? ["*"];
   const extra = new Set(options.extraCommands ?? []);
-  const budget = new ReplyBudget(
-    options.maxReplyBytes ?? 8 << 20,
-    options.maxReplyBytesTotal ?? 64 << 20,
+  const budget = new ByteBudget(
+    options.maxReplyBytes ?? 4 << 20,
+    options.maxBytesInFlight ?? 32 << 20,
   );
   const isolate = options.isolateBlocking === false ? () => false : isBlocking;
   if (!token) throw new TypeError("The bridge needs a token (UPSTASH_REDIS_REST_TOKEN)");
@@ -349,7 +352,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
           blocking: { in_use: blocking.size, size: maxBlocking },
           subscription: { in_use: subscriptions.open, size: subscriptions.max },
           connection: { in_use: front?.open() ?? 0, size: maxConnections },
-          reply_bytes: { in_use: budget.used, size: budget.total },
+          bytes_in_flight: { in_use: budget.used, size: budget.total },
         }),
         { headers: { "content-type": "text/plain; version=0.0.4" } },
       );
@@ -392,8 +395,8 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
       };
       if (!batch) {
         const command: Command = path === "/"
-          ? parseCommand(await readJson(request, maxBodyBytes))
-          : await fromPath(request, url, maxBodyBytes);
+          ? parseCommand(await readJson(request, maxBodyBytes, share.body))
+          : await fromPath(request, url, maxBodyBytes, share.body);
         stats.commands++;
         seen.commands = 1;
         seen.command = command[0].toLowerCase();
@@ -404,7 +407,10 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
         );
         return json("error" in slot ? 400 : 200, slot);
       }
-      const commands = parseBatch(await readJson(request, maxBodyBytes), maxCommands);
+      const commands = parseBatch(
+        await readJson(request, maxBodyBytes, share.body),
+        maxCommands,
+      );
       stats.commands += commands.length;
       seen.commands = commands.length;
       seen.command = commands[0]![0].toLowerCase();
@@ -461,6 +467,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
       ...(options.cert && options.key && { cert: options.cert, key: options.key }),
       target: socket,
       maxConnections,
+      maxBodyBytes,
       headerTimeoutMs: options.headerTimeoutMs ?? 10_000,
       idleTimeoutMs: options.idleTimeoutMs ?? 60_000,
     });

@@ -36,6 +36,7 @@ import { DURABLE_ARGS, startRedisServer } from "./redis_server.ts";
 import { startRedisCluster } from "./redis_cluster.ts";
 import { QUORUM_BROKEN, runQuorumTorture } from "./torture_quorum.ts";
 import { runBridgeSoak } from "./torture_bridge.ts";
+import { runHostileSoak } from "./torture_hostile.ts";
 
 /** Options for {@linkcode runTorture}. */
 export interface TortureOptions {
@@ -535,10 +536,16 @@ if (import.meta.main) {
       help: "soak the REST bridge: blocking, pub/sub and ordinary commands mixed, no stall " +
         "allowed; --broken blocking",
     },
+    hostile: {
+      type: "boolean",
+      help: "the bridge as its own process beside hostile clients (giant pipelines, huge " +
+        "replies, slowloris, a script flood, admin commands): its peak memory, ordinary latency",
+    },
     json: { type: "boolean", help: "print the report as JSON" },
   });
   if (flags.quorum > 0) await quorumMain(flags);
   if (flags.bridge) await bridgeMain(flags);
+  if (flags.hostile) await hostileMain(flags);
   const broken = flags.broken === "" ? undefined : flags.broken as BrokenRule;
   if (broken !== undefined && !BROKEN_RULES.includes(broken)) {
     console.error(`--broken must be one of ${BROKEN_RULES.join(", ")}`);
@@ -582,6 +589,26 @@ if (import.meta.main) {
     Deno.exit(caught ? 0 : 1);
   }
   Deno.exit(caught ? 1 : 0);
+}
+
+async function hostileMain(flags: { seconds: number; json: boolean }): Promise<never> {
+  const report = await runHostileSoak({
+    seconds: flags.seconds,
+    log: (line) => console.error(line),
+  });
+  if (flags.json) console.log(JSON.stringify(report, null, 2));
+  else {
+    const { count, p50, p99, max } = report.ordinary;
+    console.log(`hostile soak: ${report.seconds} s; the bridge's peak RSS ${report.peakRssMb} MB`);
+    console.log(
+      `ordinary requests: ${count}, p50 ${p50.toFixed(1)} ms, p99 ${p99.toFixed(1)} ms, ` +
+        `max ${max.toFixed(0)} ms`,
+    );
+    console.log(`hostile requests: ${JSON.stringify(report.hostile)}`);
+    console.log(`violations: ${report.violations.length}`);
+    for (const v of report.violations.slice(0, 20)) console.log(`  ${v}`);
+  }
+  Deno.exit(report.violations.length > 0 ? 1 : 0);
 }
 
 async function bridgeMain(flags: { seconds: number; broken: string }): Promise<never> {

@@ -8,6 +8,8 @@ import { startRedisServer } from "../dev/redis_server.ts";
 import { keygen } from "./_backend.ts";
 
 const TOKEN = "policy-token-0123456789";
+/** The ACL rules docs/bridge.md gives the bridge's Redis user. */
+const ACL_RULES = "+@all -@admin -@dangerous -move -select +flushdb +flushall +keys +sort +sort_ro";
 const READONLY = "policy-readonly-0123456789";
 
 // What Redis says of itself, to compare before and after.
@@ -153,6 +155,58 @@ Deno.test("the bridge serves data commands only", async (t) => {
       const unknown = [...allowed().keys()].filter((name) => !known.has(name) && !newer.has(name));
       assert.deepEqual(unknown, []);
     });
+
+    await t.step(
+      "scripts run as the bridge's Redis user: with the documented ACL, not even a script administers",
+      async () => {
+        // Without an ACL a script reaches what Redis allows scripts (docs/bridge.md says so).
+        const swap = await send(TOKEN, ["EVAL", "return redis.call('SWAPDB', '0', '0')", "0"]);
+        assert.equal(swap.status, 200, "the default user: SWAPDB from a script runs");
+        await redis.call(
+          "ACL",
+          "SETUSER",
+          "edgelock-bridge",
+          "on",
+          ">bridge-password-0123",
+          "~*",
+          "&*",
+          ...ACL_RULES.split(" "),
+        );
+        const url = new URL(server.url);
+        url.username = "edgelock-bridge";
+        url.password = "bridge-password-0123";
+        const guarded = await startBridge({ redisUrl: url.href, token: TOKEN, port: 0 });
+        try {
+          const run = async (script: string) => {
+            const res = await fetch(guarded.url, {
+              method: "POST",
+              headers: { authorization: `Bearer ${TOKEN}` },
+              body: JSON.stringify(["EVAL", script, "0"]),
+            });
+            return await res.json() as { result?: unknown; error?: string };
+          };
+          for (
+            const call of ["'MIGRATE', '127.0.0.1', '1', 'k', '0', '100'", "'SWAPDB', '0', '0'"]
+          ) {
+            assert.match(
+              (await run(`return redis.call(${call})`)).error ?? "",
+              /can't run this command/,
+            );
+          }
+          // Locks work through it, stats and all.
+          const { Redis } = await import("@upstash/redis");
+          const { Locks } = await import("../src/core/mod.ts");
+          const locks = new Locks(
+            new Redis({ url: guarded.url, token: TOKEN, enableTelemetry: false }),
+          );
+          const got = await locks.acquire(keygen("acl"));
+          assert.ok(got.acquired && await locks.release(got.lease));
+          assert.equal((await locks.stats()).total.acquire.granted, 1);
+        } finally {
+          await guarded.close();
+        }
+      },
+    );
 
     await t.step("a token may add at most maxScripts scripts to Redis's script cache", async () => {
       const before = Number(
