@@ -49,7 +49,12 @@ export class ByteBudget {
    * A request's share: `body` counts body bytes in, `take` a reply's bytes, `done` gives them
    * all back.
    */
-  open(): { body(bytes: number): void; take(reply: unknown): number; done(): void } {
+  open(): {
+    body(bytes: number): void;
+    take(reply: unknown): number;
+    hold(bytes: number): void;
+    done(): void;
+  } {
     let mine = 0;
     let replies = 0;
     const add = (bytes: number) => {
@@ -64,6 +69,7 @@ export class ByteBudget {
     };
     return {
       body: (bytes) => add(bytes * 4),
+      hold: (bytes) => add(bytes),
       take: (reply) => {
         const bytes = replyBytes(reply);
         replies += bytes;
@@ -99,7 +105,7 @@ export async function runOne(
   try {
     reply = await conn.callBuffer(prepared.name, ...prepared.args);
   } catch (error) {
-    return { error: redisError(error) };
+    return fixed(prepared, { error: redisError(error) });
   }
   take(reply);
   return fixed(prepared, { result: reply });
@@ -163,7 +169,8 @@ export async function runTransaction(
   return replies.map((reply, i) => fixed(all[i] as Prepared, fromReply(reply)));
 }
 
-function fixed({ fix }: Prepared, slot: Slot): Slot {
+function fixed({ fix, settle }: Prepared, slot: Slot): Slot {
+  settle?.(slot);
   return fix && "result" in slot ? { result: fix(slot.result) } : slot;
 }
 

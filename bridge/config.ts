@@ -36,6 +36,12 @@ export async function bridgeOptionsFromEnv(env: Env): Promise<BridgeOptions> {
   if (keyLocking !== "accept" && keyLocking !== "strict") {
     throw new TypeError(`BRIDGE_KEY_LOCKING must be accept or strict, not "${keyLocking}"`);
   }
+  const scriptUser = get("BRIDGE_SCRIPT_USER") ?? "restricted";
+  if (scriptUser !== "restricted" && scriptUser !== "as-configured") {
+    throw new TypeError(
+      `BRIDGE_SCRIPT_USER must be restricted or as-configured, not "${scriptUser}"`,
+    );
+  }
   const log = get("BRIDGE_LOG") ?? "json";
   if (log !== "json" && log !== "off") {
     throw new TypeError(`BRIDGE_LOG must be json or off, not "${log}"`);
@@ -57,12 +63,14 @@ export async function bridgeOptionsFromEnv(env: Env): Promise<BridgeOptions> {
     maxBlocking: int("BRIDGE_MAX_BLOCKING", 0, 10_000) ?? 16,
     commandTimeoutMs: int("BRIDGE_COMMAND_TIMEOUT_MS", 1, 3_600_000) ?? 30_000,
     shutdownGraceMs: int("BRIDGE_GRACE_MS", 0, 600_000) ?? 5000,
+    scriptTimeoutMs: int("BRIDGE_SCRIPT_TIMEOUT_MS", 100, 3_600_000) ?? 5000,
     maxSubscriptions: int("BRIDGE_MAX_SUBSCRIPTIONS", 0, 100_000) ?? 1024,
     maxBodyBytes: int("BRIDGE_MAX_BODY_BYTES", 1024, 100 << 20) ?? 1 << 20,
     maxCommands: int("BRIDGE_MAX_COMMANDS", 1, 100_000) ?? 1000,
     maxReplyBytes: int("BRIDGE_MAX_REPLY_BYTES", 1024, 1 << 30) ?? 4 << 20,
     maxBytesInFlight: int("BRIDGE_MAX_BYTES_IN_FLIGHT", 1 << 20, 1 << 30) ?? 32 << 20,
     maxScripts: int("BRIDGE_MAX_SCRIPTS", 0, 1_000_000) ?? 1000,
+    maxScriptBytes: int("BRIDGE_MAX_SCRIPT_BYTES", 0, 1 << 30) ?? 16 << 20,
     maxConnections: int("BRIDGE_MAX_CONNECTIONS", 1, 100_000) ?? 256,
     headerTimeoutMs: int("BRIDGE_HEADER_TIMEOUT_MS", 100, 600_000) ?? 10_000,
     idleTimeoutMs: int("BRIDGE_IDLE_TIMEOUT_MS", 100, 3_600_000) ?? 60_000,
@@ -70,6 +78,7 @@ export async function bridgeOptionsFromEnv(env: Env): Promise<BridgeOptions> {
       ["*"],
     ...(clusterUrls?.length && { clusterUrls }),
     ...(keyLocking === "strict" && { strictKeyLocking: true }),
+    scriptUser,
     ...(get("UPSTASH_REDIS_REST_READONLY_TOKEN") &&
       { readonlyToken: get("UPSTASH_REDIS_REST_READONLY_TOKEN")! }),
     ...(certFile && keyFile &&

@@ -3,11 +3,13 @@
 // on connections, so the front accepts (and terminates TLS), applies them, and passes each
 // connection's bytes to the HTTP server on a Unix socket.
 //
-// - At most `maxConnections` at once; at the cap, a new connection evicts the oldest one that has
-//   not yet sent a whole request head (a slow or idle stranger), else it is closed at once.
-// - A request head must arrive whole within `headerTimeoutMs` of its first byte (of the
-//   connection's opening, for the first), and be at most 16 KiB.
-// - A connection with nothing in flight and no byte either way for `idleTimeoutMs` is closed.
+// - At most `maxConnections` at once. At the cap a new connection evicts, oldest first, a
+//   stranger (no whole request head yet), else a connection no token vouches for (its requests
+//   carried none, or were answered 401), else it is closed at once.
+// - A request (head, then its Content-Length of body) must arrive whole within `headerTimeoutMs`
+//   of its first byte; a head is at most 16 KiB; a chunked or upgrading request is refused (411).
+// - A connection with no request in flight and no byte either way for `idleTimeoutMs` is closed.
+// - The server side of a connection is made only once its first request head is whole.
 // - Accept errors (too many open files, say) pause accepting briefly; they never end the bridge.
 
 /** Options for {@linkcode startFront}. */
@@ -51,10 +53,14 @@ interface Client {
   lastByteAt: number;
   /** A whole request head arrived at least once. */
   proven: boolean;
-  /** When the current head's first byte came (or the connection opened), while in a head. */
-  headSince?: number;
-  /** A request is in flight: its head came and no response byte yet. */
+  /** Its last request carried a token, and its last response was not a 401. */
+  vouched: boolean;
+  /** When the current request's first byte came (or the connection opened), until it is whole. */
+  requestSince?: number;
+  /** A whole request is with the server and no response byte came yet. */
   pending: boolean;
+  /** The next response's status line is still to come. */
+  awaitingStatus: boolean;
   close(): void;
 }
 
@@ -75,11 +81,13 @@ export function startFront(options: FrontOptions): Front {
   const sweep = setInterval(() => {
     const now = performance.now();
     for (const client of clients) {
-      if (client.headSince !== undefined && now - client.headSince > options.headerTimeoutMs) {
+      if (
+        client.requestSince !== undefined && now - client.requestSince > options.headerTimeoutMs
+      ) {
         closed.header_timeout++;
         client.close();
       } else if (
-        !client.pending && client.headSince === undefined &&
+        !client.pending && client.requestSince === undefined &&
         now - client.lastByteAt > options.idleTimeoutMs
       ) {
         closed.idle++;
@@ -99,7 +107,8 @@ export function startFront(options: FrontOptions): Front {
         continue;
       }
       if (clients.size >= options.maxConnections) {
-        const stranger = [...clients].find((client) => !client.proven);
+        const stranger = [...clients].find((client) => !client.proven) ??
+          [...clients].find((client) => !client.vouched);
         if (stranger) {
           closed.evicted++;
           stranger.close();
@@ -123,8 +132,10 @@ export function startFront(options: FrontOptions): Front {
       openedAt: now,
       lastByteAt: now,
       proven: false,
-      headSince: now,
+      vouched: false,
+      requestSince: now,
       pending: false,
+      awaitingStatus: false,
       close() {
         if (done) return;
         done = true;
@@ -158,10 +169,10 @@ export function startFront(options: FrontOptions): Front {
     return upstream;
   }
 
-  // Client to server, watching request heads (and skipping bodies by Content-Length); bytes wait
+  // Client to server, watching requests: each head and its Content-Length of body; bytes wait
   // here until the first head is whole and the server side is connected.
   async function inbound(client: Client): Promise<void> {
-    const buffer = new Uint8Array(64 * 1024);
+    const buffer = new Uint8Array(16 * 1024);
     const early: Uint8Array[] = [];
     let upstream: Deno.Conn | undefined;
     let over = false;
@@ -172,34 +183,36 @@ export function startFront(options: FrontOptions): Front {
     let head: number[] = []; // the current head's bytes, up to MAX_HEAD_BYTES
     let matched = 0; // how much of CRLF CRLF ends the bytes seen
     let body = 0; // body bytes still to come
-    let opaque = false; // chunked or an upgrade: no more head tracking
     while (!over) {
       const n = await client.conn.read(buffer);
       if (n === null) return;
       client.lastByteAt = performance.now();
       const chunk = buffer.subarray(0, n);
-      for (let i = 0; i < n && !opaque; i++) {
+      for (let i = 0; i < n; i++) {
         if (body > 0) {
           const skip = Math.min(body, n - i);
           body -= skip;
           i += skip - 1;
+          if (body === 0) requestWhole(client);
           continue;
         }
-        client.headSince ??= client.lastByteAt;
-        if (head.length < MAX_HEAD_BYTES) head.push(chunk[i]!);
-        else throw new Error("request head too large");
+        client.requestSince ??= client.lastByteAt;
+        if (head.length >= MAX_HEAD_BYTES) throw new Error("request head too large");
+        head.push(chunk[i]!);
         matched = chunk[i] === CRLF2[matched] ? matched + 1 : chunk[i] === 13 ? 1 : 0;
-        if (matched === 4) {
-          const text = new TextDecoder().decode(new Uint8Array(head)).toLowerCase();
-          body = Number(/\r\ncontent-length:\s*(\d+)/.exec(text)?.[1] ?? 0);
-          if (body > options.maxBodyBytes) return await tooLarge(client);
-          opaque = /\r\ntransfer-encoding:|\r\nupgrade:/.test(text);
-          client.proven = true;
-          client.pending = true;
-          client.headSince = undefined;
-          head = [];
-          matched = 0;
+        if (matched < 4) continue;
+        const text = new TextDecoder().decode(new Uint8Array(head)).toLowerCase();
+        head = [];
+        matched = 0;
+        if (/\r\ntransfer-encoding:|\r\nupgrade:/.test(text)) {
+          return await refuse(client, LENGTH_REQUIRED);
         }
+        body = Number(/\r\ncontent-length:\s*(\d+)/.exec(text)?.[1] ?? 0);
+        if (body > options.maxBodyBytes) return await refuse(client, TOO_LARGE);
+        client.proven = true;
+        client.vouched = /\r\nauthorization:|^[^\r]*[?&]_token=/.test(text);
+        client.awaitingStatus = true;
+        if (body === 0) requestWhole(client);
       }
       if (upstream) {
         await writeAll(upstream, chunk);
@@ -213,13 +226,25 @@ export function startFront(options: FrontOptions): Front {
     }
   }
 
+  function requestWhole(client: Client): void {
+    client.requestSince = undefined;
+    client.pending = true;
+  }
+
   async function outbound(client: Client): Promise<void> {
-    const buffer = new Uint8Array(64 * 1024);
+    const buffer = new Uint8Array(16 * 1024);
     for (;;) {
       const n = await client.upstream!.read(buffer);
       if (n === null) return;
       client.lastByteAt = performance.now();
       client.pending = false;
+      if (client.awaitingStatus) {
+        // `HTTP/1.1 401 …`: a request no token vouched for.
+        client.awaitingStatus = false;
+        if (n >= 12 && buffer[9] === 52 && buffer[10] === 48 && buffer[11] === 49) {
+          client.vouched = false;
+        }
+      }
       await writeAll(client.conn, buffer.subarray(0, n));
     }
   }
@@ -248,14 +273,22 @@ export function startFront(options: FrontOptions): Front {
   };
 }
 
-// The reply to a body over the limit, sent before any of it is read; the connection then ends.
-const TOO_LARGE = new TextEncoder().encode(
-  "HTTP/1.1 413 Payload Too Large\r\ncontent-type: application/json\r\nconnection: close\r\n" +
-    'content-length: 39\r\n\r\n{"error":"ERR request body too large"}\n',
+// Replies the front sends itself, before reading a body; the connection then ends.
+function reply(status: string, error: string): Uint8Array {
+  const body = JSON.stringify({ error }) + "\n";
+  return new TextEncoder().encode(
+    `HTTP/1.1 ${status}\r\ncontent-type: application/json\r\nconnection: close\r\n` +
+      `content-length: ${body.length}\r\n\r\n${body}`,
+  );
+}
+const TOO_LARGE = reply("413 Payload Too Large", "ERR request body too large");
+const LENGTH_REQUIRED = reply(
+  "411 Length Required",
+  "ERR send the body with a Content-Length (no chunked transfer, no upgrade)",
 );
 
-async function tooLarge(client: { conn: Deno.Conn }): Promise<void> {
-  await writeAll(client.conn, TOO_LARGE).catch(() => {});
+async function refuse(client: { conn: Deno.Conn }, bytes: Uint8Array): Promise<void> {
+  await writeAll(client.conn, bytes).catch(() => {});
 }
 
 async function writeAll(conn: Deno.Conn, bytes: Uint8Array): Promise<void> {

@@ -11,7 +11,13 @@
 import { createHash } from "node:crypto";
 
 /** A command ready for Redis, with what to do to its reply (a SHA-1 to give back, say). */
-export type Prepared = { name: string; args: string[]; fix?: (reply: unknown) => unknown };
+export type Prepared = {
+  name: string;
+  args: string[];
+  fix?: (reply: unknown) => unknown;
+  /** Told of the command's outcome, a result or Redis's error. */
+  settle?: (slot: { result: unknown } | { error: string }) => void;
+};
 
 const FLAG = "allow-key-locking";
 

@@ -80,6 +80,12 @@ export interface BridgeOptions {
   /** On close, how long in-flight requests may finish before their connections are cut, ms. @default 5000 */
   shutdownGraceMs?: number;
   /**
+   * A request with a script still unanswered after this long has the running script killed
+   * (`SCRIPT KILL`), so one script cannot keep Redis busy for everyone; one that wrote before it
+   * hung cannot be killed (Redis answers UNKILLABLE). @default 5000
+   */
+  scriptTimeoutMs?: number;
+  /**
    * Scripts flagged `allow-key-locking` are always accepted, as on Upstash (the flag is taken off
    * before Redis sees it). Strict, a flagged script whose `redis.call` touches a key it did not
    * pass in `KEYS` is refused, as Upstash refuses it: a check of the script as written (a lint),
@@ -107,10 +113,14 @@ export interface BridgeOptions {
    */
   maxBytesInFlight?: number;
   /**
-   * The most distinct scripts the tokens may add to Redis's script cache (which Redis 7.0 never
-   * evicts) through EVAL, EVAL_RO and SCRIPT LOAD; a new one past it is refused. @default 1000
+   * The most distinct scripts the read-write token may add to Redis's script cache (which Redis
+   * 7.0 never evicts) through EVAL, EVAL_RO and SCRIPT LOAD, the read-only token a tenth of it; a
+   * new one past it is refused. A script counts once Redis has it (not when it did not compile).
+   * @default 1000
    */
   maxScripts?: number;
+  /** The most bytes of script the tokens may add to the cache, all together. @default 16777216 */
+  maxScriptBytes?: number;
   /** Client connections open at once; strangers (no whole request yet) go first. @default 256 */
   maxConnections?: number;
   /** A request head must arrive whole within this long of its first byte, ms. @default 10000 */
@@ -119,6 +129,13 @@ export interface BridgeOptions {
   idleTimeoutMs?: number;
   /** Origins a browser may call from (CORS); `*` for any. @default ["*"] */
   corsOrigins?: string[];
+  /**
+   * The Redis user the bridge's data connections use. `restricted` (the default): when the
+   * configured user could administer Redis from a script, the bridge makes a user of its own that
+   * may not (BRIDGE_ACL_RULES) and connects as it, or refuses to start. `as-configured`: the user
+   * in the URL, whatever it may do.
+   */
+  scriptUser?: "restricted" | "as-configured";
   /**
    * Refused commands this bridge runs anyway for the read-write token, as `name|subcommand` (e.g.
    * `script|flush`): for tests that inject faults through the bridge, never for production.
@@ -158,6 +175,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
   const { redisUrl, token, port = 8079, hostname = "127.0.0.1" } = options;
   const { maxBlocking = 16, commandTimeoutMs = 30_000, shutdownGraceMs = 5000 } = options;
   const { maxBodyBytes = 1 << 20, maxCommands = 1000, maxScripts = 1000 } = options;
+  const { maxScriptBytes = 16 << 20 } = options;
   const origins = options.corsOrigins ?? ["*"];
   const extra = new Set(options.extraCommands ?? []);
   const budget = new ByteBudget(
@@ -174,17 +192,25 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
       "TLS needs both a certificate and its key (BRIDGE_TLS_CERT, BRIDGE_TLS_KEY)",
     );
   }
+  // Scripts run as the bridge's Redis user: one that may administer would let any EVAL do it.
+  const scriptUser = cluster_(options) ? undefined : await restrictScripts(redisUrl, options);
+  const dataUrl = scriptUser?.url ?? redisUrl;
   // Blocking commands' connections take no command timeout: the bridge times them and drops them.
   // On a cluster, a subscription's connection goes to the first seed: PUBLISH reaches every node.
   const connect = (commandTimeout: number | undefined = commandTimeoutMs) => {
-    const conn = new IORedis(options.clusterUrls?.[0] ?? redisUrl, {
+    const conn = new IORedis(options.clusterUrls?.[0] ?? dataUrl, {
       lazyConnect: true,
       enableOfflineQueue: false,
+      enableReadyCheck: false, // its INFO is not for the bridge's restricted user
       maxRetriesPerRequest: 0,
       retryStrategy: () => 100,
       ...(commandTimeout !== undefined && { commandTimeout }),
     });
-    conn.on("error", () => {}); // reported per request; ioredis reconnects by itself
+    // Reported per request; ioredis reconnects by itself. A Redis that restarted without its ACL
+    // refuses the bridge's own user: it is made again, and the next reconnect gets in.
+    conn.on("error", (error: Error) => {
+      if (/WRONGPASS|NOAUTH/.test(error.message)) scriptUser?.renew();
+    });
     return conn;
   };
   const cluster = options.clusterUrls && new Cluster(
@@ -209,6 +235,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
   } catch (error) {
     all.forEach((conn) => conn.disconnect());
     cluster?.disconnect();
+    await scriptUser?.remove();
     const what = cluster ? `the Redis Cluster at ${options.clusterUrls}` : `Redis at ${redisUrl}`;
     throw new Error(`The bridge cannot reach ${what}`, { cause: error });
   }
@@ -244,6 +271,17 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
       conn.disconnect();
     }
   };
+  // A connection of its own for SCRIPT KILL: the pool's may be waiting on the running script.
+  const scriptTimeoutMs = options.scriptTimeoutMs ?? 5000;
+  let killer: IORedis | undefined;
+  const watchScripts = (commands: Command[]) => {
+    if (cluster || !commands.some(([name]) => /^(eval|evalsha)(_ro)?$/i.test(name))) return;
+    // Redis takes SCRIPT KILL once a script has run past its busy threshold (5 s by default).
+    return setTimeout(() => {
+      killer ??= connect(undefined);
+      killer.connect().catch(() => {}).then(() => killer!.call("SCRIPT", "KILL")).catch(() => {});
+    }, scriptTimeoutMs);
+  };
   const subscriptions = new Subscriptions(
     options.maxSubscriptions ?? 1024,
     options.heartbeatMs ?? 15_000,
@@ -269,8 +307,14 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     return role;
   }
 
-  // Scripts the tokens have put in Redis's script cache (by the SHA-1 of the body they sent).
-  const scripts = new Set<string>();
+  // Scripts the tokens have put in Redis's script cache (by the SHA-1 of the body they sent): each
+  // counted once Redis has it (not when it did not compile), against its token's share (the
+  // read-only token a tenth) and the bytes of all.
+  const cached = new Set<string>();
+  const added = { readwrite: 0, readonly: 0 };
+  const pending = { readwrite: 0, readonly: 0 };
+  let scriptBytes = 0;
+  const share = (role: Role) => role === "readwrite" ? maxScripts : Math.floor(maxScripts / 10);
   const scriptBody = (name: string, args: string[]): string | undefined => {
     const lower = name.toLowerCase();
     if (lower === "eval" || lower === "eval_ro") return args[0];
@@ -281,17 +325,32 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     const [name, args] = toArgs(command);
     const refused = refusal(role, name, args, role === "readwrite" ? extra : undefined);
     if (refused) return { error: refused };
+    const prepared = keyLocking.prepare(name, args);
     const body = scriptBody(name, args);
-    if (body !== undefined) {
-      const sha = createHash("sha1").update(body).digest("hex");
-      if (!scripts.has(sha)) {
-        if (scripts.size >= maxScripts) {
-          return { error: `ERR the bridge caches at most ${maxScripts} scripts: load no more` };
-        }
-        scripts.add(sha);
-      }
+    if (body === undefined) return prepared;
+    const sha = createHash("sha1").update(body).digest("hex");
+    if (cached.has(sha)) return prepared;
+    if (
+      added[role] + pending[role] >= share(role) || scriptBytes + body.length > maxScriptBytes
+    ) {
+      return {
+        error: `ERR this token may add no more scripts to the cache (${share(role)} scripts, ` +
+          `${maxScriptBytes} bytes in all): reuse the scripts it has`,
+      };
     }
-    return keyLocking.prepare(name, args);
+    pending[role]++;
+    return {
+      ...prepared,
+      settle(slot) {
+        pending[role]--;
+        const compiled = "result" in slot || !/Error compiling script/.test(slot.error);
+        if (compiled && !cached.has(sha)) {
+          cached.add(sha);
+          added[role]++;
+          scriptBytes += body.length;
+        }
+      },
+    };
   };
 
   // Each request is timed, counted in the metrics, and logged (its route, first command's name and
@@ -330,8 +389,19 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     const url = new URL(request.url);
     const path = url.pathname.replace(/\/+$/, "") || "/";
     const corsHeaders = cors(origins, request.headers.get("origin"));
-    const json = (status: number, body: unknown): Response =>
-      new Response(JSON.stringify(body), {
+    // A reply's bytes count against the bytes in flight until it has been sent (a client that
+    // does not read holds them), JSON's escaping included.
+    const share = budget.open();
+    info.completed.finally(share.done).catch(() => {}); // what it held, once the reply is sent
+    const json = (status: number, body: unknown): Response => {
+      let text = JSON.stringify(body);
+      try {
+        share.hold(text.length);
+      } catch (error) {
+        status = (error as BadRequest).status;
+        text = JSON.stringify({ error: (error as Error).message });
+      }
+      return new Response(text, {
         status,
         headers: {
           "content-type": "application/json",
@@ -339,6 +409,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
           ...corsHeaders,
         },
       });
+    };
     if (request.method === "OPTIONS") return preflight(request, origins);
     if (path === "/healthz" && request.method === "GET") {
       const ok = await pick().ping().then(() => true, () => false);
@@ -365,13 +436,14 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     seen.role = role;
     if (path === "/__stats" && request.method === "GET") return json(200, { ...stats });
     const prepare = prepareFor(role);
-    const share = budget.open();
+    let watchdog: ReturnType<typeof setTimeout> | undefined;
     try {
       if (sub && (request.method === "POST" || request.method === "GET")) {
         stats.requests++;
         await request.body?.cancel();
-        // Subscribing only reads: either token may.
+        // Subscribing only reads: either token may. A line break would forge events.
         const name = decodeSegment(sub[2]!);
+        if (/[\r\n]/.test(name)) throw new BadRequest("ERR a channel name has no line breaks");
         return await subscriptions.stream(sub[1] as Kind, name, info.completed, corsHeaders);
       }
       if (batch || path === "/") {
@@ -400,6 +472,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
         stats.commands++;
         seen.commands = 1;
         seen.command = command[0].toLowerCase();
+        watchdog = watchScripts([command]);
         const slot = encode(
           isolate(command)
             ? await block((conn) => runOne(conn, command, prepare, share.take))
@@ -414,6 +487,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
       stats.commands += commands.length;
       seen.commands = commands.length;
       seen.command = commands[0]![0].toLowerCase();
+      watchdog = watchScripts(commands);
       if (path === "/pipeline") {
         const slots = cluster
           ? await Promise.all(
@@ -433,7 +507,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
       if (error instanceof BadRequest) return json(error.status, { error: error.message });
       return json(500, { error: "ERR bridge: Redis did not answer" });
     } finally {
-      share.done();
+      clearTimeout(watchdog);
     }
   }
 
@@ -450,15 +524,22 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
   // Should the HTTP server still fail (Deno's accept loop gives up on an error such as running
   // out of file descriptors), it starts again on the same socket: the bridge never exits for it.
   let server: Deno.HttpServer<Deno.UnixAddr>;
-  const listen = () => {
-    server = Deno.serve({ path: socket, onListen() {} }, handle);
-    server.finished.catch(() => {
-      if (closing) return;
+  const listen = (first = false) => {
+    try {
       Deno.removeSync(socket);
-      setTimeout(listen, 100);
+    } catch { /* not there */ }
+    try {
+      server = Deno.serve({ path: socket, onListen() {} }, handle);
+    } catch (error) {
+      if (first) throw error;
+      setTimeout(listen, 250); // out of descriptors still: try again shortly
+      return;
+    }
+    server.finished.catch(() => {
+      if (!closing) setTimeout(listen, 100);
     });
   };
-  listen();
+  listen(true);
   let front: Front | undefined;
   try {
     front = startFront({
@@ -481,6 +562,8 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
   const started = front;
   const disconnect = () => {
     [...all, ...blocking].forEach((conn) => conn.disconnect());
+    killer?.disconnect();
+    scriptUser?.remove();
     cluster?.disconnect();
   };
   return {
@@ -509,12 +592,86 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
 }
 
 // A client connection costs up to four file descriptors (its socket, both ends of the Unix socket
-// behind the front, and a Redis connection if it subscribes), so the cap stays under the process's
-// open-file limit (Linux: /proc/self/limits) less the Redis pools: the bridge never runs out.
+// behind the front, and a Redis connection if it subscribes), and the server's end of a closed one
+// may linger while its handler waits on Redis: the cap stays at an eighth of the process's
+// open-file limit (Linux: /proc/self/limits) less the Redis pools, so the bridge never runs out.
 async function connectionCap(wanted: number, redisConnections: number[]): Promise<number> {
   const limits = await Deno.readTextFile("/proc/self/limits").catch(() => "");
   const soft = Number(/^Max open files\s+(\d+)/m.exec(limits)?.[1]);
   if (!Number.isFinite(soft) || soft <= 0) return wanted;
   const spare = soft - 32 - redisConnections.reduce((sum, n) => sum + n, 0);
-  return Math.max(1, Math.min(wanted, Math.floor(spare / 4)));
+  return Math.max(1, Math.min(wanted, Math.floor(spare / 8)));
+}
+
+const cluster_ = (options: BridgeOptions) => (options.clusterUrls?.length ?? 0) > 0;
+
+/** What the bridge's own Redis user may run: data, and no administration, from scripts too. */
+export const BRIDGE_ACL_RULES =
+  "+@all -@admin -@dangerous -move -select -memory +memory|usage +flushdb +flushall +keys +sort +sort_ro";
+
+/**
+ * Makes sure a script run through the bridge cannot administer Redis. When the configured user can
+ * (a script's `SLOWLOG LEN` runs), the bridge makes a user of its own with BRIDGE_ACL_RULES and a
+ * random password, connects as it, and deletes it on close; when it may not make one, it refuses
+ * to start, saying what to set up. `scriptUser: "as-configured"` skips this.
+ */
+async function restrictScripts(
+  redisUrl: string,
+  options: BridgeOptions,
+): Promise<{ url: string; renew(): void; remove(): Promise<void> } | undefined> {
+  if (options.scriptUser === "as-configured") return undefined;
+  const admin = new IORedis(redisUrl, { lazyConnect: true, maxRetriesPerRequest: 0 });
+  admin.on("error", () => {});
+  try {
+    await admin.connect().catch((error) => {
+      throw new Error(`The bridge cannot reach Redis at ${redisUrl}`, { cause: error });
+    });
+    const probe = await admin.call("EVAL", "return redis.call('SLOWLOG', 'LEN')", "0").then(
+      () => true,
+      () => false,
+    );
+    if (!probe) return undefined; // the configured user is restricted already
+    const name = `edgelock-bridge-${crypto.randomUUID().slice(0, 8)}`;
+    const password = crypto.randomUUID() + crypto.randomUUID();
+    const setUser = () =>
+      admin.call(
+        "ACL",
+        "SETUSER",
+        name,
+        "reset",
+        "on",
+        `>${password}`,
+        "~*",
+        "&*",
+        ...BRIDGE_ACL_RULES.split(" "),
+      );
+    try {
+      await setUser();
+    } catch (error) {
+      throw new Error(
+        "The bridge's Redis user may run administration commands from scripts, and may not make " +
+          'a restricted user: create one (docs/bridge.md, "Scripts") and set REDIS_URL to it',
+        { cause: error },
+      );
+    }
+    const url = new URL(redisUrl);
+    url.username = name;
+    url.password = password;
+    let renewing = false;
+    return {
+      url: url.href,
+      renew() {
+        if (renewing) return;
+        renewing = true;
+        setUser().catch(() => {}).finally(() => setTimeout(() => renewing = false, 100));
+      },
+      remove: () =>
+        admin.call("ACL", "DELUSER", name).then(() => {}, () => {}).finally(() =>
+          admin.disconnect()
+        ),
+    };
+  } catch (error) {
+    admin.disconnect();
+    throw error;
+  }
 }

@@ -7,6 +7,9 @@ import { BadRequest } from "./protocol.ts";
 
 export type Kind = "subscribe" | "psubscribe";
 
+/** The bytes a stream may queue for a client that does not read; past them it is closed. */
+export const MAX_QUEUED_BYTES = 256 * 1024;
+
 /** The open streams, each with its own connection. */
 export class Subscriptions {
   readonly #streams = new Set<() => void>();
@@ -47,7 +50,11 @@ export class Subscriptions {
       const encoder = new TextEncoder();
       const body = new ReadableStream<Uint8Array>({
         start(controller) {
-          const send = (text: string) => controller.enqueue(encoder.encode(text));
+          // A reader that falls this far behind is cut off, as Redis cuts off a slow subscriber.
+          const send = (text: string) => {
+            controller.enqueue(encoder.encode(text));
+            if ((controller.desiredSize ?? 0) < -MAX_QUEUED_BYTES) end();
+          };
           const heartbeat = setInterval(() => send(": ping\n\n"), heartbeatMs);
           streams.delete(end);
           end = () => {
@@ -70,7 +77,7 @@ export class Subscriptions {
           done.finally(() => end()).catch(() => {}); // the client went away
         },
         cancel: () => end(),
-      });
+      }, { highWaterMark: 0, size: (chunk) => chunk.byteLength });
       return new Response(body, {
         headers: { "content-type": "text/event-stream", "cache-control": "no-cache", ...headers },
       });

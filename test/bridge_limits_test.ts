@@ -98,6 +98,82 @@ Deno.test("the bridge bounds what one client can make it hold", async (t) => {
     });
 
     await t.step(
+      "connections no token vouches for go before those of clients with one",
+      async () => {
+        // Keep-alive connections that ask /healthz without a token, at the cap.
+        const loiterers = await Promise.all(
+          Array.from({ length: 16 }, () => raw("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")),
+        );
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        for (let i = 0; i < 3; i++) {
+          assert.equal(await ping(), "PONG", "a client with a token gets in");
+        }
+        await Promise.all(loiterers.map(closedByBridge));
+      },
+    );
+
+    await t.step("a body that stalls is cut; a chunked body is refused with 411", async () => {
+      const stalled = await raw(
+        `POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${TOKEN}\r\nContent-Length: 100\r\n\r\n["PI`,
+      );
+      const started = performance.now();
+      assert.ok(await closedByBridge(stalled));
+      assert.ok(performance.now() - started < 5000, "cut by the request timeout");
+      const chunked = await raw(
+        `POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${TOKEN}\r\nTransfer-Encoding: chunked\r\n\r\n`,
+      );
+      const buffer = new Uint8Array(512);
+      const n = await chunked.read(buffer);
+      assert.match(new TextDecoder().decode(buffer.subarray(0, n ?? 0)), /^HTTP\/1\.1 411/);
+      chunked.close();
+    });
+
+    await t.step(
+      "a subscriber that does not read is cut off; a channel name has no line breaks",
+      async () => {
+        const channel = keygen("flood");
+        const slow = await raw(
+          `POST /subscribe/${channel} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${TOKEN}\r\nContent-Length: 2\r\n\r\n[]`,
+        );
+        const subscribers = async () =>
+          (await redis.call("PUBSUB", "NUMSUB", channel) as [string, number])[1];
+        await until("subscribed", async () => (await subscribers()) === 1);
+        const message = "m".repeat(1 << 20);
+        for (let i = 0; i < 16 && (await redis.publish(channel, message)) > 0; i++) {
+          /* flood */
+        }
+        await until("the stream was ended", async () => (await subscribers()) === 0);
+        slow.close();
+        const forged = await post("/subscribe/a%0A%0Adata:%20forged", "[]");
+        assert.equal(forged.status, 400);
+      },
+    );
+
+    await t.step(
+      "a script that runs past scriptTimeoutMs is killed, and Redis serves everyone again",
+      async () => {
+        const guarded = await startBridge({
+          redisUrl: server.url,
+          token: TOKEN,
+          port: 0,
+          scriptTimeoutMs: 300,
+        });
+        try {
+          const loop = fetch(guarded.url, {
+            method: "POST",
+            headers: { authorization: `Bearer ${TOKEN}` },
+            body: JSON.stringify(["EVAL_RO", "while true do end", "0"]),
+          }).then((res) => res.json());
+          // Redis takes SCRIPT KILL once the script passed its busy threshold (5 s).
+          assert.match((await loop).error, /killed/i);
+          assert.equal(await ping(), "PONG", "served once the script was killed");
+        } finally {
+          await guarded.close();
+        }
+      },
+    );
+
+    await t.step(
       "malformed paths are 400 and CORS allows the protocol's headers only",
       async () => {
         for (const path of ["/subscribe/%ZZ", "/psubscribe/%E0%A4%A", "/get/%ZZ"]) {
@@ -182,6 +258,19 @@ Deno.test("the bridge outlives running out of file descriptors", async () => {
     }
     for (const conn of conns) conn.close();
     await until("it serves again", () => ping().then((r) => r === "PONG", () => false));
+    // Whole requests on short connections, four at a time, for a second: the churn that once
+    // ran the HTTP server out of descriptors.
+    const churnUntil = Date.now() + 1000;
+    await Promise.all(Array.from({ length: 4 }, async () => {
+      while (Date.now() < churnUntil) {
+        await fetch(`http://127.0.0.1:${port}/`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${TOKEN}`, connection: "close" },
+          body: '["GET","x"]',
+        }).then((res) => res.body?.cancel(), () => {});
+      }
+    }));
+    await until("it serves after the churn", () => ping().then((r) => r === "PONG", () => false));
     const status = await Promise.race([
       child.status.then(() => "exited"),
       new Promise((resolve) => setTimeout(() => resolve("running"), 200)),
