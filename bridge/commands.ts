@@ -112,9 +112,11 @@ export async function runOne(
 }
 
 // A pipeline runs in chunks, so a request whose replies grow past its budget stops early. The
-// first chunk is one command; while replies stay small, each chunk is twice the last (up to
-// MAX_CHUNK), so small pipelines keep their speed and large replies are held a few at a time.
-const MAX_CHUNK = 64;
+// first chunk is FIRST_CHUNK commands; while replies stay small, each chunk is four times the last
+// (up to MAX_CHUNK), so a pipeline of 100 takes three round trips to Redis; after large replies,
+// one command at a time.
+const FIRST_CHUNK = 8;
+const MAX_CHUNK = 128;
 const SMALL_REPLY = 16 * 1024;
 
 export async function runPipeline(
@@ -124,11 +126,11 @@ export async function runPipeline(
   take: Take,
 ): Promise<Slot[]> {
   const slots: Slot[] = [];
-  let chunk = 1;
+  let chunk = FIRST_CHUNK;
   for (
     let start = 0;
     start < commands.length;
-    start += chunk, chunk = Math.min(chunk * 2, MAX_CHUNK)
+    start += chunk, chunk = Math.min(chunk * 4, MAX_CHUNK)
   ) {
     const all = commands.slice(start, start + chunk).map(prepare);
     const pipeline = conn.pipeline();
