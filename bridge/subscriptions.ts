@@ -51,13 +51,22 @@ export class Subscriptions {
       const body = new ReadableStream<Uint8Array>({
         start(controller) {
           // A reader that falls this far behind is cut off, as Redis cuts off a slow subscriber.
+          // Messages may still arrive after the stream ended (the connection closes later): they
+          // are dropped, never enqueued on a closed stream (which would throw, uncaught).
+          let open = true;
           const send = (text: string) => {
-            controller.enqueue(encoder.encode(text));
+            if (!open) return;
+            try {
+              controller.enqueue(encoder.encode(text));
+            } catch {
+              return end(); // the client went away
+            }
             if ((controller.desiredSize ?? 0) < -MAX_QUEUED_BYTES) end();
           };
           const heartbeat = setInterval(() => send(": ping\n\n"), heartbeatMs);
           streams.delete(end);
           end = () => {
+            open = false;
             if (!streams.delete(end)) return;
             clearInterval(heartbeat);
             conn.disconnect();
