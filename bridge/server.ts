@@ -34,6 +34,8 @@ import {
 } from "./commands.ts";
 import { type Kind, Subscriptions } from "./subscriptions.ts";
 import { type Front, startFront } from "./front.ts";
+import { ScriptBudget } from "./scripts.ts";
+import { connectionCap, restrictScripts } from "./redis_user.ts";
 
 export type { Role };
 
@@ -193,7 +195,9 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     );
   }
   // Scripts run as the bridge's Redis user: one that may administer would let any EVAL do it.
-  const scriptUser = cluster_(options) ? undefined : await restrictScripts(redisUrl, options);
+  const scriptUser = fronts(options)
+    ? undefined
+    : await restrictScripts(redisUrl, options.scriptUser);
   const dataUrl = scriptUser?.url ?? redisUrl;
   // Blocking commands' connections take no command timeout: the bridge times them and drops them.
   // On a cluster, a subscription's connection goes to the first seed: PUBLISH reaches every node.
@@ -307,50 +311,12 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     return role;
   }
 
-  // Scripts the tokens have put in Redis's script cache (by the SHA-1 of the body they sent): each
-  // counted once Redis has it (not when it did not compile), against its token's share (the
-  // read-only token a tenth) and the bytes of all.
-  const cached = new Set<string>();
-  const added = { readwrite: 0, readonly: 0 };
-  const pending = { readwrite: 0, readonly: 0 };
-  let scriptBytes = 0;
-  const share = (role: Role) => role === "readwrite" ? maxScripts : Math.floor(maxScripts / 10);
-  const scriptBody = (name: string, args: string[]): string | undefined => {
-    const lower = name.toLowerCase();
-    if (lower === "eval" || lower === "eval_ro") return args[0];
-    if (lower === "script" && args[0]?.toLowerCase() === "load") return args[1];
-    return undefined;
-  };
+  const scriptCache = new ScriptBudget(maxScripts, maxScriptBytes);
   const prepareFor = (role: Role): Prepare => (command) => {
     const [name, args] = toArgs(command);
     const refused = refusal(role, name, args, role === "readwrite" ? extra : undefined);
     if (refused) return { error: refused };
-    const prepared = keyLocking.prepare(name, args);
-    const body = scriptBody(name, args);
-    if (body === undefined) return prepared;
-    const sha = createHash("sha1").update(body).digest("hex");
-    if (cached.has(sha)) return prepared;
-    if (
-      added[role] + pending[role] >= share(role) || scriptBytes + body.length > maxScriptBytes
-    ) {
-      return {
-        error: `ERR this token may add no more scripts to the cache (${share(role)} scripts, ` +
-          `${maxScriptBytes} bytes in all): reuse the scripts it has`,
-      };
-    }
-    pending[role]++;
-    return {
-      ...prepared,
-      settle(slot) {
-        pending[role]--;
-        const compiled = "result" in slot || !/Error compiling script/.test(slot.error);
-        if (compiled && !cached.has(sha)) {
-          cached.add(sha);
-          added[role]++;
-          scriptBytes += body.length;
-        }
-      },
-    };
+    return scriptCache.admit(role, name, args, keyLocking.prepare(name, args));
   };
 
   // Each request is timed, counted in the metrics, and logged (its route, first command's name and
@@ -591,87 +557,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
   };
 }
 
-// A client connection costs up to four file descriptors (its socket, both ends of the Unix socket
-// behind the front, and a Redis connection if it subscribes), and the server's end of a closed one
-// may linger while its handler waits on Redis: the cap stays at an eighth of the process's
-// open-file limit (Linux: /proc/self/limits) less the Redis pools, so the bridge never runs out.
-async function connectionCap(wanted: number, redisConnections: number[]): Promise<number> {
-  const limits = await Deno.readTextFile("/proc/self/limits").catch(() => "");
-  const soft = Number(/^Max open files\s+(\d+)/m.exec(limits)?.[1]);
-  if (!Number.isFinite(soft) || soft <= 0) return wanted;
-  const spare = soft - 32 - redisConnections.reduce((sum, n) => sum + n, 0);
-  return Math.max(1, Math.min(wanted, Math.floor(spare / 8)));
-}
-
-const cluster_ = (options: BridgeOptions) => (options.clusterUrls?.length ?? 0) > 0;
-
-/** What the bridge's own Redis user may run: data, and no administration, from scripts too. */
-export const BRIDGE_ACL_RULES =
-  "+@all -@admin -@dangerous -move -select -memory +memory|usage +flushdb +flushall +keys +sort +sort_ro";
-
-/**
- * Makes sure a script run through the bridge cannot administer Redis. When the configured user can
- * (a script's `SLOWLOG LEN` runs), the bridge makes a user of its own with BRIDGE_ACL_RULES and a
- * random password, connects as it, and deletes it on close; when it may not make one, it refuses
- * to start, saying what to set up. `scriptUser: "as-configured"` skips this.
- */
-async function restrictScripts(
-  redisUrl: string,
-  options: BridgeOptions,
-): Promise<{ url: string; renew(): void; remove(): Promise<void> } | undefined> {
-  if (options.scriptUser === "as-configured") return undefined;
-  const admin = new IORedis(redisUrl, { lazyConnect: true, maxRetriesPerRequest: 0 });
-  admin.on("error", () => {});
-  try {
-    await admin.connect().catch((error) => {
-      throw new Error(`The bridge cannot reach Redis at ${redisUrl}`, { cause: error });
-    });
-    const probe = await admin.call("EVAL", "return redis.call('SLOWLOG', 'LEN')", "0").then(
-      () => true,
-      () => false,
-    );
-    if (!probe) return undefined; // the configured user is restricted already
-    const name = `edgelock-bridge-${crypto.randomUUID().slice(0, 8)}`;
-    const password = crypto.randomUUID() + crypto.randomUUID();
-    const setUser = () =>
-      admin.call(
-        "ACL",
-        "SETUSER",
-        name,
-        "reset",
-        "on",
-        `>${password}`,
-        "~*",
-        "&*",
-        ...BRIDGE_ACL_RULES.split(" "),
-      );
-    try {
-      await setUser();
-    } catch (error) {
-      throw new Error(
-        "The bridge's Redis user may run administration commands from scripts, and may not make " +
-          'a restricted user: create one (docs/bridge.md, "Scripts") and set REDIS_URL to it',
-        { cause: error },
-      );
-    }
-    const url = new URL(redisUrl);
-    url.username = name;
-    url.password = password;
-    let renewing = false;
-    return {
-      url: url.href,
-      renew() {
-        if (renewing) return;
-        renewing = true;
-        setUser().catch(() => {}).finally(() => setTimeout(() => renewing = false, 100));
-      },
-      remove: () =>
-        admin.call("ACL", "DELUSER", name).then(() => {}, () => {}).finally(() =>
-          admin.disconnect()
-        ),
-    };
-  } catch (error) {
-    admin.disconnect();
-    throw error;
-  }
+// A Redis Cluster: the bridge does not make its restricted user there (docs/bridge.md).
+function fronts(options: BridgeOptions): boolean {
+  return (options.clusterUrls?.length ?? 0) > 0;
 }
