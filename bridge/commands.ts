@@ -2,6 +2,7 @@
 // and a budget that bounds the reply bytes one request (and all requests together) may hold.
 import type { Cluster, Redis as IORedis } from "ioredis";
 import type { Prepared } from "./key_locking.ts";
+import { BLOCKING } from "./policy.ts";
 import { BadRequest, type Command, replyBytes, type Slot } from "./protocol.ts";
 
 /** A connection of the pool, or the cluster client (which routes each command by its keys' slot). */
@@ -10,23 +11,13 @@ export type Connection = IORedis | Cluster;
 /** A command as Redis will get it, or the reason it is refused. */
 export type Prepare = (command: Command) => Prepared | { error: string };
 
-// Commands that may block their connection: each runs on a connection of its own.
-const BLOCKING = new Set([
-  "blpop",
-  "brpop",
-  "brpoplpush",
-  "blmove",
-  "blmpop",
-  "bzpopmin",
-  "bzpopmax",
-  "bzmpop",
-  "wait",
-  "waitaof",
-]);
+// Commands that may block their connection (the policy's list): each runs on a connection of its
+// own.
+const BLOCKING_NAMES = new Set(BLOCKING);
 
 export function isBlocking([name, ...args]: Command): boolean {
   const lower = name.toLowerCase();
-  if (BLOCKING.has(lower)) return true;
+  if (BLOCKING_NAMES.has(lower)) return true;
   return (lower === "xread" || lower === "xreadgroup") &&
     args.some((arg) => String(arg).toLowerCase() === "block");
 }

@@ -32,8 +32,6 @@ export interface Front {
   port: number;
   /** Connections open now. */
   open(): number;
-  /** Connections closed by a limit since the start, by reason. */
-  closed(): Record<"evicted" | "refused" | "header_timeout" | "idle", number>;
   /** Stops accepting; open connections go on. */
   stop(): Promise<void>;
   /**
@@ -49,7 +47,6 @@ const CRLF2 = [13, 10, 13, 10];
 interface Client {
   conn: Deno.Conn;
   upstream?: Deno.Conn;
-  openedAt: number;
   lastByteAt: number;
   /** A whole request head arrived at least once. */
   proven: boolean;
@@ -75,7 +72,6 @@ export function startFront(options: FrontOptions): Front {
     })
     : Deno.listen({ hostname: options.hostname, port: options.port });
   const clients = new Set<Client>();
-  const closed = { evicted: 0, refused: 0, header_timeout: 0, idle: 0 };
   let stopping = false;
 
   const sweep = setInterval(() => {
@@ -84,13 +80,11 @@ export function startFront(options: FrontOptions): Front {
       if (
         client.requestSince !== undefined && now - client.requestSince > options.headerTimeoutMs
       ) {
-        closed.header_timeout++;
         client.close();
       } else if (
         !client.pending && client.requestSince === undefined &&
         now - client.lastByteAt > options.idleTimeoutMs
       ) {
-        closed.idle++;
         client.close();
       }
     }
@@ -110,10 +104,8 @@ export function startFront(options: FrontOptions): Front {
         const stranger = [...clients].find((client) => !client.proven) ??
           [...clients].find((client) => !client.vouched);
         if (stranger) {
-          closed.evicted++;
           stranger.close();
         } else {
-          closed.refused++;
           try {
             conn.close();
           } catch { /* already gone */ }
@@ -129,7 +121,6 @@ export function startFront(options: FrontOptions): Front {
     let done = false;
     const client: Client = {
       conn,
-      openedAt: now,
       lastByteAt: now,
       proven: false,
       vouched: false,
@@ -174,7 +165,6 @@ export function startFront(options: FrontOptions): Front {
   async function inbound(client: Client): Promise<void> {
     const buffer = new Uint8Array(16 * 1024);
     const early: Uint8Array[] = [];
-    let upstream: Deno.Conn | undefined;
     let over = false;
     const ended = () => {
       over = true;
@@ -214,13 +204,13 @@ export function startFront(options: FrontOptions): Front {
         client.awaitingStatus = true;
         if (body === 0) requestWhole(client);
       }
-      if (upstream) {
-        await writeAll(upstream, chunk);
+      if (client.upstream) {
+        await writeAll(client.upstream, chunk);
         continue;
       }
       early.push(chunk.slice());
       if (client.proven) {
-        upstream = await connectUpstream(client, ended);
+        const upstream = await connectUpstream(client, ended);
         for (const bytes of early.splice(0)) await writeAll(upstream, bytes);
       }
     }
@@ -253,7 +243,6 @@ export function startFront(options: FrontOptions): Front {
   return {
     port: addr.port,
     open: () => clients.size,
-    closed: () => ({ ...closed }),
     async stop() {
       stopping = true;
       try {

@@ -84,7 +84,8 @@ export class KeyLocking {
   }
 }
 
-function sha1(text: string): string {
+/** The SHA-1 of a script body, in hex: Redis's name for it. */
+export function sha1(text: string): string {
   return createHash("sha1").update(text).digest("hex");
 }
 

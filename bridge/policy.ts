@@ -130,6 +130,20 @@ const READ = [
   "client|help",
 ];
 
+/** Commands that may block their connection (XREAD and XREADGROUP too, with BLOCK). */
+export const BLOCKING: readonly string[] = [
+  "blpop",
+  "brpop",
+  "brpoplpush",
+  "blmove",
+  "blmpop",
+  "bzpopmin",
+  "bzpopmax",
+  "bzmpop",
+  "wait",
+  "waitaof",
+];
+
 const WRITE = [
   "set",
   "setnx",
@@ -223,16 +237,7 @@ const WRITE = [
   "xgroup|setid",
   "xgroup|help",
   // blocking ones run each on a connection of its own (commands.ts)
-  "blpop",
-  "brpop",
-  "brpoplpush",
-  "blmove",
-  "blmpop",
-  "bzpopmin",
-  "bzpopmax",
-  "bzmpop",
-  "wait",
-  "waitaof",
+  ...BLOCKING,
   // scripts that may write, and loading one; publishing
   "eval",
   "evalsha",

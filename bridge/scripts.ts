@@ -1,8 +1,7 @@
 // What the tokens may add to Redis's script cache, which Redis 7.0 never evicts: each script counts
 // once Redis has it (not when it did not compile), against its token's share (the read-only token a
 // tenth of the read-write token's) and the bytes of all.
-import { createHash } from "node:crypto";
-import type { Prepared } from "./key_locking.ts";
+import { type Prepared, sha1 } from "./key_locking.ts";
 import type { Role } from "./policy.ts";
 
 /** The scripts the tokens have added to the cache, by the SHA-1 of the body they sent. */
@@ -32,7 +31,7 @@ export class ScriptBudget {
   ): Prepared | { error: string } {
     const body = scriptBody(name, args);
     if (body === undefined) return prepared;
-    const sha = createHash("sha1").update(body).digest("hex");
+    const sha = sha1(body);
     if (this.#cached.has(sha)) return prepared;
     const share = this.share(role);
     if (

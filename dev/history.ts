@@ -407,11 +407,3 @@ export function withBroken<R extends RedisLike>(redis: R, rule: BrokenRule): R {
     },
   });
 }
-
-/**
- * A client whose release script deletes the lock without checking the token: the broken variant
- * that the torture checker and the model-based test must each catch.
- */
-export function withBrokenRelease<R extends RedisLike>(redis: R): R {
-  return withBroken(redis, "release");
-}

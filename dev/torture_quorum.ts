@@ -12,6 +12,7 @@
  */
 import { Redis } from "@upstash/redis";
 import { QuorumLocks } from "../src/quorum/mod.ts";
+import type { Lease } from "../src/core/types.ts";
 import type { RedisLike } from "../src/core/_runner.ts";
 import { Q_COMMIT } from "../src/quorum/scripts.ts";
 import { type Bridge, startBridge } from "../bridge/mod.ts";
@@ -107,49 +108,56 @@ export async function runQuorumTorture(
     const lockNames = Array.from({ length: names }, (_, i) => `quorum-${i}`);
     const deadline = Date.now() + seconds * 1000;
 
+    // One acquire and one release as the history records them. A lease is valid surely from the
+    // reply on (the grant came somewhere before it), on the caller's clock like expiresAt.
+    const acquireRecorded = async (
+      on: QuorumLocks,
+      client: string,
+      name: string,
+      options: { ttlMs: number; waitMs?: number },
+    ) => {
+      const leaseToken = crypto.randomUUID().replaceAll("-", "");
+      const invokedAt = Date.now();
+      const result = await on.acquire(name, { ...options, token: leaseToken })
+        .catch(() => undefined);
+      const lease = result?.acquired ? result.lease : undefined;
+      history.push({
+        op: "acquire",
+        client,
+        name,
+        token: leaseToken,
+        invokedAt,
+        completedAt: Date.now(),
+        ...(lease
+          ? {
+            outcome: "acquired",
+            fence: lease.fence,
+            serverTime: Date.now(),
+            expiresAt: lease.expiresAt,
+          }
+          : { outcome: result ? "busy" : "failed" }),
+      });
+      return lease;
+    };
+    const releaseRecorded = async (on: QuorumLocks, client: string, lease: Lease) => {
+      const invokedAt = Date.now();
+      const released = await on.release(lease).catch(() => undefined);
+      history.push({
+        op: "release",
+        client,
+        name: lease.name,
+        token: lease.token,
+        invokedAt,
+        completedAt: Date.now(),
+        outcome: released === undefined ? "failed" : released ? "released" : "not_held",
+      });
+    };
+
     const worker = async (index: number) => {
       const client = `q${index}`;
       while (Date.now() < deadline) {
         const name = lockNames[Math.floor(Math.random() * lockNames.length)]!;
-        const leaseToken = crypto.randomUUID().replaceAll("-", "");
-        const invokedAt = Date.now();
-        let lease;
-        try {
-          const result = await locks.acquire(name, {
-            ttlMs: TTL_MS,
-            waitMs: 300,
-            token: leaseToken,
-          });
-          lease = result.acquired ? result.lease : undefined;
-          history.push({
-            op: "acquire",
-            client,
-            name,
-            token: leaseToken,
-            invokedAt,
-            completedAt: Date.now(),
-            ...(lease
-              ? {
-                outcome: "acquired",
-                fence: lease.fence,
-                // Valid surely from the reply on (the grant came somewhere before it), on the
-                // caller's clock like expiresAt.
-                serverTime: Date.now(),
-                expiresAt: lease.expiresAt,
-              }
-              : { outcome: "busy" }),
-          });
-        } catch {
-          history.push({
-            op: "acquire",
-            client,
-            name,
-            token: leaseToken,
-            invokedAt,
-            completedAt: Date.now(),
-            outcome: "failed",
-          });
-        }
+        const lease = await acquireRecorded(locks, client, name, { ttlMs: TTL_MS, waitMs: 300 });
         if (!lease) {
           await sleep(5 + Math.random() * 20);
           continue;
@@ -159,17 +167,7 @@ export async function runQuorumTorture(
           await sleep(Math.random() * 20);
           resource.write(name, lease.fence, value + 1);
         }
-        const releasedAt = Date.now();
-        const released = await locks.release(lease).catch(() => undefined);
-        history.push({
-          op: "release",
-          client,
-          name,
-          token: leaseToken,
-          invokedAt: releasedAt,
-          completedAt: Date.now(),
-          outcome: released === undefined ? "failed" : released ? "released" : "not_held",
-        });
+        await releaseRecorded(locks, client, lease);
       }
     };
 
@@ -242,40 +240,9 @@ export async function runQuorumTorture(
       new Kind(direct.map((db, i) => reach.includes(i) ? db : down), { timeoutMs: 1000 });
     const seeded = async (client: string, name: string, reach: number[]) => {
       const side = reaching(reach);
-      const leaseToken = crypto.randomUUID().replaceAll("-", "");
-      const invokedAt = Date.now();
-      const result = await side.acquire(name, { ttlMs: 5000, token: leaseToken })
-        .catch(() => undefined);
-      const lease = result?.acquired ? result.lease : undefined;
-      history.push({
-        op: "acquire",
-        client,
-        name,
-        token: leaseToken,
-        invokedAt,
-        completedAt: Date.now(),
-        ...(lease
-          ? {
-            outcome: "acquired",
-            fence: lease.fence,
-            serverTime: Date.now(),
-            expiresAt: lease.expiresAt,
-          }
-          : { outcome: result ? "busy" : "failed" }),
-      });
+      const lease = await acquireRecorded(side, client, name, { ttlMs: 5000 });
       return async () => {
-        if (!lease) return;
-        const releasedAt = Date.now();
-        const released = await side.release(lease).catch(() => false);
-        history.push({
-          op: "release",
-          client,
-          name,
-          token: leaseToken,
-          invokedAt: releasedAt,
-          completedAt: Date.now(),
-          outcome: released ? "released" : "not_held",
-        });
+        if (lease) await releaseRecorded(side, client, lease);
       };
     };
     const majority = Math.floor(databases / 2) + 1;

@@ -76,10 +76,10 @@ Deno.test("the typed client's retries take effect exactly once", async (t) => {
     limits: { requestsPerSecond: 0 },
     log: () => {},
   });
-  const through = (plan: Fault[], apiKey = SECRET) => {
+  const through = (plan: Fault[], apiKey = SECRET, service = app) => {
     let i = 0;
     const faulty = faultyFetch(
-      (request) => Promise.resolve(app.fetch(request)),
+      (request) => Promise.resolve(service.fetch(request)),
       () => plan[i++ % plan.length]!,
     );
     const client = createClient({
@@ -90,6 +90,20 @@ Deno.test("the typed client's retries take effect exactly once", async (t) => {
       tenant: apiKey === OPERATOR ? "r" : undefined,
     });
     return { client, counts: faulty.counts };
+  };
+
+  // An outer and an inner reentrant hold of one token on a new name.
+  const nested = async (client: EdgelockClient) => {
+    const name = keygen("retry");
+    const outer = await client.acquire(name, { reentrant: true, ttlMs: 20_000 });
+    assert.ok(outer.acquired);
+    const inner = await client.acquire(name, {
+      reentrant: true,
+      token: outer.lease.token,
+      ttlMs: 20_000,
+    });
+    assert.ok(inner.acquired);
+    return { name, outer: outer.lease, inner: inner.lease };
   };
 
   try {
@@ -119,20 +133,12 @@ Deno.test("the typed client's retries take effect exactly once", async (t) => {
       "a reentrant release whose reply was lost, retried, ends only its own hold",
       async () => {
         const { client, counts } = through(["none", "none", "lostReply"]);
-        const name = keygen("retry");
-        const outer = await client.acquire(name, { reentrant: true, ttlMs: 20_000 });
-        assert.ok(outer.acquired);
-        const inner = await client.acquire(name, {
-          reentrant: true,
-          token: outer.lease.token,
-          ttlMs: 20_000,
-        });
-        assert.ok(inner.acquired);
-        assert.equal(await client.release(inner.lease), true); // its first reply lost, then retried
+        const { name, outer, inner } = await nested(client);
+        assert.equal(await client.release(inner), true); // its first reply lost, then retried
         assert.equal(counts.lostReply, 1);
         const other = await client.acquire(name);
         assert.equal(other.acquired, false, "the outer hold still holds the name");
-        assert.equal(await client.release(outer.lease), true);
+        assert.equal(await client.release(outer), true);
         assert.equal((await client.inspect(name)).held, false);
       },
     );
@@ -146,21 +152,9 @@ Deno.test("the typed client's retries take effect exactly once", async (t) => {
           limits: { requestsPerSecond: 0 },
           log: () => {},
         });
-        const { fetch } = faultyFetch(
-          (request) => Promise.resolve(brokenApp.fetch(request)),
-          () => "lostReply",
-        );
-        const client = createClient({ baseUrl: "http://edgelock.test", apiKey: SECRET, fetch });
-        const name = keygen("retry");
-        const outer = await client.acquire(name, { reentrant: true, ttlMs: 20_000 });
-        assert.ok(outer.acquired);
-        const inner = await client.acquire(name, {
-          reentrant: true,
-          token: outer.lease.token,
-          ttlMs: 20_000,
-        });
-        assert.ok(inner.acquired);
-        await client.release(inner.lease); // its reply lost, retried
+        const { client } = through(["lostReply"], SECRET, brokenApp);
+        const { name, inner } = await nested(client);
+        await client.release(inner); // its reply lost, retried
         assert.equal((await client.inspect(name)).held, false, "the break shows");
       },
     );
