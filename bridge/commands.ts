@@ -82,7 +82,7 @@ export class ByteBudget {
 }
 
 /** Counts a reply against the request's budget (throws past it); returns its bytes. */
-type Take = (reply: unknown) => number;
+export type Take = (reply: unknown) => number;
 
 export async function runOne(
   conn: Connection,

@@ -1,6 +1,6 @@
 // The bridge's options from its environment (the production way to run it): every setting,
 // each bad value refused by name. The table of variables is in docs/bridge.md.
-import type { BridgeOptions, RequestLog } from "./server.ts";
+import type { BridgeOptions, RequestLog } from "./types.ts";
 
 type Env = (name: string) => string | undefined;
 

@@ -2,7 +2,8 @@
 // so --help and a bad flag need no env, and a flag given overrides its variable.
 import { cli } from "./_cli.ts";
 import { bridgeOptionsFromEnv } from "./config.ts";
-import { type BridgeOptions, startBridge } from "./server.ts";
+import { startBridge } from "./server.ts";
+import type { BridgeOptions } from "./types.ts";
 
 if (import.meta.main) {
   // Flags first (so --help and a bad flag need no env); a flag given overrides its variable.

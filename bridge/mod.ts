@@ -7,12 +7,7 @@
  *
  * @module
  */
-export {
-  type Bridge,
-  type BridgeOptions,
-  type BridgeStats,
-  type RequestLog,
-  type Role,
-  startBridge,
-} from "./server.ts";
+export type { Bridge, BridgeOptions, BridgeStats, RequestLog } from "./types.ts";
+export type { Role } from "./policy.ts";
+export { startBridge } from "./server.ts";
 export { bridgeOptionsFromEnv } from "./config.ts";
