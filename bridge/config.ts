@@ -10,42 +10,15 @@ type Env = (name: string) => string | undefined;
  */
 export async function bridgeOptionsFromEnv(env: Env): Promise<BridgeOptions> {
   const get = (name: string) => env(name) || undefined;
-  const int = (name: string, min: number, max: number): number | undefined => {
-    const text = get(name);
-    if (text === undefined) return undefined;
-    const value = Number(text);
-    if (!/^\d+$/.test(text) || value < min || value > max) {
-      throw new RangeError(`${name} must be a whole number from ${min} to ${max}, not "${text}"`);
-    }
-    return value;
-  };
   const token = get("UPSTASH_REDIS_REST_TOKEN");
   if (!token) throw new TypeError("set UPSTASH_REDIS_REST_TOKEN to the token clients must present");
   const [certFile, keyFile] = [get("BRIDGE_TLS_CERT"), get("BRIDGE_TLS_KEY")];
   if (!certFile !== !keyFile) {
     throw new TypeError("set both BRIDGE_TLS_CERT and BRIDGE_TLS_KEY (PEM files), or neither");
   }
-  const read = async (name: string, file: string) => {
-    try {
-      return await Deno.readTextFile(file);
-    } catch (error) {
-      throw new TypeError(`${name}: cannot read ${file} (${(error as Error).message})`);
-    }
-  };
-  const keyLocking = get("BRIDGE_KEY_LOCKING") ?? "accept";
-  if (keyLocking !== "accept" && keyLocking !== "strict") {
-    throw new TypeError(`BRIDGE_KEY_LOCKING must be accept or strict, not "${keyLocking}"`);
-  }
-  const scriptUser = get("BRIDGE_SCRIPT_USER") ?? "restricted";
-  if (scriptUser !== "restricted" && scriptUser !== "as-configured") {
-    throw new TypeError(
-      `BRIDGE_SCRIPT_USER must be restricted or as-configured, not "${scriptUser}"`,
-    );
-  }
-  const log = get("BRIDGE_LOG") ?? "json";
-  if (log !== "json" && log !== "off") {
-    throw new TypeError(`BRIDGE_LOG must be json or off, not "${log}"`);
-  }
+  const keyLocking = oneOf(get, "BRIDGE_KEY_LOCKING", ["accept", "strict"]);
+  const scriptUser = oneOf(get, "BRIDGE_SCRIPT_USER", ["restricted", "as-configured"]);
+  const log = oneOf(get, "BRIDGE_LOG", ["json", "off"]);
   const clusterUrls = get("REDIS_CLUSTER_URLS")?.split(",").map((url) => url.trim()).filter(
     Boolean,
   );
@@ -58,6 +31,45 @@ export async function bridgeOptionsFromEnv(env: Env): Promise<BridgeOptions> {
     redisUrl: get("REDIS_URL") ?? "redis://127.0.0.1:6379",
     token,
     hostname: get("BRIDGE_HOSTNAME") ?? "127.0.0.1",
+    ...limits(get),
+    corsOrigins: get("BRIDGE_CORS_ORIGINS")?.split(",").map((o) => o.trim()).filter(Boolean) ??
+      ["*"],
+    ...(clusterUrls?.length && { clusterUrls }),
+    ...(keyLocking === "strict" && { strictKeyLocking: true }),
+    scriptUser,
+    ...(get("UPSTASH_REDIS_REST_READONLY_TOKEN") &&
+      { readonlyToken: get("UPSTASH_REDIS_REST_READONLY_TOKEN")! }),
+    ...(certFile && keyFile &&
+      {
+        cert: await read("BRIDGE_TLS_CERT", certFile),
+        key: await read("BRIDGE_TLS_KEY", keyFile),
+      }),
+    ...(log === "json" && { log: (entry: RequestLog) => console.log(JSON.stringify(entry)) }),
+  };
+  return options;
+}
+
+// A variable that takes one of some words; unset, the first.
+function oneOf<const T extends string>(get: Env, name: string, words: [T, T]): T {
+  const value = get(name) ?? words[0];
+  if (!(words as string[]).includes(value)) {
+    throw new TypeError(`${name} must be ${words[0]} or ${words[1]}, not "${value}"`);
+  }
+  return value as T;
+}
+
+// The numeric settings, each refused outside its range; unset, its default.
+function limits(get: Env) {
+  const int = (name: string, min: number, max: number): number | undefined => {
+    const text = get(name);
+    if (text === undefined) return undefined;
+    const value = Number(text);
+    if (!/^\d+$/.test(text) || value < min || value > max) {
+      throw new RangeError(`${name} must be a whole number from ${min} to ${max}, not "${text}"`);
+    }
+    return value;
+  };
+  return {
     port: int("BRIDGE_PORT", 0, 65535) ?? 8079,
     poolSize: int("BRIDGE_POOL_SIZE", 1, 256) ?? 4,
     maxBlocking: int("BRIDGE_MAX_BLOCKING", 0, 10_000) ?? 16,
@@ -74,19 +86,14 @@ export async function bridgeOptionsFromEnv(env: Env): Promise<BridgeOptions> {
     maxConnections: int("BRIDGE_MAX_CONNECTIONS", 1, 100_000) ?? 256,
     headerTimeoutMs: int("BRIDGE_HEADER_TIMEOUT_MS", 100, 600_000) ?? 10_000,
     idleTimeoutMs: int("BRIDGE_IDLE_TIMEOUT_MS", 100, 3_600_000) ?? 60_000,
-    corsOrigins: get("BRIDGE_CORS_ORIGINS")?.split(",").map((o) => o.trim()).filter(Boolean) ??
-      ["*"],
-    ...(clusterUrls?.length && { clusterUrls }),
-    ...(keyLocking === "strict" && { strictKeyLocking: true }),
-    scriptUser,
-    ...(get("UPSTASH_REDIS_REST_READONLY_TOKEN") &&
-      { readonlyToken: get("UPSTASH_REDIS_REST_READONLY_TOKEN")! }),
-    ...(certFile && keyFile &&
-      {
-        cert: await read("BRIDGE_TLS_CERT", certFile),
-        key: await read("BRIDGE_TLS_KEY", keyFile),
-      }),
-    ...(log === "json" && { log: (entry: RequestLog) => console.log(JSON.stringify(entry)) }),
   };
-  return options;
+}
+
+// A TLS file's PEM text; an unreadable one is refused by its variable's name.
+async function read(name: string, file: string): Promise<string> {
+  try {
+    return await Deno.readTextFile(file);
+  } catch (error) {
+    throw new TypeError(`${name}: cannot read ${file} (${(error as Error).message})`);
+  }
 }
