@@ -8,10 +8,8 @@
  * @module
  */
 import type { RedisLike } from "../src/core/_runner.ts";
-import type { Script } from "../src/core/_lua.ts";
-import { ACQUIRE, RELEASE } from "../src/core/scripts.ts";
-import { ACQUIRE_SHARED } from "../src/core/shared_scripts.ts";
-import { ACQUIRE_ALL } from "../src/core/multi_scripts.ts";
+import type { Script } from "../src/core/lua/_define.ts";
+import { ACQUIRE, ACQUIRE_ALL, ACQUIRE_SHARED, RELEASE } from "../src/core/lua/mod.ts";
 
 /** One operation as a client recorded it. */
 export type Operation =
@@ -381,7 +379,11 @@ end
 local places, position = {}, -1`,
   ],
   // Shared and semaphore leases reuse the last fence instead of a higher one.
-  fence: [ACQUIRE_SHARED, "math.max(nowUs, floor + 1)", "math.max(floor, 1)"],
+  fence: [
+    ACQUIRE_SHARED,
+    "math.max(nowUs, ((r and tonumber(r.fence)) or 0) + 1)",
+    "math.max((r and tonumber(r.fence)) or 0, 1)",
+  ],
   // A holder's acquire again (a reentrant hold) sets the lease end to its own TTL, shortening it.
   reentry: [
     ACQUIRE,

@@ -3,7 +3,8 @@ import { Redis, type RedisConfigNodejs } from "@upstash/redis";
 import { type Bridge, startBridge } from "../bridge/mod.ts";
 import { type RedisServer, startRedisServer } from "../dev/redis_server.ts";
 import { type RedisLike, runScript } from "../src/core/_runner.ts";
-import { ACQUIRE, FENCE_GRACE_MS } from "../src/core/scripts.ts";
+import { ACQUIRE } from "../src/core/lua/acquire.ts";
+import { FENCE_GRACE_MS } from "../src/core/_validate.ts";
 import type { AcquireResult, Lease } from "../src/core/types.ts";
 
 export interface Backend {
@@ -109,7 +110,21 @@ export async function takeTicket(
   ticketMs: number,
   { prefix = "edgelock", maxWaiters = 128 } = {},
 ): Promise<number[]> {
-  // token, ttlMs, meta, graceMs, ticketMs, maxWaiters, name, waitedMs, waiting, hold
-  const args = [token, 1000, "", FENCE_GRACE_MS, ticketMs, maxWaiters, name, 0, "1", ""];
-  return await runScript(redis, ACQUIRE, lockKeys(name, prefix), args) as number[];
+  const [lockKey, queueKey, ticketsKey, marksKey] = lockKeys(name, prefix);
+  const { keys, args } = ACQUIRE.call({
+    keys: { lockKey, queueKey, ticketsKey, marksKey },
+    args: {
+      token,
+      ttlMs: 1000,
+      meta: "",
+      graceMs: FENCE_GRACE_MS,
+      ticketMs,
+      maxWaiters,
+      name,
+      waitedMs: 0,
+      waiting: true,
+      hold: "",
+    },
+  });
+  return await runScript(redis, ACQUIRE, keys, args) as number[];
 }

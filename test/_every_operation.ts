@@ -2,6 +2,7 @@
 import assert from "node:assert/strict";
 import type { Redis } from "@upstash/redis";
 import { Locks } from "../src/core/locks.ts";
+import { LockOps } from "../src/core/ops.ts";
 import type { Lease } from "../src/core/types.ts";
 import { Jobs } from "../src/uses/jobs.ts";
 import { recordId, Records } from "../src/uses/records.ts";
@@ -20,6 +21,7 @@ export async function everyOperation(
   { keyLocking, redis = backend.redis }: { keyLocking?: boolean; redis?: Redis } = {},
 ) {
   const locks = new Locks(redis, { cluster, keyLocking });
+  const ops = new LockOps(redis, { cluster, keyLocking });
   const records = new Records(redis, { cluster, keyLocking });
   const jobs = new Jobs(redis, { cluster, keyLocking });
   const space = new KeySpace("edgelock", true, cluster);
@@ -79,7 +81,7 @@ export async function everyOperation(
     await locks.release(permits.lease);
     if (inner.acquired) await locks.release(inner.lease);
   }
-  await locks.break(name, { by: "ops" });
+  await ops.break(name, { by: "ops" });
   const twice = await locks.acquire(name, { reentrant: true });
   if (twice.acquired) {
     const inner = await locks.acquire(name, { reentrant: true, token: twice.lease.token });
@@ -118,8 +120,8 @@ export async function everyOperation(
   await locks.withLock(keygen(), { ttlMs: 1000 }, () => "ran");
   const broken = await locks.acquire(name, { ttlMs: 2000 });
   assert.ok(broken.acquired);
-  await locks.list({ limit: 10 });
-  await locks.break(name, { by: "ops" });
-  await locks.audit();
-  await locks.stats();
+  await ops.list({ limit: 10 });
+  await ops.break(name, { by: "ops" });
+  await ops.audit();
+  await ops.stats();
 }

@@ -2,7 +2,7 @@
 // cluster mode, with the unmodified @upstash/redis client, in the cluster key layout (stats on).
 import assert from "node:assert/strict";
 import { Redis } from "@upstash/redis";
-import { Locks } from "@edgelock/edgelock";
+import { LockOps, Locks } from "@edgelock/edgelock";
 import { Jobs, recordId, Records } from "@edgelock/edgelock/uses";
 import { startBridge } from "../bridge/mod.ts";
 import { Redis as IORedis } from "ioredis";
@@ -154,11 +154,12 @@ Deno.test("every primitive and use on a Redis Cluster", async (t) => {
 
     await t.step("stats, lists and the audit add up over the 64 buckets", async () => {
       const options = { prefix: "ops", cluster: true };
-      const ops = new Locks(redis, options);
+      const locks = new Locks(redis, options);
+      const ops = new LockOps(redis, options);
       const names = Array.from({ length: 80 }, (_, i) => `job:${String(i).padStart(2, "0")}`);
       assert.ok(new Set(names.map(bucketOf)).size > 30, "the names spread over the buckets");
       const leases = await Promise.all(
-        names.map(async (name) => acquired(await ops.acquire(name))),
+        names.map(async (name) => acquired(await locks.acquire(name))),
       );
       const listed: string[] = [];
       let cursor: string | undefined;
@@ -190,7 +191,7 @@ Deno.test("every primitive and use on a Redis Cluster", async (t) => {
         "job:77",
         "job:41",
       ]);
-      const released = await Promise.all(leases.map((lease) => ops.release(lease)));
+      const released = await Promise.all(leases.map((lease) => locks.release(lease)));
       assert.equal(released.filter(Boolean).length, 77);
       const records = new Records(redis, options);
       const claim = await records.claim("idempotency", recordId("user-1", "k1"));

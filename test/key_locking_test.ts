@@ -6,22 +6,20 @@ import { createHash } from "node:crypto";
 import { Redis } from "@upstash/redis";
 import { Redis as IORedis } from "ioredis";
 import { startBridge } from "../bridge/mod.ts";
-import { defineScript, type Script } from "../src/core/_lua.ts";
+import { plainScript, type Script } from "../src/core/lua/_define.ts";
 import { keyLockingFor, runScript } from "../src/core/_runner.ts";
 import { Locks } from "../src/core/locks.ts";
 import { QuorumLocks } from "../src/quorum/mod.ts";
 import { fromIORedis } from "../src/tcp/mod.ts";
 import { readConfig } from "../src/service/config.ts";
-import * as scripts from "../src/core/scripts.ts";
-import * as sharedScripts from "../src/core/shared_scripts.ts";
-import * as multiScripts from "../src/core/multi_scripts.ts";
+import * as scripts from "../src/core/lua/mod.ts";
 import * as useScripts from "../src/uses/scripts.ts";
 import * as quorumScripts from "../src/quorum/scripts.ts";
 import { startRedisServer } from "../dev/redis_server.ts";
 import { type Backend, keygen } from "./_backend.ts";
 import { everyOperation } from "./_every_operation.ts";
 
-const ALL = [scripts, sharedScripts, multiScripts, useScripts, quorumScripts].flatMap(
+const ALL = [scripts, useScripts, quorumScripts].flatMap(
   Object.values,
 ).filter((value): value is Script =>
   typeof value === "object" && value !== null && "source" in value && "keyLocked" in value
@@ -60,8 +58,8 @@ Deno.test("scripts flagged for Upstash's per-key locking", async (t) => {
   const client = (url: string) => new Redis({ url, token, enableTelemetry: false, retry: false });
   const redis = client(strict.url);
   const backend = { server, bridge: strict, token, redis } as unknown as Backend;
-  const bad = defineScript("bad", "return redis.call('GET', KEYS[1] .. ':undeclared')");
-  const badPcall = defineScript("bad", "return redis.pcall('SET', 'elsewhere', ARGV[1])");
+  const bad = plainScript("bad", "return redis.call('GET', KEYS[1] .. ':undeclared')");
+  const badPcall = plainScript("bad", "return redis.pcall('SET', 'elsewhere', ARGV[1])");
 
   try {
     await t.step(
@@ -146,7 +144,7 @@ Deno.test("scripts flagged for Upstash's per-key locking", async (t) => {
     );
 
     await t.step("EVALSHA of a flagged body falls back to EVAL, then hits", async () => {
-      const script = defineScript("probe", `return KEYS[1] .. '${crypto.randomUUID()}'`);
+      const script = plainScript("probe", `return KEYS[1] .. '${crypto.randomUUID()}'`);
       const fresh = client(strict.url);
       const options = { timeoutMs: 2000, keyLocking: true };
       const requests = () => strict.stats().requests;
@@ -163,7 +161,7 @@ Deno.test("scripts flagged for Upstash's per-key locking", async (t) => {
       assert.match(String(await runScript(fresh, script, ["k"], [], options)), /^k/);
       assert.match(String(await runScript(client(lenient.url), script, ["k"], [], options)), /^k/);
       // SCRIPT LOAD and SCRIPT EXISTS speak the flagged SHA-1.
-      const other = defineScript("probe", `return '${crypto.randomUUID()}'`).keyLocked;
+      const other = plainScript("probe", `return '${crypto.randomUUID()}'`).keyLocked;
       assert.equal(await fresh.scriptLoad(other.source), await other.sha1());
       assert.deepEqual(await fresh.scriptExists(await other.sha1()), [1]);
     });

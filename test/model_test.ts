@@ -13,7 +13,7 @@ import fc from "fast-check";
 import { Locks } from "../src/core/locks.ts";
 import type { Lease } from "../src/core/types.ts";
 import type { RedisLike } from "../src/core/_runner.ts";
-import { MIN_RETRY_MS, RELEASE_MEMORY_MS } from "../src/core/scripts.ts";
+import { MIN_RETRY_MS, RELEASE_MEMORY_MS } from "../src/core/lua/lib.ts";
 import { type BrokenRule, withBroken } from "../dev/history.ts";
 import { type ShiftedRedisServer, startShiftedRedisServer } from "../dev/clock_shift.ts";
 import { type Backend, keygen, lockKeys, startBackend, takeTicket } from "./_backend.ts";

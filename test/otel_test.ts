@@ -11,7 +11,7 @@ import {
   MeterProvider,
   PeriodicExportingMetricReader,
 } from "@opentelemetry/sdk-metrics";
-import { Locks } from "../src/core/mod.ts";
+import { LockOps, Locks } from "../src/core/mod.ts";
 import { openTelemetry } from "../src/otel/mod.ts";
 import { keygen, startBackend } from "./_backend.ts";
 
@@ -82,13 +82,14 @@ Deno.test("OpenTelemetry spans and metrics for lock operations", async (t) => {
       "lock names are hashed or kept only when asked, and a lost lease is an error",
       async () => {
         spans.reset();
-        const hashed = new Locks(backend.redis, {
+        const options = {
           prefix: keygen("otel"),
           onEvent: openTelemetry({ tracer: tracerProvider.getTracer("e"), lockNames: "hash" }),
-        });
+        };
+        const hashed = new Locks(backend.redis, options);
         const lease = await hashed.acquire("n1");
         assert.ok(lease.acquired);
-        await hashed.break("n1", { by: "ops" });
+        await new LockOps(backend.redis, options).break("n1", { by: "ops" });
         assert.equal(await hashed.release(lease.lease), false);
         const [granted, lost] = spans.getFinishedSpans();
         assert.match(String(granted!.attributes["edgelock.lock.name_hash"]), /^[0-9a-f]{8}$/);

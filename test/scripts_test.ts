@@ -6,12 +6,12 @@ import { Redis as IORedis } from "ioredis";
 import { Locks } from "../src/core/locks.ts";
 import { Jobs } from "../src/uses/jobs.ts";
 import { recordId, Records } from "../src/uses/records.ts";
-import * as scripts from "../src/core/scripts.ts";
-import * as sharedScripts from "../src/core/shared_scripts.ts";
-import * as multiScripts from "../src/core/multi_scripts.ts";
+import * as scripts from "../src/core/lua/mod.ts";
 import * as useScripts from "../src/uses/scripts.ts";
 import * as quorumScripts from "../src/quorum/scripts.ts";
-import type { Script } from "../src/core/_lua.ts";
+import type { Script } from "../src/core/lua/_define.ts";
+import { MIN_RETRY_MS } from "../src/core/lua/lib.ts";
+import { FENCE_GRACE_MS } from "../src/core/_validate.ts";
 import { startShiftedRedisServer } from "../dev/clock_shift.ts";
 import { slotOf } from "../dev/redis_cluster.ts";
 import { type Backend, keygen, startBackend, takeTicket, until } from "./_backend.ts";
@@ -23,7 +23,7 @@ const PREFIX_KEY = /^edgelock:(stats|held|held:ends|audit)$/;
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /** Every script of both script modules. */
-const ALL = [scripts, sharedScripts, multiScripts, useScripts, quorumScripts].flatMap(
+const ALL = [scripts, useScripts, quorumScripts].flatMap(
   Object.values,
 ).filter((
   value,
@@ -199,11 +199,11 @@ Deno.test("the scripts", async (t) => {
         await redis.persist(lockKey(name));
         const busy = await locks.acquire(name);
         assert.ok(!busy.acquired);
-        assert.ok(busy.retryAfterMs >= scripts.MIN_RETRY_MS, `hint ${busy.retryAfterMs}`);
+        assert.ok(busy.retryAfterMs >= MIN_RETRY_MS, `hint ${busy.retryAfterMs}`);
         assert.ok(busy.retryAfterMs <= 5000, "never past the lease's own end");
         const pttl = await redis.pttl(lockKey(name));
         assert.ok(
-          pttl > scripts.FENCE_GRACE_MS && pttl <= scripts.FENCE_GRACE_MS + 5000,
+          pttl > FENCE_GRACE_MS && pttl <= FENCE_GRACE_MS + 5000,
           `the record has its TTL again: ${pttl}`,
         );
         await redis.persist(lockKey(name));
@@ -298,7 +298,7 @@ Deno.test("the lock scripts under a stepped Redis clock", async (t) => {
         const holder = await locks.acquire(name, { ttlMs: 10_000 });
         assert.ok(holder.acquired);
         const busy = await locks.acquire(name);
-        assert.ok(!busy.acquired && busy.retryAfterMs >= scripts.MIN_RETRY_MS);
+        assert.ok(!busy.acquired && busy.retryAfterMs >= MIN_RETRY_MS);
         const before = backend.requests();
         const waited = await locks.acquire(name, { waitMs: 300 });
         assert.equal(waited.acquired, false);

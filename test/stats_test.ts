@@ -2,7 +2,7 @@
 // a scripted workload did, against a real redis-server through the bridge.
 import assert from "node:assert/strict";
 import { startShiftedRedisServer } from "../dev/clock_shift.ts";
-import { Locks } from "../src/core/mod.ts";
+import { LockOps, Locks } from "../src/core/mod.ts";
 import type { LockEvent } from "../src/core/types.ts";
 import { type Counts, STATS_RETENTION_MS } from "../src/core/stats.ts";
 import { Jobs, recordId, Records } from "../src/uses/mod.ts";
@@ -31,6 +31,7 @@ Deno.test("stats kept by the scripts", async (t) => {
         const prefix = keygen("stats");
         const events: LockEvent[] = [];
         const locks = new Locks(redis, { prefix, maxWaiters: 1, onEvent: (e) => events.push(e) });
+        const ops = new LockOps(redis, { prefix, onEvent: (e) => events.push(e) });
         const records = new Records(redis, { prefix });
         const jobs = new Jobs(redis, { prefix });
 
@@ -51,7 +52,7 @@ Deno.test("stats kept by the scripts", async (t) => {
           (await locks.renew({ name: "a", token: "not-the-holder-0001" })).renewed,
           false,
         ); // renew lost 1
-        assert.deepEqual(await locks.break("a", { by: "ops", reason: "stuck" }), {
+        assert.deepEqual(await ops.break("a", { by: "ops", reason: "stuck" }), {
           broken: true,
           fence: w.fence,
         }); // broken 1
@@ -114,7 +115,7 @@ Deno.test("stats kept by the scripts", async (t) => {
           "wait.count": 3,
           "hold.count": 1,
         };
-        const stats = await locks.stats();
+        const stats = await ops.stats();
         assert.deepEqual(flat(stats.total), expected);
         assert.deepEqual(flat(stats.last_hour), expected);
         assert.equal(stats.locks_held, 1, "b is held; a was broken");
@@ -151,7 +152,7 @@ Deno.test("stats kept by the scripts", async (t) => {
         assert.ok(events.some((e) => e.type === "wait"), "each busy look while waiting is told");
         assert.ok(events.every((e) => e.durationMs >= 0 && e.at > 0));
 
-        const audit = await locks.audit();
+        const audit = await ops.audit();
         assert.equal(audit.length, 1);
         assert.deepEqual({ ...audit[0], id: undefined, at: undefined }, {
           id: undefined,
@@ -174,6 +175,7 @@ Deno.test("stats kept by the scripts", async (t) => {
       async () => {
         const prefix = keygen("list");
         const locks = new Locks(redis, { prefix });
+        const ops = new LockOps(redis, { prefix });
         const names = Array.from({ length: 25 }, (_, i) => `job:${String(i).padStart(2, "0")}`);
         const leases = [];
         for (const name of names) {
@@ -185,7 +187,7 @@ Deno.test("stats kept by the scripts", async (t) => {
         const pages: string[][] = [];
         let cursor: string | undefined;
         do {
-          const page = await locks.list({ prefix: "job:", limit: 10, ...(cursor && { cursor }) });
+          const page = await ops.list({ prefix: "job:", limit: 10, ...(cursor && { cursor }) });
           pages.push(page.locks.map((l) => l.name));
           for (const lock of page.locks) {
             assert.ok(lock.expiresAt > Date.now() - 1000 && lock.fence > 0);
@@ -199,7 +201,7 @@ Deno.test("stats kept by the scripts", async (t) => {
           "the short lease ran out",
           async () => !(await locks.inspect("job:short")).held,
         );
-        const after = await locks.list({ prefix: "job:", limit: 1000 });
+        const after = await ops.list({ prefix: "job:", limit: 1000 });
         assert.deepEqual(
           after.locks.map((l) => l.name),
           held,
@@ -207,11 +209,11 @@ Deno.test("stats kept by the scripts", async (t) => {
         );
         assert.equal(after.cursor, undefined);
         assert.deepEqual(after.locks[0]!.meta, { i: "job:00" });
-        assert.equal((await locks.stats()).locks_held, 25, "24 job: locks and other:1");
+        assert.equal((await ops.stats()).locks_held, 25, "24 job: locks and other:1");
         assert.equal(short.name, "job:short");
-        await assert.rejects(locks.list({ limit: 0 }), RangeError);
-        await assert.rejects(locks.list({ prefix: "a b" }), RangeError);
-        await assert.rejects(locks.list({ cursor: "../x" }), RangeError);
+        await assert.rejects(ops.list({ limit: 0 }), RangeError);
+        await assert.rejects(ops.list({ prefix: "a b" }), RangeError);
+        await assert.rejects(ops.list({ cursor: "../x" }), RangeError);
       },
     );
 
@@ -230,14 +232,16 @@ Deno.test("stats kept by the scripts", async (t) => {
         });
         // The case itself: 30 released names fill {g}'s bucket; a page must not list {z}, past
         // where that bucket stopped looking, or the next page would list it again.
-        const edge = new Locks(redis, { prefix: keygen("page"), cluster: true });
+        const edgePrefix = keygen("page");
+        const edge = new Locks(redis, { prefix: edgePrefix, cluster: true });
+        const edgeOps = new LockOps(redis, { prefix: edgePrefix, cluster: true });
         const dead = Array.from({ length: 30 }, (_, i) => `{g}a:${String(i).padStart(2, "0")}`);
         for (const n of dead) await edge.release(acquired(await edge.acquire(n)));
         acquired(await edge.acquire("{z}"));
         const seen: string[] = [];
         let next: string | undefined;
         do {
-          const page = await edge.list({ limit: 1, ...(next && { cursor: next }) });
+          const page = await edgeOps.list({ limit: 1, ...(next && { cursor: next }) });
           seen.push(...page.locks.map((lock) => lock.name));
           next = page.cursor;
         } while (next);
@@ -245,7 +249,9 @@ Deno.test("stats kept by the scripts", async (t) => {
 
         await fc.assert(
           fc.asyncProperty(scenario, async ({ names, released, prefix, limit, cluster }) => {
-            const locks = new Locks(redis, { prefix: keygen("page"), cluster });
+            const options = { prefix: keygen("page"), cluster };
+            const locks = new Locks(redis, options);
+            const ops = new LockOps(redis, options);
             const leases = await Promise.all(
               names.map(async (n) => acquired(await locks.acquire(n, { ttlMs: 10_000 }))),
             );
@@ -254,7 +260,7 @@ Deno.test("stats kept by the scripts", async (t) => {
             let cursor: string | undefined;
             for (let pages = 0;; pages++) {
               assert.ok(pages <= names.length + 1, "paging ends");
-              const page = await locks.list({ prefix, limit, ...(cursor && { cursor }) });
+              const page = await ops.list({ prefix, limit, ...(cursor && { cursor }) });
               assert.ok(page.locks.length <= limit);
               listed.push(...page.locks.map((lock) => lock.name));
               cursor = page.cursor;
@@ -263,7 +269,7 @@ Deno.test("stats kept by the scripts", async (t) => {
             const held = names.filter((n, i) => !released[i] && n.startsWith(prefix)).sort();
             assert.deepEqual(listed, held);
             assert.equal(
-              (await locks.stats()).locks_held,
+              (await ops.stats()).locks_held,
               released.slice(0, names.length)
                 .filter((r) => !r).length,
             );
@@ -274,16 +280,19 @@ Deno.test("stats kept by the scripts", async (t) => {
     );
 
     await t.step(
-      "with stats off, no stats or index key is written, and list() says why",
+      "with stats off, no stats or index key is written, and the operator's view finds nothing",
       async () => {
         const prefix = keygen("off");
         const locks = new Locks(redis, { prefix, stats: false });
+        const ops = new LockOps(redis, { prefix });
         const lease = acquired(await locks.acquire("x"));
         await locks.renew(lease);
         await locks.release(lease);
         assert.equal((await redis.keys(`${prefix}:*`)).some((k) => !k.includes(":lock:")), false);
-        await assert.rejects(locks.list(), /needs stats on/);
-        await assert.rejects(locks.stats(), /needs stats on/);
+        const held = acquired(await locks.acquire("y"));
+        assert.deepEqual((await ops.list()).locks, [], "nothing indexed to list");
+        assert.equal((await ops.stats()).locks_held, 0, "nothing counted");
+        await locks.release(held);
         assert.throws(() => new Locks(redis, { stats: "yes" as unknown as boolean }), TypeError);
       },
     );
@@ -295,13 +304,14 @@ Deno.test("stats kept by the scripts", async (t) => {
         await redis.set(`${prefix}:stats`, "not a hash");
         await redis.set(`${prefix}:held`, "not a zset");
         const locks = new Locks(redis, { prefix });
+        const ops = new LockOps(redis, { prefix });
         const lease = acquired(await locks.acquire("x"));
         assert.equal((await locks.renew(lease)).renewed, true);
         assert.equal(await locks.release(lease), true);
         assert.equal(await redis.get(`${prefix}:stats`), "not a hash");
-        const stats = await locks.stats();
+        const stats = await ops.stats();
         assert.equal(stats.total.acquire.granted, 0, "a damaged stats key reads as empty");
-        assert.deepEqual((await locks.list()).locks, [], "a damaged index lists nothing");
+        assert.deepEqual((await ops.list()).locks, [], "a damaged index lists nothing");
       },
     );
 
@@ -313,14 +323,16 @@ Deno.test("stats kept by the scripts", async (t) => {
       await t.step(
         `locks_held counts a ${label} name only while one of its leases lasts`,
         async () => {
-          const locks = new Locks(redis, { prefix: keygen("held") });
+          const prefix = keygen("held");
+          const locks = new Locks(redis, { prefix });
+          const ops = new LockOps(redis, { prefix });
           const long = acquired(await locks.acquire("r", { ...mode, ttlMs: 60_000 }));
           acquired(await locks.acquire("r", { ...mode, ttlMs: 300 }));
-          assert.equal((await locks.stats()).locks_held, 1);
+          assert.equal((await ops.stats()).locks_held, 1);
           assert.equal(await locks.release(long), true);
           await until("the short lease ran out", async () => !(await locks.inspect("r")).held);
-          assert.deepEqual((await locks.list()).locks, []);
-          assert.equal((await locks.stats()).locks_held, 0, "no lease lasts");
+          assert.deepEqual((await ops.list()).locks, []);
+          assert.equal((await ops.stats()).locks_held, 0, "no lease lasts");
         },
       );
     }
@@ -328,37 +340,40 @@ Deno.test("stats kept by the scripts", async (t) => {
     await t.step(
       "a retried break answers the same, and never ends a lease granted since",
       async () => {
-        const locks = new Locks(redis, { prefix: keygen("brk") });
+        const prefix = keygen("brk");
+        const locks = new Locks(redis, { prefix });
+        const ops = new LockOps(redis, { prefix });
         const first = acquired(await locks.acquire("x", { ttlMs: 60_000 }));
         const id = "break-id-000001";
-        const once = await locks.break("x", { by: "ops", id });
+        const once = await ops.break("x", { by: "ops", id });
         assert.deepEqual(once, { broken: true, fence: first.fence });
         const next = acquired(await locks.acquire("x", { ttlMs: 60_000 }));
-        assert.deepEqual(await locks.break("x", { by: "ops", id }), once, "the same answer");
+        assert.deepEqual(await ops.break("x", { by: "ops", id }), once, "the same answer");
         const info = await locks.inspect("x");
         assert.ok(info.held && info.fence === next.fence, "the lease granted since stands");
-        assert.equal((await locks.audit()).length, 1, "one break in the audit");
-        assert.equal((await locks.stats()).total.break.broken, 1);
-        await assert.rejects(locks.break("x", { by: "ops", id: "short" }), RangeError);
+        assert.equal((await ops.audit()).length, 1, "one break in the audit");
+        assert.equal((await ops.stats()).total.break.broken, 1);
+        await assert.rejects(ops.break("x", { by: "ops", id: "short" }), RangeError);
         // A break that found the name free is remembered too: its retry ends nothing.
         assert.equal(await locks.release(next), true);
-        const free = await locks.break("x", { by: "ops", id: "break-id-000002" });
+        const free = await ops.break("x", { by: "ops", id: "break-id-000002" });
         assert.deepEqual(free, { broken: false });
         const later = acquired(await locks.acquire("x", { ttlMs: 60_000 }));
-        assert.deepEqual(await locks.break("x", { by: "ops", id: "break-id-000002" }), free);
+        assert.deepEqual(await ops.break("x", { by: "ops", id: "break-id-000002" }), free);
         assert.ok((await locks.inspect("x")).held, "the lease granted since stands");
         assert.equal(await locks.release(later), true);
       },
     );
 
     await t.step("break refuses bad input and answers not held for a free name", async () => {
-      const locks = new Locks(redis, { prefix: keygen("brk") });
-      assert.deepEqual(await locks.break("free", { by: "ops" }), { broken: false });
-      await assert.rejects(locks.break("x", { by: "" }), RangeError);
-      await assert.rejects(locks.break("x", { by: "a\nb" }), RangeError);
-      await assert.rejects(locks.break("x", { by: "ops", reason: "r".repeat(201) }), RangeError);
-      await assert.rejects(locks.break("x", undefined as unknown as { by: string }), TypeError);
-      assert.deepEqual(await locks.audit(), []);
+      const prefix = keygen("brk");
+      const ops = new LockOps(redis, { prefix });
+      assert.deepEqual(await ops.break("free", { by: "ops" }), { broken: false });
+      await assert.rejects(ops.break("x", { by: "" }), RangeError);
+      await assert.rejects(ops.break("x", { by: "a\nb" }), RangeError);
+      await assert.rejects(ops.break("x", { by: "ops", reason: "r".repeat(201) }), RangeError);
+      await assert.rejects(ops.break("x", undefined as unknown as { by: string }), TypeError);
+      assert.deepEqual(await ops.audit(), []);
     });
 
     await t.step("the onEvent hook's own errors never break a lock operation", async () => {
@@ -387,6 +402,7 @@ Deno.test("the stats' minute ring under a stepping server clock", async (t) => {
       async () => {
         const prefix = keygen("ring");
         const locks = new Locks(redis, { prefix });
+        const ops = new LockOps(redis, { prefix });
         // 90 minutes, two grants and one busy each: the ring turns over one and a half times.
         for (let minute = 0; minute < 90; minute++) {
           await server.shift(minute * 60_000);
@@ -395,7 +411,7 @@ Deno.test("the stats' minute ring under a stepping server clock", async (t) => {
           await locks.release(lease);
           acquired(await locks.acquire(`y${minute}`, { ttlMs: 100 }));
         }
-        const stats = await locks.stats();
+        const stats = await ops.stats();
         assert.equal(stats.total.acquire.granted, 180);
         assert.equal(stats.total.acquire.busy, 90);
         assert.equal(stats.last_hour.acquire.granted, 120, "only the last 60 minutes");

@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { Cluster, Redis as IORedis } from "ioredis";
 import { createClient, createCluster } from "redis";
-import { type Lease, Locks, type RedisLike } from "@edgelock/edgelock";
+import { type Lease, LockOps, Locks, type RedisLike } from "@edgelock/edgelock";
 import { Jobs, recordId, Records } from "@edgelock/edgelock/uses";
 import { fromIORedis, fromNodeRedis, fromNodeRedisCluster } from "@edgelock/edgelock/tcp";
 import { startRedisCluster } from "../dev/redis_cluster.ts";
@@ -36,7 +36,9 @@ function shape(value: unknown): unknown {
 
 /** Every primitive and use once; `flush` empties the script cache midway. */
 async function scenario(redis: RedisLike, flush: () => Promise<unknown>, stats: boolean) {
-  const locks = new Locks(redis, { stats, prefix: `tcp-${crypto.randomUUID()}` });
+  const prefix = `tcp-${crypto.randomUUID()}`;
+  const locks = new Locks(redis, { stats, prefix });
+  const ops = new LockOps(redis, { prefix });
   const out: unknown[] = [];
   const name = keygen("x");
   const lease = acquired(await locks.acquire(name, { ttlMs: 5000, meta: { by: "a" } }));
@@ -77,7 +79,7 @@ async function scenario(redis: RedisLike, flush: () => Promise<unknown>, stats: 
   out.push(await locks.release(twice), await locks.release(twice), await locks.inspect(sem));
   if (stats) {
     const held = acquired(await locks.acquire(keygen("x")));
-    out.push((await locks.list()).locks.length, (await locks.stats()).locks_held);
+    out.push((await ops.list()).locks.length, (await ops.stats()).locks_held);
     await locks.release(held);
   }
   const records = new Records(redis, { stats, prefix: `tcp-${crypto.randomUUID()}` });

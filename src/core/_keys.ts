@@ -57,8 +57,45 @@ export class KeySpace {
   }
 
   /** The stats hash and the held index (names, lease ends) of `name`'s bucket; none when off. */
-  statsAndIndex(name: string): string[] {
+  statsKeys(name: string): StatsKeys {
+    if (!this.stats) return {};
     const base = this.base(name);
-    return this.stats ? [`${base}:stats`, `${base}:held`, `${base}:held:ends`] : [];
+    return { statsKey: `${base}:stats`, namesKey: `${base}:held`, endsKey: `${base}:held:ends` };
   }
+
+  /**
+   * A lock's keys. The name sits in a hash tag so all of them share a cluster slot (see
+   * slotTag): the record, the queue, its tickets, the shared holders and the release marks.
+   */
+  lock(name: string): LockKeys {
+    const base = `${this.base(name)}:lock:{${name}}`;
+    return {
+      lockKey: base,
+      queueKey: `${base}:queue`,
+      ticketsKey: `${base}:tickets`,
+      holdersKey: `${base}:holders`,
+      marksKey: `${base}:released`,
+    };
+  }
+
+  /** The audit stream of `name`'s bucket. */
+  audit(name: string): string {
+    return `${this.base(name)}:audit`;
+  }
+}
+
+/** The keys of one lock name. */
+export interface LockKeys {
+  lockKey: string;
+  queueKey: string;
+  ticketsKey: string;
+  holdersKey: string;
+  marksKey: string;
+}
+
+/** The stats keys of a bucket, all or none (stats off). */
+export interface StatsKeys {
+  statsKey?: string;
+  namesKey?: string;
+  endsKey?: string;
 }

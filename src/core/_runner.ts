@@ -1,5 +1,7 @@
 import { EdgelockError } from "./errors.ts";
-import type { Script } from "./_lua.ts";
+import type { Script, ScriptCall } from "./lua/_define.ts";
+
+export type { ScriptCall };
 
 /**
  * The smallest part of an `@upstash/redis` client that edgelock needs (an `@upstash/redis` `Redis`
@@ -61,12 +63,6 @@ export function keyLockingFor(redis: RedisLike, option: unknown): boolean {
   } catch {
     return false;
   }
-}
-
-/** One script call of a batch. */
-export interface ScriptCall {
-  keys: string[];
-  args: (string | number)[];
 }
 
 /**

@@ -30,6 +30,19 @@ export const MAX_META_BYTES = 1024;
  */
 export const FENCE_GRACE_MS = 3_600_000;
 
+/** The prefix of every Redis key, by default. */
+export const DEFAULT_PREFIX = "edgelock";
+/** The default lease length, in milliseconds. */
+export const DEFAULT_TTL_MS = 10_000;
+/** The default bound on waiters per name. */
+export const DEFAULT_MAX_WAITERS = 128;
+/** The most leases one `renewMany` call takes, and the longest page a list returns. */
+export const MAX_BATCH = 1000;
+/** How many locks or audit entries a page holds, by default. */
+export const LIST_PAGE_DEFAULT = 100;
+/** A new name's expected hold time, ms, for busy replies' hints until holds are sampled. */
+export const DEFAULT_HOLD_MS = 20;
+
 /** How long a claim (idempotency, dedupe) lasts if never completed, by default: 30 s. */
 export const DEFAULT_LEASE_MS = 30_000;
 /** How long a completed record is kept, by default: a day. */

@@ -1,18 +1,6 @@
-import { sleep } from "./_backoff.ts";
-import {
-  checkRedis,
-  checkTimeout,
-  integers,
-  keyLockingFor,
-  parseJsonText,
-  type RedisLike,
-  type RunOptions,
-  runScript,
-  runScripts,
-} from "./_runner.ts";
-import { noteSentAt } from "./_granted.ts";
+import { LockContext, type LockOpsOptions, timing } from "./_context.ts";
 import { leaseKind } from "./_lease.ts";
-import { EdgelockError } from "./errors.ts";
+import { parseJsonText, type RedisLike } from "./_runner.ts";
 import {
   checkDuration,
   checkHold,
@@ -21,112 +9,63 @@ import {
   checkLockNames,
   checkMeta,
   checkMode,
-  checkPrefix,
   checkSignal,
   checkToken,
-  NAME_PREFIX_PATTERN,
+  DEFAULT_MAX_WAITERS,
+  DEFAULT_TTL_MS,
+  MAX_BATCH,
   newToken,
 } from "./_validate.ts";
-import { ACQUIRE_SHARED } from "./shared_scripts.ts";
-import { ACQUIRE_ALL } from "./multi_scripts.ts";
+import { type Attempt, waitFor } from "./_wait.ts";
+import type { Script } from "./lua/_define.ts";
+import { ACQUIRE } from "./lua/acquire.ts";
+import { ACQUIRE_ALL } from "./lua/acquire_all.ts";
+import { ACQUIRE_SHARED } from "./lua/acquire_shared.ts";
+import { INSPECT } from "./lua/inspect.ts";
+import { RELEASE } from "./lua/release.ts";
+import { RENEW } from "./lua/renew.ts";
 import {
-  ACQUIRE,
-  AUDIT_LENGTH,
-  BREAK,
-  FENCE_GRACE_MS,
-  INSPECT,
-  LEAVE_QUEUE,
-  LIST,
-  MAX_HOLDS,
-  READ_AUDIT,
-  READ_STATS,
-  RELEASE,
-  RENEW,
-} from "./scripts.ts";
-import { type Script } from "./_lua.ts";
-import { type Stats, toStats } from "./stats.ts";
-import { KeySpace } from "./_keys.ts";
+  decodeAcquire,
+  decodeAcquireAll,
+  decodeDone,
+  decodeInspect,
+  decodeRenew,
+  type Granted,
+} from "./lua/replies.ts";
 import type {
   AcquireAllResult,
   AcquireOptions,
   AcquireResult,
-  AuditEntry,
-  BreakOptions,
-  BreakResult,
   Lease,
   LeaseOptions,
   LeaseRef,
-  ListOptions,
   LockClient,
-  LockEvent,
   LockInfo,
-  LockList,
   RenewOptions,
   RenewResult,
   WithLockOptions,
 } from "./types.ts";
 import { withLock, withLocks } from "./with_lock.ts";
 
+export { DEFAULT_MAX_WAITERS, DEFAULT_TTL_MS, MAX_BATCH };
+
 /** Options for {@linkcode Locks}. */
-export interface LocksOptions {
-  /** Prefix of every Redis key, e.g. per tenant or per app. @default "edgelock" */
-  prefix?: string;
+export interface LocksOptions extends LockOpsOptions {
   /**
    * The most waiters one name queues, 1–1000; a waiter beyond them is told `queue_full`.
    * @default 128
    */
   maxWaiters?: number;
   /**
-   * How long one Redis request may take, 1–60000 ms; then the call fails with
-   * `backend_unavailable` (a paused or unreachable Redis never hangs a caller). @default 2000
-   */
-  timeoutMs?: number;
-  /**
-   * How long a name's record (its last fence, about 100 bytes) outlives the lease, 1000–86400000
-   * ms. Within it fences keep increasing even if the server clock steps back; after it the name
-   * leaves nothing in Redis, and a new fence is still above the old ones unless the clock is
-   * behind them. @default 3600000 (an hour)
-   */
-  fenceWindowMs?: number;
-  /**
    * Keep stats and the held index in Redis, in the same scripts (a few more Redis commands per
-   * call, no more requests): needed by `stats()` and `list()`. @default true
+   * call, no more requests): what `LockOps` reads for `stats()` and `list()`. @default true
    */
   stats?: boolean;
-  /**
-   * Lay the keys out for a Redis Cluster: every script's keys, stats included, in one slot, the
-   * names spread over 64 slots (see the README). Choose it once per prefix: the two layouts do not
-   * see each other's locks. @default false
-   */
-  cluster?: boolean;
-  /**
-   * Send the scripts with Upstash's `allow-key-locking` flag, so Upstash locks only each script's
-   * keys and scripts on different names run in parallel. @default on for an Upstash database
-   * (`*.upstash.io`), off otherwise (plain Redis refuses the flag)
-   */
-  keyLocking?: boolean;
-  /**
-   * Told of every operation's outcome, for logs, alerts or tracing (see `@edgelock/edgelock/otel`).
-   * Called synchronously; what it throws is ignored.
-   */
-  onEvent?: (event: LockEvent) => void;
 }
-
-/** The default bound on waiters per name. */
-export const DEFAULT_MAX_WAITERS = 128;
-
-/** The most leases one `renewMany` call takes. */
-export const MAX_BATCH = 1000;
-// A waiter looks again at least this often, and its ticket outlives each look by the margin.
-const MAX_POLL_MS = 1000;
-const TICKET_MARGIN_MS = 250;
-
-/** The default lease length, in milliseconds. */
-export const DEFAULT_TTL_MS = 10_000;
 
 /**
  * Distributed locks on Redis over REST: each acquire, renew, release and inspect is one script
- * in one request.
+ * in one request. The operator's acts (list, stats, break, audit) are {@linkcode LockOps}'.
  *
  * @example
  * ```ts
@@ -145,78 +84,17 @@ export const DEFAULT_TTL_MS = 10_000;
  * ```
  */
 export class Locks implements LockClient {
-  readonly #redis: RedisLike;
-  readonly #keySpace: KeySpace;
+  readonly #context: LockContext;
   readonly #maxWaiters: number;
-  readonly #options: RunOptions;
-  readonly #fenceWindowMs: number;
-  readonly #onEvent: ((event: LockEvent) => void) | undefined;
 
   /** Locks on `redis` (an `@upstash/redis` client), their keys under `prefix`. */
-  constructor(
-    redis: RedisLike,
-    {
-      prefix = "edgelock",
-      maxWaiters = DEFAULT_MAX_WAITERS,
-      timeoutMs,
-      fenceWindowMs,
-      stats = true,
-      cluster = false,
-      keyLocking,
-      onEvent,
-    }: LocksOptions = {},
-  ) {
-    checkRedis(redis, "Locks");
-    checkPrefix(prefix);
+  constructor(redis: RedisLike, options: LocksOptions = {}) {
+    const { maxWaiters = DEFAULT_MAX_WAITERS, stats = true } = options;
+    this.#context = new LockContext(redis, "Locks", options, stats);
     if (!Number.isInteger(maxWaiters) || maxWaiters < 1 || maxWaiters > 1000) {
       throw new RangeError("maxWaiters must be an integer from 1 to 1000");
     }
-    this.#redis = redis;
-    this.#keySpace = new KeySpace(prefix, stats, cluster);
     this.#maxWaiters = maxWaiters;
-    this.#options = {
-      timeoutMs: checkTimeout(timeoutMs),
-      keyLocking: keyLockingFor(redis, keyLocking),
-    };
-    this.#fenceWindowMs = checkDuration(fenceWindowMs, "fenceWindowMs", FENCE_GRACE_MS);
-    if (onEvent !== undefined && typeof onEvent !== "function") {
-      throw new TypeError("onEvent must be a function");
-    }
-    this.#onEvent = onEvent;
-  }
-
-  #run(script: Script, keys: string[], args: (string | number)[]): Promise<unknown> {
-    return runScript(this.#redis, script, keys, args, this.#options);
-  }
-
-  /** Tells the hook; an operation's Redis failure as an `error` event, then rethrown. */
-  #emit(event: LockEvent): void {
-    try {
-      this.#onEvent?.(event);
-    } catch {
-      // the application's hook never breaks a lock operation
-    }
-  }
-
-  async #observe<T>(
-    name: string,
-    operation: (LockEvent & { type: "error" })["operation"],
-    run: () => Promise<T>,
-  ): Promise<T> {
-    if (!this.#onEvent) return run();
-    const started = performance.now();
-    try {
-      return await run();
-    } catch (error) {
-      if (error instanceof EdgelockError && !CALLER_ERRORS.has(error.code)) {
-        this.#emit({ type: "error", name, operation, error, ...this.#timing(started) });
-      }
-      throw error;
-    }
-  }
-
-  #timing(started: number): { at: number; durationMs: number } {
-    return { at: Date.now(), durationMs: performance.now() - started };
   }
 
   /**
@@ -228,57 +106,63 @@ export class Locks implements LockClient {
    */
   async acquire(name: string, options: AcquireOptions = {}): Promise<AcquireResult> {
     checkLockName(name);
-    const { ttlMs, waitMs, token, meta, signal } = checkLeaseOptions(options);
-    const { mode, limit, permits } = checkMode(options);
-    const hold = checkHold(options);
-    const [record, queue, tickets, holders, marks] = this.#keys(name);
-    const kind = mode === "exclusive" ? {} : { mode, ...(limit > 0 && { limit, permits }) };
-    const call: Attempt<Lease> = mode === "exclusive"
-      ? {
-        script: ACQUIRE,
-        keys: [record, queue, tickets, marks, ...this.#stats(name)],
-        args: (ticketMs, waitedMs, waiting) => [
-          ...this.#acquireArgs(token, ttlMs, meta, ticketMs),
-          name,
-          waitedMs,
-          waiting,
-          hold,
-        ],
-        members: [token],
-        grant: (reply) => ({
-          ...toLease(name, token, ACQUIRE, reply),
-          ...holdOf(reply, hold),
-        }),
-      }
-      : {
-        script: ACQUIRE_SHARED,
-        keys: [record, queue, tickets, holders, marks, ...this.#stats(name)],
-        args: (ticketMs, waitedMs, waiting) => [
-          ...this.#acquireArgs(token, ttlMs, meta, ticketMs),
-          name,
-          waitedMs,
-          waiting,
-          limit,
-          permits,
-          hold,
-        ],
-        members: [`${token}~${limit > 0 ? permits : "s"}`],
-        grant: (reply) => ({
-          ...toLease(name, token, ACQUIRE_SHARED, reply),
-          ...kind,
-          ...holdOf(reply, hold),
-        }),
-      };
-    return await this.#observe(name, "acquire", async () => {
-      const result = await this.#attempt(name, [name], call, waitMs, signal);
+    const lease = checkLeaseOptions(options);
+    const attempt = this.#acquireAttempt(name, lease, checkMode(options), checkHold(options));
+    return await this.#context.observe(name, "acquire", async () => {
+      const result = await waitFor(this.#context, name, [name], attempt, lease);
       return result.acquired ? { acquired: true, lease: result.granted } : result;
     });
+  }
+
+  #acquireAttempt(
+    name: string,
+    lease: ReturnType<typeof checkLeaseOptions>,
+    { mode, limit, permits }: ReturnType<typeof checkMode>,
+    hold: string,
+  ): Attempt<Lease> {
+    const { lockKey, queueKey, ticketsKey, holdersKey, marksKey } = this.#context.keys.lock(name);
+    const stats = this.#context.keys.statsKeys(name);
+    const keys = { lockKey, queueKey, ticketsKey, marksKey, ...stats };
+    const common = (look: { ticketMs: number; waitedMs: number; waiting: boolean }) => ({
+      ...this.#acquireArgs(lease, look.ticketMs),
+      name,
+      waitedMs: look.waitedMs,
+      waiting: look.waiting,
+      hold,
+    });
+    const granted = (script: Script, extra: Partial<Lease>) => (reply: unknown) => {
+      const decoded = decodeAcquire(script, reply);
+      if (decoded.status !== "granted") return decoded;
+      const granted = { ...toLease(name, lease.token, decoded), ...extra };
+      return {
+        status: "granted" as const,
+        granted: hold === "" ? granted : { ...granted, hold, holdCount: decoded.holdCount },
+      };
+    };
+    if (mode === "exclusive") {
+      return {
+        script: ACQUIRE,
+        call: (look) => ACQUIRE.call({ keys, args: common(look) }),
+        members: [lease.token],
+        decode: granted(ACQUIRE, {}),
+      };
+    }
+    return {
+      script: ACQUIRE_SHARED,
+      call: (look) =>
+        ACQUIRE_SHARED.call({
+          keys: { ...keys, holdersKey },
+          args: { ...common(look), limit, permits },
+        }),
+      members: [`${lease.token}~${limit > 0 ? permits : "s"}`],
+      decode: granted(ACQUIRE_SHARED, { mode, ...(limit > 0 && { limit, permits }) }),
+    };
   }
 
   /**
    * Acquires every name exclusively, all or nothing, in one script per attempt (up to 32 names,
    * one token, one fence per name): a multi-name lock. Waits like `acquire`, in every name's
-   * queue at once, so overlapping sets never deadlock (see `./multi_scripts.ts`). Any names on
+   * queue at once, so overlapping sets never deadlock (see `./lua/acquire_all.ts`). Any names on
    * one Redis (Upstash included); in the cluster layout all names must share a slot: start each
    * with the same `{group}`, e.g. `{bank}acct:1` and `{bank}acct:2`. Renew and release the leases
    * one by one or with `renewMany`.
@@ -287,173 +171,55 @@ export class Locks implements LockClient {
     names: readonly string[],
     options: LeaseOptions = {},
   ): Promise<AcquireAllResult> {
-    checkLockNames(names, this.#keySpace.cluster);
-    const { ttlMs, waitMs, token, meta, signal } = checkLeaseOptions(options);
-    const call: Attempt<Lease[]> = {
+    checkLockNames(names, this.#context.keys.cluster);
+    const lease = checkLeaseOptions(options);
+    const each = names.map((name) => this.#context.keys.lock(name));
+    const attempt: Attempt<Lease[]> = {
       script: ACQUIRE_ALL,
-      keys: [
-        ...names.flatMap((name) => this.#keys(name)).filter((_, i) => i % 5 !== 3), // no holders
-        ...this.#stats(names[0]!),
-      ],
-      args: (ticketMs, waitedMs, waiting) => [
-        ...this.#acquireArgs(token, ttlMs, meta, ticketMs),
-        names.length,
-        waitedMs,
-        waiting,
-        ...names,
-      ],
-      members: names.map(() => token),
-      grant: (reply) => {
-        const [, now, ttl, ...fences] = integers(ACQUIRE_ALL, reply, 3 + names.length);
-        return names.map((name, i) => ({
-          name,
-          token,
-          fence: fences[i]!,
-          ttlMs: ttl!,
-          expiresAt: now! + ttl!,
-          serverTime: now!,
-        }));
+      call: ({ ticketMs, waitedMs, waiting }) =>
+        ACQUIRE_ALL.call({
+          each,
+          keys: this.#context.keys.statsKeys(names[0]!),
+          args: { ...this.#acquireArgs(lease, ticketMs), n: names.length, waitedMs, waiting },
+          rest: names,
+        }),
+      members: names.map(() => lease.token),
+      decode: (reply) => {
+        const decoded = decodeAcquireAll(ACQUIRE_ALL, reply, names.length);
+        if (decoded.status !== "granted") return decoded;
+        const { fences, ttlMs, now } = decoded;
+        return {
+          status: "granted",
+          granted: names.map((name, i) =>
+            toLease(name, lease.token, { fence: fences[i]!, ttlMs, now })
+          ),
+        };
       },
     };
     const label = names.join(",");
-    return await this.#observe(label, "acquire", async () => {
-      const result = await this.#attempt(label, names, call, waitMs, signal);
+    return await this.#context.observe(label, "acquire", async () => {
+      const result = await waitFor(this.#context, label, names, attempt, lease);
       return result.acquired ? { acquired: true, leases: result.granted } : result;
     });
   }
 
-  #acquireArgs(token: string, ttlMs: number, meta: string, ticketMs: number): (string | number)[] {
-    return [token, ttlMs, meta, this.#fenceWindowMs, ticketMs, this.#maxWaiters];
-  }
-
-  // The waiting loop of every acquire: one script call per look.
-  async #attempt<T extends Lease | Lease[]>(
-    label: string,
-    names: readonly string[],
-    call: Attempt<T>,
-    waitMs: number,
-    signal: AbortSignal | undefined,
-  ): Promise<{ acquired: true; granted: T } | Exclude<AcquireResult, { acquired: true }>> {
-    const started = performance.now();
-    const deadline = started + waitMs;
-    const waiting = waitMs > 0 ? "1" : "0";
-    const outcome = (outcome: (LockEvent & { type: "acquire" })["outcome"], fence?: number) =>
-      this.#emit({
-        type: "acquire",
-        name: label,
-        outcome,
-        ...(fence !== undefined && { fence }),
-        waitedMs: performance.now() - started,
-        ...this.#timing(started),
-      });
-    let queued = false;
-    const leave = (why: string) => queued ? this.#leaveQueues(names, call.members, why) : undefined;
-
-    for (;;) {
-      if (signal?.aborted) {
-        await leave("aborted");
-        outcome("aborted");
-        signal.throwIfAborted();
-      }
-      const left = deadline - performance.now();
-      // A waiter holds a FIFO ticket that outlives its next look by a margin.
-      const ticketMs = left > 0 ? Math.ceil(Math.min(left, MAX_POLL_MS) + TICKET_MARGIN_MS) : 0;
-      const waitedMs = Math.round(performance.now() - started);
-      queued ||= ticketMs > 0;
-      const sentAt = performance.now();
-      const reply = await this.#run(call.script, call.keys, call.args(ticketMs, waitedMs, waiting));
-      const [status, code] = integers(call.script, reply, 2);
-      if (status === 1) {
-        const granted = call.grant(reply);
-        for (const lease of [granted].flat()) noteSentAt(lease, sentAt);
-        outcome("granted", [granted].flat()[0]!.fence);
-        return { acquired: true, granted };
-      }
-      if (status === MISMATCH) { // the caller's mistake, not an outcome: no acquire event
-        await leave("");
-        throw mismatchError(label, code!);
-      }
-      const [, hint, now, position, pttl] = integers(call.script, reply, 5);
-      const retryAfterMs = Math.max(1, hint!);
-      const busy = {
-        acquired: false as const,
-        retryAfterMs,
-        ...(pttl! > 0 && { lockExpiresAt: now! + pttl! }),
-      };
-      if (position === QUEUE_FULL) {
-        await leave("");
-        outcome("queue_full");
-        return { ...busy, reason: "queue_full" };
-      }
-      const remaining = deadline - performance.now();
-      if (remaining <= 0) {
-        await leave("timeout");
-        outcome(queued ? "timeout" : "busy");
-        return { ...busy, reason: "busy" };
-      }
-      if (signal?.aborted) continue;
-      this.#emit({
-        type: "wait",
-        name: label,
-        position: position!,
-        retryAfterMs,
-        ...this.#timing(sentAt),
-      });
-      // Look again so the request arrives when the server expects our turn: the hint counts from
-      // the reply's making, and half a round trip has passed since, half is still ahead. The head
-      // and the next in line aim a little late (early costs a round trip); the others spread ±10 %.
-      const rtt = performance.now() - sentAt;
-      const jitter = position! <= 1 ? 1 + Math.random() * 0.1 : 0.9 + Math.random() * 0.2;
-      const delay = Math.min(remaining, MAX_POLL_MS, retryAfterMs * jitter - rtt);
-      await sleep(Math.max(1, delay), signal).catch(() => {}); // an abort: the loop's top
-    }
-  }
-
-  // Best effort: a ticket left behind lapses by itself within MAX_POLL_MS + TICKET_MARGIN_MS.
-  // `outcome` ('timeout', 'aborted' or '') is counted in the stats, once.
-  async #leaveQueues(names: readonly string[], members: string[], outcome: string): Promise<void> {
-    const calls = names.map((name, i) => {
-      const [, queue, tickets] = this.#keys(name);
-      return {
-        keys: [queue, tickets, ...(i === 0 ? this.#keySpace.statsHash(name) : [])],
-        args: [members[i]!, i === 0 ? outcome : ""],
-      };
-    });
-    await (calls.length === 1
-      ? this.#run(LEAVE_QUEUE, calls[0]!.keys, calls[0]!.args)
-      : runScripts(this.#redis, LEAVE_QUEUE, calls, this.#options)).catch(() => {});
+  #acquireArgs(
+    { token, ttlMs, meta }: { token: string; ttlMs: number; meta: string },
+    ticketMs: number,
+  ) {
+    const graceMs = this.#context.fenceWindowMs;
+    return { token, ttlMs, meta, graceMs, ticketMs, maxWaiters: this.#maxWaiters };
   }
 
   /** Extends a lease still held by its token; the fence stays the same. */
   async renew(lease: LeaseRef, options: RenewOptions = {}): Promise<RenewResult> {
-    const { name, token } = checkLease(lease);
+    const { name } = checkLease(lease);
     const ttlMs = checkDuration(options.ttlMs, "ttlMs", lease.ttlMs ?? DEFAULT_TTL_MS);
-    return await this.#observe(name, "renew", async () => {
+    return await this.#context.observe(name, "renew", async () => {
       const started = performance.now();
-      const reply = await this.#run(
-        RENEW,
-        this.#renewKeys(name),
-        this.#renewArgs(name, token, ttlMs),
-      );
+      const reply = await this.#context.run(RENEW, this.#renewCall(lease, ttlMs));
       return this.#renewed(lease, reply, started);
     });
-  }
-
-  #renewArgs(name: string, token: string, ttlMs: number): (string | number)[] {
-    return [token, ttlMs, this.#fenceWindowMs, name];
-  }
-
-  #renewed(lease: LeaseRef, reply: unknown, started: number): RenewResult {
-    const { name } = lease;
-    const result = toRenewal(lease, reply);
-    this.#emit({
-      type: "renew",
-      name,
-      outcome: result.renewed ? "renewed" : "lost",
-      ...(result.renewed && { fence: result.lease.fence }),
-      ...this.#timing(started),
-    });
-    return result;
   }
 
   /**
@@ -467,17 +233,43 @@ export class Locks implements LockClient {
     }
     const ttlMs = checkDuration(options.ttlMs, "ttlMs", DEFAULT_TTL_MS);
     const refs = leases.map(checkLease);
-    const calls = refs.map(({ name, token }) => ({
-      keys: this.#renewKeys(name),
-      args: this.#renewArgs(name, token, ttlMs),
-    }));
     const started = performance.now();
-    const replies = await this.#observe(
+    const replies = await this.#context.observe(
       refs[0]!.name,
       "renew",
-      () => runScripts(this.#redis, RENEW, calls, this.#options),
+      () => this.#context.runMany(RENEW, refs.map((ref) => this.#renewCall(ref, ttlMs))),
     );
     return refs.map((ref, i) => this.#renewed(ref, replies[i], started));
+  }
+
+  #renewCall({ name, token }: LeaseRef, ttlMs: number) {
+    const { lockKey, holdersKey } = this.#context.keys.lock(name);
+    return RENEW.call({
+      keys: { lockKey, holdersKey, ...this.#context.keys.statsKeys(name) },
+      args: { token, ttlMs, graceMs: this.#context.fenceWindowMs, name },
+    });
+  }
+
+  // A renewed lease keeps what the acquire told of it: mode, limit, permits, hold count.
+  #renewed(ref: LeaseRef, reply: unknown, started: number): RenewResult {
+    const decoded = decodeRenew(RENEW, reply);
+    const kind = leaseKind(ref as Partial<Lease>);
+    const result: RenewResult = decoded.status === "lost" ? { renewed: false } : {
+      renewed: true,
+      lease: {
+        ...toLease(ref.name, ref.token, decoded),
+        ...kind,
+        ...(kind.holdCount !== undefined && { holdCount: decoded.holdCount }),
+      },
+    };
+    this.#context.emit({
+      type: "renew",
+      name: ref.name,
+      outcome: result.renewed ? "renewed" : "lost",
+      ...(result.renewed && { fence: result.lease.fence }),
+      ...timing(started),
+    });
+    return result;
   }
 
   /**
@@ -486,19 +278,26 @@ export class Locks implements LockClient {
    */
   async release(lease: LeaseRef): Promise<boolean> {
     const { name, token } = checkLease(lease);
-    const args = [token, this.#fenceWindowMs, fenceArg(lease), name, lease.hold ?? ""];
-    return await this.#observe(name, "release", async () => {
+    const { lockKey, holdersKey, marksKey } = this.#context.keys.lock(name);
+    const call = RELEASE.call({
+      keys: { lockKey, holdersKey, marksKey, ...this.#context.keys.statsKeys(name) },
+      args: {
+        token,
+        graceMs: this.#context.fenceWindowMs,
+        fence: lease.fence === undefined ? "" : String(lease.fence),
+        name,
+        hold: lease.hold ?? "",
+      },
+    });
+    return await this.#context.observe(name, "release", async () => {
       const started = performance.now();
-      const [record, , , holders, marks] = this.#keys(name);
-      const keys = [record, holders, marks, ...this.#stats(name)];
-      const reply = await this.#run(RELEASE, keys, args);
-      const released = integers(RELEASE, [reply], 1)[0] === 1;
-      this.#emit({
+      const released = decodeDone(RELEASE, await this.#context.run(RELEASE, call));
+      this.#context.emit({
         type: "release",
         name,
         outcome: released ? "released" : "lost",
         ...(lease.fence !== undefined && { fence: lease.fence }),
-        ...this.#timing(started),
+        ...timing(started),
       });
       return released;
     });
@@ -510,112 +309,9 @@ export class Locks implements LockClient {
    */
   async inspect(name: string): Promise<LockInfo> {
     checkLockName(name);
-    return await this.#observe(name, "inspect", async () => {
-      return toInfo(name, await this.#run(INSPECT, this.#inspectKeys(name), []));
+    return await this.#context.observe(name, "inspect", async () => {
+      return toInfo(name, await this.#context.run(INSPECT, inspectCall(this.#context, name)));
     });
-  }
-
-  /**
-   * Lists held locks by name, a page at a time (two requests: the index, then the locks), from
-   * the held index the scripts keep (needs `stats`; never a keyspace scan). A lock released or
-   * run out meanwhile is left out; a page may hold fewer than `limit` locks and still have a
-   * `cursor`.
-   */
-  async list(options: ListOptions = {}): Promise<LockList> {
-    this.#needStats("list");
-    const prefix = options.prefix ?? "";
-    const cursor = options.cursor ?? "";
-    const limit = options.limit ?? 100;
-    if (typeof prefix !== "string" || !NAME_PREFIX_PATTERN.test(prefix)) {
-      throw new RangeError("prefix must be up to 200 characters of A-Z a-z 0-9 . _ : - { }");
-    }
-    if (cursor !== "") checkLockName(cursor);
-    if (!Number.isInteger(limit) || limit < 1 || limit > MAX_BATCH) {
-      throw new RangeError(`limit must be an integer from 1 to ${MAX_BATCH}`);
-    }
-    return await this.#observe(prefix, "list", async () => {
-      const replies = await this.#perBucket(LIST, (base) => [`${base}:held`, `${base}:held:ends`], [
-        prefix,
-        cursor,
-        limit,
-      ]);
-      const { found, next } = mergePages(replies, limit);
-      const calls = found.map((name) => ({ keys: this.#inspectKeys(name), args: [] }));
-      const infos = calls.length > 0
-        ? await runScripts(this.#redis, INSPECT, calls, this.#options)
-        : [];
-      const locks = infos.map((info, i) => toInfo(found[i]!, info))
-        .filter((info): info is LockInfo & { held: true } => info.held);
-      return { locks, ...(next && { cursor: next }) };
-    });
-  }
-
-  /**
-   * The stats the scripts kept under this prefix: totals, the last hour and each of its minutes,
-   * and the locks held now (needs `stats`).
-   */
-  async stats(): Promise<Stats> {
-    this.#needStats("stats");
-    return await this.#observe("", "stats", async () => {
-      const replies = await this.#perBucket(
-        READ_STATS,
-        (base) => [`${base}:stats`, `${base}:held:ends`],
-        [],
-      );
-      let [now, held] = [0, 0];
-      for (const reply of replies) {
-        const [bucketNow, bucketHeld] = integers(READ_STATS, reply, 2);
-        [now, held] = [Math.max(now, bucketNow!), held + bucketHeld!];
-      }
-      return toStats(replies.map((reply) => (reply as unknown[]).slice(2)), now, held);
-    });
-  }
-
-  /**
-   * Breaks a held lock, an operator's act for a stuck holder: its lease ends now, so its renew
-   * and release fail (counted as lost) and the next grant gets a higher fence. Recorded in the
-   * audit stream with `by` and `reason`. A resource that checks fences refuses the old holder's
-   * late writes; one that does not is not protected from it.
-   */
-  async break(name: string, options: BreakOptions): Promise<BreakResult> {
-    checkLockName(name);
-    const by = checkText(options?.by, "by", 1, 64);
-    const reason = checkText(options?.reason ?? "", "reason", 0, 200);
-    const id = options.id === undefined ? "" : checkHoldId(options.id, "The break id");
-    return await this.#observe(name, "break", async () => {
-      const [record, , , holders, marks] = this.#keys(name);
-      const keys = [record, holders, marks, ...this.#stats(name), this.#auditKey(name)];
-      const reply = await this.#run(BREAK, keys, [this.#fenceWindowMs, name, by, reason, id]);
-      if (integers(BREAK, reply, 1)[0] !== 1) return { broken: false };
-      return { broken: true, fence: integers(BREAK, reply, 2)[1]! };
-    });
-  }
-
-  /** The latest breaks under this prefix, newest first (the stream keeps the last 1000). */
-  async audit(options: { limit?: number } = {}): Promise<AuditEntry[]> {
-    const limit = options.limit ?? 100;
-    if (!Number.isInteger(limit) || limit < 1 || limit > AUDIT_LENGTH) {
-      throw new RangeError(`limit must be an integer from 1 to ${AUDIT_LENGTH}`);
-    }
-    const replies = await this.#observe(
-      "",
-      "audit",
-      () => this.#perBucket(READ_AUDIT, (base) => [`${base}:audit`], [limit]),
-    );
-    return replies.flatMap((reply) => Array.isArray(reply) ? reply : []).map(toAuditEntry)
-      .sort(newestFirst).slice(0, limit);
-  }
-
-  // One script per bucket (the prefix alone in the single layout), in one request.
-  #perBucket(
-    script: Script,
-    keys: (base: string) => string[],
-    args: (string | number)[],
-  ): Promise<unknown[]> {
-    const bases = this.#keySpace.bases();
-    if (bases.length === 1) return this.#run(script, keys(bases[0]!), args).then((r) => [r]);
-    const calls = bases.map((base) => ({ keys: keys(base), args }));
-    return runScripts(this.#redis, script, calls, this.#options);
   }
 
   /** Runs `fn` while holding all of `names`; see {@linkcode withLocks}. */
@@ -635,186 +331,40 @@ export class Locks implements LockClient {
   ): Promise<T> {
     const started = performance.now();
     return withLock(this, name, options, fn, (lease, error) =>
-      this.#emit({
+      this.#context.emit({
         type: "lost",
         name,
         fence: lease.fence,
         reason: error.message,
-        ...this.#timing(started),
+        ...timing(started),
       }));
-  }
-
-  // The name sits in a hash tag so all keys of a lock share a cluster slot (see slotTag): the
-  // record, the queue, its tickets, the shared holders and their last releases.
-  #keys(name: string): [string, string, string, string, string] {
-    const base = `${this.#keySpace.base(name)}:lock:{${name}}`;
-    return [base, `${base}:queue`, `${base}:tickets`, `${base}:holders`, `${base}:released`];
-  }
-
-  #renewKeys(name: string): string[] {
-    const [record, , , holders] = this.#keys(name);
-    return [record, holders, ...this.#stats(name)];
-  }
-
-  #inspectKeys(name: string): string[] {
-    const [record, , tickets, holders] = this.#keys(name);
-    return [record, tickets, holders];
-  }
-
-  // The stats hash and the held index of the name's bucket; none with stats off.
-  #stats(name: string): string[] {
-    return this.#keySpace.statsAndIndex(name);
-  }
-
-  #auditKey(name: string): string {
-    return `${this.#keySpace.base(name)}:audit`;
-  }
-
-  #needStats(what: string): void {
-    if (!this.#keySpace.stats) {
-      throw new TypeError(`${what}() needs stats on (new Locks(redis, { stats: true }))`);
-    }
   }
 }
 
-function toInfo(name: string, reply: unknown): LockInfo {
-  if (integers(INSPECT, reply, 1)[0] !== 1) return { name, held: false };
-  const [, fence, ttlMs, now, waiters] = integers(INSPECT, reply, 5) as number[];
-  const [rawMeta, mode, holders, permits, limit] = (reply as unknown[]).slice(5);
-  const meta = parseJsonText(rawMeta);
+/** The inspect script's call for `name`. */
+export function inspectCall(context: LockContext, name: string) {
+  const { lockKey, ticketsKey, holdersKey } = context.keys.lock(name);
+  return INSPECT.call({ keys: { lockKey, ticketsKey, holdersKey }, args: {} });
+}
+
+/** What the inspect script told of `name`. */
+export function toInfo(name: string, reply: unknown): LockInfo {
+  const info = decodeInspect(INSPECT, reply);
+  if (!info) return { name, held: false };
+  const meta = parseJsonText(info.meta);
   return {
     name,
     held: true,
-    fence: fence!,
-    ttlMs: ttlMs!,
-    expiresAt: now! + ttlMs!,
-    waiters: waiters!,
+    fence: info.fence,
+    ttlMs: info.ttlMs,
+    expiresAt: info.now + info.ttlMs,
+    waiters: info.waiters,
     ...(meta && { meta }),
-    mode: mode === "shared" || mode === "semaphore" ? mode : "exclusive",
-    holders: Number(holders),
-    permits: Number(permits),
-    ...(mode === "semaphore" && { limit: Number(limit) }),
+    mode: info.mode === "shared" || info.mode === "semaphore" ? info.mode : "exclusive",
+    holders: info.holders,
+    permits: info.permits,
+    ...(info.mode === "semaphore" && { limit: info.limit }),
   };
-}
-
-// XREVRANGE's entry: [id, [field, value, ...]].
-/**
- * One page of held names from every bucket's LIST reply (`{nowMs, next, name…}`). Each bucket
- * lists its first live names after the cursor and, when it has more, where it stopped looking:
- * the page is the names up to the earliest stop, at most `limit` of them, sorted.
- */
-function mergePages(replies: unknown[], limit: number): { found: string[]; next?: string } {
-  const pages = replies.map((reply) => Array.isArray(reply) ? reply.map(String) : []);
-  const stop = pages.map(([, next]) => next ?? "").filter((next) => next !== "").sort()[0];
-  const found = pages.flatMap(([, , ...names]) => names).sort()
-    .filter((name) => stop === undefined || name <= stop);
-  if (found.length > limit) return { found: found.slice(0, limit), next: found[limit - 1]! };
-  return { found, ...(stop !== undefined && { next: stop }) };
-}
-
-// Stream ids are `<ms>-<seq>`; across buckets (cluster nodes) the clocks may differ a little.
-function newestFirst(a: AuditEntry, b: AuditEntry): number {
-  const [am, as] = a.id.split("-").map(Number) as [number, number];
-  const [bm, bs] = b.id.split("-").map(Number) as [number, number];
-  return bm - am || bs - as;
-}
-
-function toAuditEntry(raw: unknown): AuditEntry {
-  const [id, pairs] = Array.isArray(raw) ? raw : [];
-  const fields = new Map<string, string>();
-  const list = Array.isArray(pairs) ? pairs : [];
-  for (let i = 0; i + 1 < list.length; i += 2) fields.set(String(list[i]), String(list[i + 1]));
-  return {
-    id: String(id),
-    action: "break",
-    name: fields.get("name") ?? "",
-    fence: Number(fields.get("fence") ?? 0),
-    by: fields.get("by") ?? "",
-    reason: fields.get("reason") ?? "",
-    at: Number(fields.get("at") ?? 0),
-  };
-}
-
-function checkText(value: unknown, what: string, min: number, max: number): string {
-  if (typeof value !== "string") throw new TypeError(`${what} must be a string`);
-  if (value.length < min || value.length > max || !/^[\x20-\x7e]*$/.test(value)) {
-    throw new RangeError(`${what} must be ${min}–${max} printable ASCII characters`);
-  }
-  return value;
-}
-
-// The acquire script's position when the queue was full.
-const QUEUE_FULL = -2;
-
-// A renewed lease keeps what the acquire told of it: mode, limit, permits, hold count.
-function toRenewal(ref: LeaseRef, reply: unknown): RenewResult {
-  if (integers(RENEW, reply, 1)[0] !== 1) return { renewed: false };
-  const kind = leaseKind(ref as Partial<Lease>);
-  return {
-    renewed: true,
-    lease: {
-      ...toLease(ref.name, ref.token, RENEW, reply),
-      ...kind,
-      ...(kind.holdCount !== undefined && { holdCount: integers(RENEW, reply, 5)[4]! }),
-    },
-  };
-}
-
-// A reentrant acquire's hold: its id, for its release, and the lease's hold count.
-function holdOf(reply: unknown, hold: string): { hold?: string; holdCount?: number } {
-  return hold === "" ? {} : { hold, holdCount: (reply as number[])[4]! };
-}
-
-// The acquire scripts' `{-1, code}`: the name is held in another mode (1), as a semaphore with
-// another limit (2), by this token with MAX_HOLDS holds already (3) or with other permits (4), or
-// reentrant by this token, which a plain acquire would not count (5).
-function mismatchError(name: string, code: number): EdgelockError {
-  switch (code) {
-    case 2:
-      return new EdgelockError(
-        "limit_mismatch",
-        `Lock "${name}" is held as a semaphore with another limit`,
-      );
-    case 3:
-      return new EdgelockError(
-        "hold_limit",
-        `Cannot acquire lock "${name}" again: this token holds it ${MAX_HOLDS} times already`,
-      );
-    case 4:
-      return new EdgelockError(
-        "permits_mismatch",
-        `This token holds lock "${name}" with another number of permits: release that lease first`,
-      );
-    case 5:
-      return new EdgelockError(
-        "mode_mismatch",
-        `This token holds lock "${name}" reentrant: acquire it again with reentrant: true`,
-      );
-    default:
-      return new EdgelockError("mode_mismatch", `Lock "${name}" is held in another mode`);
-  }
-}
-
-// Errors of the caller's making, which are no `error` event: Redis did not fail.
-const CALLER_ERRORS = new Set([
-  "invalid_request",
-  "mode_mismatch",
-  "limit_mismatch",
-  "hold_limit",
-  "permits_mismatch",
-]);
-
-// The acquire scripts' first reply field when the name is held in another mode or limit.
-const MISMATCH = -1;
-
-/** One acquire's script call, the same at each look but for the ticket and the time waited. */
-interface Attempt<T> {
-  script: Script;
-  keys: string[];
-  args(ticketMs: number, waitedMs: number, waiting: string): (string | number)[];
-  /** What the caller is in each name's queue, for leaving it. */
-  members: string[];
-  grant(reply: unknown): T;
 }
 
 function checkLeaseOptions(options: LeaseOptions) {
@@ -827,14 +377,12 @@ function checkLeaseOptions(options: LeaseOptions) {
   };
 }
 
-export function toLease(name: string, token: string, script: Script, reply: unknown): Lease {
-  const [, fence, ttlMs, serverTime] = integers(script, reply, 4) as [
-    number,
-    number,
-    number,
-    number,
-  ];
-  return { name, token, fence, ttlMs, expiresAt: serverTime + ttlMs, serverTime };
+function toLease(
+  name: string,
+  token: string,
+  { fence, ttlMs, now }: Pick<Granted, "fence" | "ttlMs" | "now">,
+): Lease {
+  return { name, token, fence, ttlMs, expiresAt: now + ttlMs, serverTime: now };
 }
 
 function checkLease(lease: LeaseRef): LeaseRef {
@@ -848,9 +396,4 @@ function checkLease(lease: LeaseRef): LeaseRef {
     throw new RangeError("The lease's fence must be a positive integer");
   }
   return lease;
-}
-
-// The fence as the release script takes it: '' when the caller has only name and token.
-function fenceArg(lease: LeaseRef): string {
-  return lease.fence === undefined ? "" : String(lease.fence);
 }

@@ -29,10 +29,12 @@ export {
   type LocksOptions,
   MAX_BATCH,
 } from "./locks.ts";
+export { LockOps } from "./ops.ts";
+export type { LockOpsOptions } from "./_context.ts";
 export { withLock, withLocks } from "./with_lock.ts";
 export { EdgelockError, type EdgelockErrorOptions, type ErrorCode } from "./errors.ts";
 export type { PipelineLike, RedisLike } from "./_runner.ts";
-export { MAX_SHARED } from "./shared_scripts.ts";
+export { MAX_SHARED } from "./lua/acquire_shared.ts";
 export { MAX_LIMIT, MAX_NAMES } from "./_validate.ts";
 export type {
   AcquireAllResult,

@@ -32,7 +32,7 @@ import {
   type RunOptions,
   runScript,
 } from "../core/_runner.ts";
-import type { Script } from "../core/_lua.ts";
+import type { Script } from "../core/lua/_define.ts";
 import {
   checkDuration,
   checkLockName,

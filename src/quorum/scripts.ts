@@ -6,7 +6,8 @@
  *
  * @module
  */
-import { defineScript, NOW } from "../core/_lua.ts";
+import { plainScript } from "../core/lua/_define.ts";
+import { NOW } from "../core/lua/lib.ts";
 
 const RECORD = `
 local function read(key)
@@ -23,7 +24,7 @@ end
  * Takes the name here for `ttlMs` unless another token holds it. Returns `{1, floor, nowUs}`
  * (this database's committed floor and clock) or `{0, pttl}`.
  */
-export const Q_ACQUIRE = defineScript(
+export const Q_ACQUIRE = plainScript(
   "quorum_acquire",
   `
 local token, ttlMs, graceMs = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -37,7 +38,7 @@ return {1, r.floor, nowUs}
 );
 
 /** Raises the floor to `fence` while `token` holds the name here. Returns 1, or 0 when it does not. */
-export const Q_COMMIT = defineScript(
+export const Q_COMMIT = plainScript(
   "quorum_commit",
   `
 local token, fence, graceMs = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -51,7 +52,7 @@ return 1
 );
 
 /** Extends `token`'s hold here to `ttlMs` from now. Returns 1, or 0 when it does not hold it. */
-export const Q_RENEW = defineScript(
+export const Q_RENEW = plainScript(
   "quorum_renew",
   `
 local token, ttlMs, graceMs = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -65,7 +66,7 @@ return 1
 );
 
 /** Frees `token`'s hold here, keeping the floor. Returns 1 when it held it, else 0. */
-export const Q_RELEASE = defineScript(
+export const Q_RELEASE = plainScript(
   "quorum_release",
   `
 local token, graceMs = ARGV[1], tonumber(ARGV[2])
@@ -79,7 +80,7 @@ return 1
 );
 
 /** This database's view: `{1, floor, pttl}` while held, `{0, floor}` when free. Read-only. */
-export const Q_INSPECT = defineScript(
+export const Q_INSPECT = plainScript(
   "quorum_inspect",
   `
 ${NOW}${RECORD}

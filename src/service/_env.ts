@@ -1,5 +1,6 @@
 import type { EdgelockError } from "../core/errors.ts";
 import type { Locks } from "../core/locks.ts";
+import type { LockOps } from "../core/ops.ts";
 import type { Jobs } from "../uses/jobs.ts";
 import type { Records } from "../uses/records.ts";
 
@@ -7,6 +8,8 @@ import type { Records } from "../uses/records.ts";
 export interface TenantStores {
   /** The tenant's locks. */
   locks: Locks;
+  /** The operator's acts on the tenant's locks (list and stats need the service's stats). */
+  ops: LockOps;
   /** The tenant's idempotency and deduplication records. */
   records: Records;
   /** The tenant's cron jobs. */
@@ -32,6 +35,8 @@ export type AppEnv = {
     tenant: string;
     /** The tenant's locks. */
     locks: Locks;
+    /** The operator's acts on the tenant's locks (list and stats need the service's stats). */
+    ops: LockOps;
     /** The tenant's idempotency and deduplication records. */
     records: Records;
     /** The tenant's cron jobs. */

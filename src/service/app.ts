@@ -5,8 +5,9 @@ import { type ApiKey, findTenant } from "./auth.ts";
 import { sha256 } from "../core/_crypto.ts";
 import { EdgelockError } from "../core/errors.ts";
 import { Locks } from "../core/locks.ts";
+import { LockOps } from "../core/ops.ts";
 import { checkTimeout, keyLockingFor, type RedisLike, runScript } from "../core/_runner.ts";
-import { PING } from "../core/scripts.ts";
+import { PING } from "../core/lua/ping.ts";
 import { Jobs } from "../uses/jobs.ts";
 import { Records } from "../uses/records.ts";
 import type { AppEnv, TenantStores } from "./_env.ts";
@@ -141,6 +142,7 @@ export function createApp(
     const tell = onEvent && ((event: LockEvent) => onEvent({ ...event, tenant }));
     return [tenant, {
       locks: new Locks(redis, { ...options, ...(tell && { onEvent: tell }) }),
+      ops: new LockOps(redis, { ...options, ...(tell && { onEvent: tell }) }),
       records: new Records(redis, options),
       jobs: new Jobs(redis, options),
       wait: <T>(fn: () => Promise<T>) => limiter.wait(tenant, fn),
@@ -234,8 +236,9 @@ export function createApp(
       limiter.admit(tenant);
     }
     c.set("tenant", tenant);
-    const { locks, records, jobs, wait, charge } = byTenant.get(tenant)!;
+    const { locks, ops, records, jobs, wait, charge } = byTenant.get(tenant)!;
     c.set("locks", locks);
+    c.set("ops", ops);
     c.set("records", records);
     c.set("jobs", jobs);
     c.set("wait", wait);
@@ -245,7 +248,7 @@ export function createApp(
   app.use("/v1/*", authenticate);
   app.use("/metrics", authenticate);
 
-  opsRoutes(app);
+  opsRoutes(app, { stats });
   dashboardRoutes(app);
   lockRoutes(app);
   recordRoutes(app);

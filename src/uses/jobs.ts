@@ -16,7 +16,7 @@ import {
   FENCE_GRACE_MS,
   newToken,
 } from "../core/_validate.ts";
-import type { Script } from "../core/_lua.ts";
+import type { Script } from "../core/lua/_define.ts";
 import type { StoreOptions } from "./records.ts";
 import { KeySpace } from "../core/_keys.ts";
 import { EXTEND_JOB, FINISH_JOB, START_JOB } from "./scripts.ts";

@@ -22,7 +22,7 @@ import {
   SEGMENT_PATTERN,
 } from "../core/_validate.ts";
 import { sha256Hex } from "../core/_crypto.ts";
-import type { Script } from "../core/_lua.ts";
+import type { Script } from "../core/lua/_define.ts";
 import { CLAIM, COMPLETE, GET_RECORD, NOTE, RELEASE_CLAIM, RENEW_CLAIM } from "./scripts.ts";
 import { KeySpace } from "../core/_keys.ts";
 

@@ -4,7 +4,8 @@
  *
  * @module
  */
-import { defineScript, NOW } from "../core/_lua.ts";
+import { plainScript } from "../core/lua/_define.ts";
+import { NOW } from "../core/lua/lib.ts";
 import { LIMITS } from "../core/_validate.ts";
 import { STATS_LUA } from "../core/stats.ts";
 
@@ -18,7 +19,7 @@ import { STATS_LUA } from "../core/stats.ts";
  * `{0, pttl, nowMs}` while another token's claim is in progress, `{2, nowMs, response}` when
  * completed, `{3, nowMs}` when the fingerprint differs from the first claim's.
  */
-export const CLAIM = defineScript(
+export const CLAIM = plainScript(
   "claim",
   `
 local recordKey   = KEYS[1]
@@ -67,7 +68,7 @@ return {1, tonumber(fence), leaseMs, nowMs}
  * Renew a claim. Returns `{1, fence, leaseMs, nowMs}`, or `{0, nowMs}` when the token's claim
  * is gone (expired, released, taken over or completed).
  */
-export const RENEW_CLAIM = defineScript(
+export const RENEW_CLAIM = plainScript(
   "renew_claim",
   `
 local recordKey = KEYS[1]
@@ -90,7 +91,7 @@ return {1, tonumber(record[3]), leaseMs, nowMs}
  * Complete a claim: keeps the response for the claim's retention. Returns 1, also when this
  * token already completed it (a retry), else 0: a late worker never overwrites a newer result.
  */
-export const COMPLETE = defineScript(
+export const COMPLETE = plainScript(
   "complete",
   `
 local recordKey = KEYS[1]
@@ -114,7 +115,7 @@ return 1
 );
 
 /** Release a claim (the work failed cleanly). Returns 1 when this token's claim was removed. */
-export const RELEASE_CLAIM = defineScript(
+export const RELEASE_CLAIM = plainScript(
   "release_claim",
   `
 local recordKey = KEYS[1]
@@ -132,7 +133,7 @@ return 1
  * Read a record, never its token. Returns `{0, nowMs}` when absent, `{1, nowMs, pttl, fence}`
  * while claimed, `{2, nowMs, pttl, response}` when completed.
  */
-export const GET_RECORD = defineScript(
+export const GET_RECORD = plainScript(
   "get_record",
   `
 local recordKey = KEYS[1]
@@ -159,7 +160,7 @@ return {2, nowMs, pttl, record[3] or ''}
  * `{0, reason, retryAfterMs, nowMs}` when not: 1 running elsewhere, 2 too soon after the
  * last start, 3 this tick already ran.
  */
-export const START_JOB = defineScript(
+export const START_JOB = plainScript(
   "start_job",
   `
 local jobKey       = KEYS[1]
@@ -199,7 +200,7 @@ return {1, tonumber(fence), atMostMs, nowMs}
 );
 
 /** Extend a running job's safety net. Returns `{1, fence, atMostMs, nowMs}` or `{0, nowMs}`. */
-export const EXTEND_JOB = defineScript(
+export const EXTEND_JOB = plainScript(
   "extend_job",
   `
 local jobKey   = KEYS[1]
@@ -223,7 +224,7 @@ return {1, tonumber(job[3]), atMostMs, nowMs}
  * Finish a run: the lock stays until atLeastMs after the start, so a trigger on a skewed clock
  * cannot re-run the job. Returns 1 when this token's run was finished (or already was), else 0.
  */
-export const FINISH_JOB = defineScript(
+export const FINISH_JOB = plainScript(
   "finish_job",
   `
 local jobKey = KEYS[1]
@@ -251,7 +252,7 @@ return 1
 );
 
 /** Count one event that no decision script sees, e.g. a webhook's bad signature. Returns 1. */
-export const NOTE = defineScript(
+export const NOTE = plainScript(
   "note",
   `
 local statsKey = KEYS[1]

@@ -1,6 +1,7 @@
 // The routes for seeing and operating the locks: who am I, the tenant's stats, its held locks and
 // audit, breaking a lock (operators only) and the Prometheus scrape. Tenants' keys see their own
 // tenant; operators' keys pick one with ?tenant= (GET /metrics: all of them).
+import { LIST_PAGE_DEFAULT } from "../../core/_validate.ts";
 import { createRoute, type OpenAPIHono, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import { EdgelockError } from "../../core/errors.ts";
@@ -181,7 +182,11 @@ function tenantOf(c: Context<AppEnv>): string {
 }
 
 /** Registers the routes above. */
-export function opsRoutes(app: OpenAPIHono<AppEnv>): void {
+export function opsRoutes(app: OpenAPIHono<AppEnv>, { stats }: { stats: boolean }): void {
+  // Stats and the held index exist only when the service keeps them.
+  const needStats = (what: string) => {
+    if (!stats) throw new TypeError(`${what} needs stats on (createApp({ stats: true }))`);
+  };
   app.openapi(meRoute, (c) => {
     const operator = c.get("operator");
     const tenants = operator === undefined ? [c.get("tenant")] : [...c.get("tenants").keys()];
@@ -194,16 +199,18 @@ export function opsRoutes(app: OpenAPIHono<AppEnv>): void {
 
   app.openapi(statsRoute, async (c) => {
     const tenant = tenantOf(c);
-    return c.json({ tenant, ...await c.get("locks").stats() }, 200);
+    needStats("/v1/stats");
+    return c.json({ tenant, ...await c.get("ops").stats() }, 200);
   });
 
   app.openapi(listRoute, async (c) => {
     tenantOf(c);
+    needStats("/v1/locks");
     const { prefix, cursor, limit } = c.req.valid("query");
     // A page inspects up to `limit` names (a script each) after scanning the index: it counts
     // as that many requests against the tenant's rate, one already counted.
-    c.get("charge")((limit ?? 100) - 1);
-    const page = await c.get("locks").list({
+    c.get("charge")((limit ?? LIST_PAGE_DEFAULT) - 1);
+    const page = await c.get("ops").list({
       ...(prefix && { prefix }),
       ...(cursor && { cursor }),
       ...(limit && { limit }),
@@ -215,7 +222,7 @@ export function opsRoutes(app: OpenAPIHono<AppEnv>): void {
   app.openapi(auditRoute, async (c) => {
     tenantOf(c);
     const { limit } = c.req.valid("query");
-    return c.json({ entries: await c.get("locks").audit(limit ? { limit } : {}) }, 200);
+    return c.json({ entries: await c.get("ops").audit(limit ? { limit } : {}) }, 200);
   });
 
   app.openapi(breakRoute, async (c) => {
@@ -237,15 +244,16 @@ export function opsRoutes(app: OpenAPIHono<AppEnv>): void {
     }
     const { name } = c.req.valid("param");
     const { reason = "", id } = parsed.data;
-    const result = await c.get("locks").break(name, { by: operator, reason, id });
+    const result = await c.get("ops").break(name, { by: operator, reason, id });
     return c.json(result, 200);
   });
 
   app.openapi(metricsRoute, async (c) => {
     const stores = c.get("tenants");
     const names = c.get("operator") === undefined ? [c.get("tenant")] : [...stores.keys()];
+    needStats("/metrics");
     const read: { tenant: string; stats: Stats }[] = await Promise.all(
-      names.map(async (tenant) => ({ tenant, stats: await stores.get(tenant)!.locks.stats() })),
+      names.map(async (tenant) => ({ tenant, stats: await stores.get(tenant)!.ops.stats() })),
     );
     return c.text(toPrometheus(read), 200, {
       "content-type": "text/plain; version=0.0.4; charset=utf-8",

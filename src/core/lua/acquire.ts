@@ -1,0 +1,58 @@
+import { defineScript } from "./_define.ts";
+import { ACQUIRE_ARGS, STATS_KEYS, WAIT_ARGS } from "./contracts.ts";
+import { ACQUIRE_LUA, INDEX_LUA, NOW, QUEUE_LUA, RECORD_LUA, STATS_LUA } from "./lib.ts";
+
+/**
+ * Acquire exclusively, with a fair, bounded queue of waiters. Returns `{1, fence, ttlMs, nowMs,
+ * holdCount}` when acquired (or re-acquired by the same token, keeping its fence; counted when
+ * `hold` names a reentrant hold), `{0, retryAfterMs, nowMs, position, pttl}` when busy: position
+ * 0 is the head of the queue, -1 not queued, -2 the queue was full; pttl is the holders' lease
+ * left, ms (0 when free but kept for the head of the queue); `{-1, code}` on a mismatch (see
+ * `./replies.ts`).
+ *
+ * Waiters (`ticketMs` > 0) take a FIFO ticket; a free lock goes to the head of the queue only,
+ * and everyone else (waiting or not) is busy until it takes it or its ticket lapses. A ticket
+ * lives `ticketMs` from each call, so a waiter that gave up or crashed blocks nobody for longer;
+ * each call that looks at the queue drops every lapsed ticket (at most `maxWaiters`, the queue's
+ * bound), wherever it is. Shared holders (kind S) hold it until the latest of their lease ends.
+ */
+export const ACQUIRE = defineScript(
+  "acquire",
+  {
+    keys: ["lockKey", "queueKey", "ticketsKey", "marksKey", ...STATS_KEYS],
+    args: { ...ACQUIRE_ARGS, name: "string", ...WAIT_ARGS, hold: "string" },
+  },
+  [NOW, RECORD_LUA, QUEUE_LUA, INDEX_LUA, STATS_LUA, ACQUIRE_LUA],
+  `
+local r = readRecord(lockKey)
+if r and r.foreign then return foreignBusy(lockKey) end
+local held = r and (r.token or r.shared) and nowMs < r.leaseEnd
+if held and r.shared and r.limit > 0 then return {-1, 1, nowMs} end
+if held and r.token == token then
+  if hold == '' and #r.holds.ids > 0 then return {-1, 5, nowMs} end -- a plain acquire of a reentrant lease
+  if not addHold(r.holds, hold) then return {-1, 3, nowMs} end
+  -- No hold ends the lease before the end another hold was told.
+  r.leaseEnd = math.max(r.leaseEnd, nowMs + ttlMs)
+  if meta ~= '' then r.meta = meta end
+  writeHeld(lockKey, r, nowMs, graceMs)
+  granted(r.leaseEnd)
+  return {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, holdCount(r.holds)}
+end
+-- No record (a first acquire, or one that was lost): look at the queue too.
+local head
+if not r or r.flag == '1' then head = queueHead(queueKey, ticketsKey, nowMs, maxWaiters) end
+local holdMs = holdEstimate(r)
+if not held and (not head or head == token) then
+  local flag = '0'
+  if head and leaveQueue(queueKey, ticketsKey, token) then flag = '1' end
+  local grant = {fence = newFence(r), leaseEnd = nowMs + ttlMs, at = nowMs, hold = holdMs,
+    flag = flag, token = token, meta = meta, holds = newHolds(hold),
+    released = (r and r.released) or ''}
+  writeHeld(lockKey, grant, nowMs, graceMs)
+  redis.call('ZREM', marksKey, token) -- a release without a fence now means this lease
+  granted(grant.leaseEnd)
+  return {1, tonumber(grant.fence), ttlMs, nowMs, 1}
+end
+return busy(r, held, holdMs, token, head)
+`,
+);

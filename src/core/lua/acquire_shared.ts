@@ -1,0 +1,120 @@
+/**
+ * Shared and counted leases, beside the exclusive lock's (`./acquire.ts`): a read-write lock's
+ * `shared` holders and a counting semaphore's. They share the name's record, fence and wait
+ * queue with exclusive leases, so one name is one lock whatever its mode.
+ *
+ * A name held this way has the record `S<fence>|<leaseEndMs>|<atMs>|<holdMs>|<flag>|<limit>|
+ * <released>` (limit 0: shared; else a semaphore of `limit` permits) and a hash of its holders
+ * (`HOLDERS_LUA`), each with its own lease, fence and hold count. The record's lease end is the
+ * latest holder's, so an exclusive acquire needs no look at the holders.
+ *
+ * @module
+ */
+
+import { defineScript } from "./_define.ts";
+import { ACQUIRE_ARGS, STATS_KEYS, WAIT_ARGS } from "./contracts.ts";
+import {
+  ACQUIRE_LUA,
+  HOLDERS_LUA,
+  INDEX_LUA,
+  NOW,
+  QUEUE_LUA,
+  RECORD_LUA,
+  STATS_LUA,
+} from "./lib.ts";
+
+/** The most shared holders one name has at once; one more is busy. */
+export const MAX_SHARED = 1000;
+
+/**
+ * Acquire shared (`limit` 0) or `permits` of a semaphore of `limit`. Returns `{1, fence, ttlMs,
+ * nowMs, holdCount}` when acquired (a new fence per holder, strictly increasing per name across
+ * all modes), the exclusive script's busy reply, or `{-1, code}` on a mismatch (`./replies.ts`).
+ *
+ * Fair: the queue is served in order, so a waiter is granted only when it and everyone ahead of
+ * it fit together; a queued exclusive waiter fits only alone, so it blocks the shared callers
+ * behind it and a stream of readers cannot starve a writer. A caller that does not queue comes
+ * after everyone queued.
+ */
+export const ACQUIRE_SHARED = defineScript(
+  "acquire_shared",
+  {
+    keys: ["lockKey", "queueKey", "ticketsKey", "holdersKey", "marksKey", ...STATS_KEYS],
+    args: {
+      ...ACQUIRE_ARGS,
+      name: "string",
+      ...WAIT_ARGS,
+      hold: "string",
+      limit: "number", // 0: shared; else a semaphore's permits in all
+      permits: "number", // what this caller takes: 1 when shared
+    },
+  },
+  [NOW, RECORD_LUA, HOLDERS_LUA, QUEUE_LUA, INDEX_LUA, STATS_LUA, ACQUIRE_LUA],
+  `
+local capacity, member = limit, token .. '~' .. permits
+if limit == 0 then capacity, member = ${MAX_SHARED}, token .. '~s' end
+local r = readRecord(lockKey)
+if r and r.foreign then return foreignBusy(lockKey) end
+local exclusive = r and r.token and nowMs < r.leaseEnd
+local live = r and r.shared and nowMs < r.leaseEnd
+if (exclusive and (limit > 0 or r.token == token)) or (live and (r.limit == 0) ~= (limit == 0)) then
+  return {-1, 1, nowMs}
+end
+if live and r.limit ~= limit then return {-1, 2, nowMs} end
+local holders, used = {}, 0
+if live then holders, used = readHolders(holdersKey, nowMs, true) end
+local mine = holders[token]
+if mine then
+  if mine.permits ~= permits then return {-1, 4, nowMs} end -- its permits are what it was told
+  if hold == '' and #mine.holds.ids > 0 then return {-1, 5, nowMs} end
+  if not addHold(mine.holds, hold) then return {-1, 3, nowMs} end
+  mine.leaseEnd = math.max(mine.leaseEnd, nowMs + ttlMs) -- never before another hold's end
+  if meta ~= '' then mine.meta = meta end
+  writeHolder(holdersKey, token, mine)
+  r.leaseEnd = math.max(r.leaseEnd, mine.leaseEnd)
+  writeShared(lockKey, r, nowMs, graceMs)
+  redis.call('PEXPIRE', holdersKey, r.leaseEnd - nowMs)
+  granted(r.leaseEnd)
+  return {1, tonumber(mine.fence), mine.leaseEnd - nowMs, nowMs, holdCount(mine.holds)}
+end
+-- What is free, less what the waiters ahead take in turn: a waiter that does not fit stops
+-- everyone behind it. An exclusive waiter (a bare token) takes everything, and only alone.
+local free = capacity - used
+if exclusive then free = 0 end
+local head
+if not r or r.flag == '1' then head = queueHead(queueKey, ticketsKey, nowMs, maxWaiters) end
+if head then
+  for _, m in ipairs(redis.call('ZRANGE', queueKey, 0, maxWaiters - 1)) do
+    if m == member then break end
+    local want = string.match(m, '~(%w+)$')
+    local takes
+    if not want then
+      if free == capacity then takes = capacity end
+    elseif (want == 's') == (limit == 0) then
+      takes = tonumber(want) or 1
+    end
+    if not takes or takes > free then
+      free = -1
+      break
+    end
+    free = free - takes
+  end
+end
+local holdMs = holdEstimate(r)
+if permits > free then return busy(r, exclusive or live, holdMs, member, head) end
+local flag = '0'
+if head and leaveQueue(queueKey, ticketsKey, member) then flag = '1' end
+if not live then redis.call('DEL', holdersKey) end -- holders of an earlier shared spell
+local h = {fence = newFence(r), leaseEnd = nowMs + ttlMs, permits = permits,
+  holds = newHolds(hold), meta = meta}
+writeHolder(holdersKey, token, h)
+redis.call('ZREM', marksKey, token) -- a release without a fence now means this lease
+local grant = {fence = h.fence, leaseEnd = h.leaseEnd, at = nowMs, hold = holdMs, flag = flag,
+  limit = limit, released = (r and r.released) or '', shared = true}
+if live then grant.leaseEnd = math.max(r.leaseEnd, h.leaseEnd) end
+writeShared(lockKey, grant, nowMs, graceMs)
+redis.call('PEXPIRE', holdersKey, grant.leaseEnd - nowMs)
+granted(grant.leaseEnd)
+return {1, tonumber(h.fence), ttlMs, nowMs, 1}
+`,
+);

@@ -1,0 +1,61 @@
+import { defineScript } from "./_define.ts";
+import { STATS_KEYS } from "./contracts.ts";
+import { INDEX_LUA, NOW, RECORD_LUA, STATS_LUA, STATS_RETENTION_MS } from "./lib.ts";
+
+/** The number of audit entries a prefix keeps (its stream is trimmed to them). */
+export const AUDIT_LENGTH = 1000;
+
+/**
+ * Break a held lock (an operator's act): the lease ends now (every holder's, when shared), its
+ * fence stays the floor, so the holder's renew and release fail and the next grant gets a higher
+ * fence; waiters keep their places. Recorded in the audit stream. Returns `{1, fence, nowMs}`, or
+ * `{0, nowMs}` when it was not held. A break with an id is remembered for RELEASE_MEMORY_MS: a
+ * retry answers the same and breaks nothing more (never a lease granted since).
+ */
+export const BREAK = defineScript(
+  "break",
+  {
+    keys: ["lockKey", "holdersKey", "marksKey", "auditKey", ...STATS_KEYS],
+    args: {
+      graceMs: "number",
+      name: "string",
+      by: "string",
+      reason: "string",
+      breakId: "string", // '' for none
+    },
+  },
+  [NOW, RECORD_LUA, INDEX_LUA, STATS_LUA],
+  `
+if breakId ~= '' then -- a retry: the same answer (a fence, or 0 for not held), nothing more
+  local done = tonumber(redis.call('ZSCORE', marksKey, '~' .. breakId))
+  if done == 0 then return {0, nowMs} end
+  if done then return {1, done, nowMs} end
+end
+local r = readRecord(lockKey)
+if not r or not (r.token or r.shared) or nowMs >= r.leaseEnd then
+  if breakId ~= '' then markReleased(marksKey, '~' .. breakId, 0) end
+  return {0, nowMs}
+end
+r.released = r.fence .. ':' .. string.sub(redis.sha1hex('broken:' .. (r.token or 'shared')), 1, 12)
+writeReleased(lockKey, r, graceMs)
+redis.call('DEL', holdersKey)
+if breakId ~= '' then markReleased(marksKey, '~' .. breakId, r.fence) end
+indexEnd(endsKey, name, nowMs)
+count(statsKey, nowMs, 'break.broken')
+redis.call('XADD', auditKey, 'MAXLEN', ${AUDIT_LENGTH}, '*', 'action', 'break', 'name', name,
+  'fence', r.fence, 'by', by, 'reason', reason, 'at', nowMs)
+redis.call('PEXPIRE', auditKey, ${STATS_RETENTION_MS})
+return {1, tonumber(r.fence), nowMs}
+`,
+);
+
+/** The latest audit entries, newest first: XREVRANGE's reply. Read-only. */
+export const READ_AUDIT = defineScript(
+  "read_audit",
+  { keys: ["auditKey"], args: { limit: "number" } },
+  [],
+  `
+return redis.call('XREVRANGE', auditKey, '+', '-', 'COUNT', limit)
+`,
+  { readOnly: true },
+);

@@ -1,0 +1,368 @@
+/**
+ * Every lock decision as one Lua script, run atomically on the Redis primary. Each script reads
+ * the server clock with TIME, so no decision depends on a client's clock. Written for Redis 6.2
+ * semantics (Upstash) and Redis 7.x. Every key a script touches is passed in `KEYS`, and every
+ * key a script writes carries a TTL.
+ *
+ * Keys per lock name, all in one hash slot: the lock record, one string; the wait queue (members
+ * by arrival) and its tickets (members by deadline), which exist only while callers wait and live
+ * as long as the latest ticket; for shared and semaphore leases (`./acquire_shared.ts`) the
+ * holders' hash and the last releases. The record is
+ *
+ * - `H<fence>|<leaseEndMs>|<atMs>|<holdMs>|<flag>|<token>|<released>|<holdCount>|<meta>` while an
+ *   exclusive lease may be held: it is held until `leaseEndMs` on the server clock;
+ * - `S<fence>|<leaseEndMs>|<atMs>|<holdMs>|<flag>|<limit>|<released>` while shared or semaphore
+ *   leases may be held, until the latest holder's `leaseEndMs`;
+ * - `R<fence>|<holdMs>|<flag>|<sha>` once it was released (`released` is then `<fence>:<sha>`).
+ *
+ * `released` is `<fence>:<sha>` of the last release, `sha` the first 12 hex digits of the SHA-1 of
+ * its token, so a retried release answers the same for exactly that lease.
+ *
+ * Either way it keeps the last fence (the floor) for `graceMs` after the lease ends, so fences keep
+ * increasing across that window even if the server clock steps back within it. `holdMs` is a
+ * moving average of hold times, for waiters' hints; `flag` is 1 while the lock is contended (a
+ * busy reply or a queued waiter since the last grant): then acquire looks at the queue and release
+ * samples the hold time. Without contention an acquire+release cycle runs six commands inside
+ * its two scripts (TIME, GET, SET each), eight with the two EVALSHA calls; the stats and the held
+ * index (`../stats.ts`) add ten when they are on, in the same scripts.
+ *
+ * This module holds the Lua pieces the scripts share, each a set of local functions spliced in
+ * after a script's header (`./_define.ts`), and the constants they are written with; each script
+ * is a module of its own beside it. `deno task lua <script>` prints a script as Redis runs it,
+ * with line numbers, since Redis reports errors by them.
+ *
+ * @module
+ */
+
+import { DEFAULT_HOLD_MS, LIMITS } from "../_validate.ts";
+import { STATS_LUA, STATS_RETENTION_MS } from "../stats.ts";
+
+export { STATS_LUA, STATS_RETENTION_MS };
+
+// Shared preamble: the server clock in microseconds and milliseconds. Microseconds since the
+// epoch are about 1.8e15, well inside the 2^53 that Lua doubles and JSON numbers hold exactly.
+// ttlOrSet: a key's TTL; one without a TTL (a PERSIST, a restore, a hand repair) would hold its
+// name forever, so it gets `ms` now. Only for keys that exist.
+export const NOW = `
+local time  = redis.call('TIME')
+local nowUs = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local nowMs = math.floor(nowUs / 1000)
+local function ttlOrSet(key, ms)
+  local pttl = redis.call('PTTL', key)
+  if pttl >= 0 then return pttl end
+  redis.call('PEXPIRE', key, ms)
+  return ms
+end
+`;
+
+/** A busy reply never asks a caller to look again sooner than this, in milliseconds. */
+export const MIN_RETRY_MS = 5;
+
+// Hold times feed busy replies' hints. A server clock that steps between grant and release gives
+// a sample outside any real hold; each sample and the average stay within 1 ms and the longest TTL.
+export const MAX_HOLD_MS = LIMITS.ttlMs.max;
+
+/** How many releases a name remembers, for retried releases. */
+export const RELEASED_MARKS = 1000;
+
+/** The most holds one reentrant lease (or one shared holder) counts; one more is `hold_limit`. */
+export const MAX_HOLDS = 64;
+
+/**
+ * How long a name remembers a release (or a break) by its token (or break id), so that a retry
+ * answers the same: ten minutes, far beyond any client's retries.
+ */
+export const RELEASE_MEMORY_MS = 600_000;
+
+// A lease's holds, written `<n>` or `<n>,<id>,<id>…`: n holds without an id (a plain acquire's,
+// and every hold of a record written before hold ids) and the ids of reentrant holds. A
+// reentrant acquire or release names its own hold, so a retry of either takes effect once.
+const HOLDS_LUA = `
+local function readHolds(text)
+  local holds = {anon = tonumber(string.match(text, '^%d+')), ids = {}}
+  for id in string.gmatch(text, ',([%w_-]+)') do holds.ids[#holds.ids + 1] = id end
+  return holds
+end
+local function holdsText(holds)
+  if #holds.ids == 0 then return string.format('%d', holds.anon) end
+  return string.format('%d', holds.anon) .. ',' .. table.concat(holds.ids, ',')
+end
+local function holdCount(holds) return holds.anon + #holds.ids end
+local function findHold(holds, id)
+  for i, held in ipairs(holds.ids) do if held == id then return i end end
+  return nil
+end
+-- A new lease's holds: one, with the reentrant acquire's id or without.
+local function newHolds(hold)
+  if hold == '' then return {anon = 1, ids = {}} end
+  return {anon = 0, ids = {hold}}
+end
+-- The holder acquires again: a plain acquire or a hold id already there adds nothing (a retry).
+-- False when the lease has ${MAX_HOLDS} holds already.
+local function addHold(holds, hold)
+  if hold == '' or findHold(holds, hold) then return true end
+  if holdCount(holds) >= ${MAX_HOLDS} then return false end
+  holds.ids[#holds.ids + 1] = hold
+  return true
+end
+-- A release drops the hold with its id, or without an id a plain hold; none when that hold is
+-- gone (a retry, or a duplicate). Returns how many holds are left.
+local function dropHold(holds, hold)
+  if hold ~= '' then
+    local i = findHold(holds, hold)
+    if i then table.remove(holds.ids, i) end
+  elseif holds.anon > 0 then
+    holds.anon = holds.anon - 1
+  end
+  return holdCount(holds)
+end
+-- Remembers a release (member: a token, or '~' and a break id) with its fence, for retries.
+local function markReleased(marksKey, member, fence)
+  redis.call('ZADD', marksKey, fence, member)
+  redis.call('ZREMRANGEBYRANK', marksKey, 0, -${RELEASED_MARKS + 1})
+  redis.call('PEXPIRE', marksKey, ${RELEASE_MEMORY_MS})
+end
+`;
+
+// The lock record: read, and written with a TTL that keeps the fence `graceMs` past the lease.
+// A value this code did not write is `foreign`: busy until its TTL (given one if it has none).
+export const RECORD_LUA = `
+local function clamp(value, low, high) return math.min(math.max(value, low), high) end
+${HOLDS_LUA}local function readRecord(key)
+  local value = redis.call('GET', key)
+  if not value then return nil end
+  local kind = string.sub(value, 1, 1)
+  if kind == 'H' then
+    local fence, leaseEnd, at, hold, flag, token, released, count, meta = string.match(value,
+      '^H(%d+)|(%d+)|(%d+)|(%d+)|([01])|([%w_-]+)|([%d:%x]*)|(%d[%w_,%-]*)|(.*)$')
+    if not fence then -- written by 0.1, before hold counts: one hold
+      fence, leaseEnd, at, hold, flag, token, released, meta = string.match(value,
+        '^H(%d+)|(%d+)|(%d+)|(%d+)|([01])|([%w_-]+)|([%d:%x]*)|(.*)$')
+      count = '1'
+    end
+    if fence then
+      return {fence = fence, leaseEnd = tonumber(leaseEnd), at = tonumber(at),
+        hold = tonumber(hold), flag = flag, token = token, released = released,
+        holds = readHolds(count), meta = meta}
+    end
+  elseif kind == 'S' then
+    local fence, leaseEnd, at, hold, flag, limit, released =
+      string.match(value, '^S(%d+)|(%d+)|(%d+)|(%d+)|([01])|(%d+)|([%d:%x]*)$')
+    if fence then
+      return {fence = fence, leaseEnd = tonumber(leaseEnd), at = tonumber(at),
+        hold = tonumber(hold), flag = flag, limit = tonumber(limit), released = released,
+        shared = true}
+    end
+  elseif kind == 'R' then
+    local fence, hold, flag, sha = string.match(value, '^R(%d+)|(%d+)|([01])|(%x+)$')
+    if fence then
+      return {fence = fence, leaseEnd = 0, hold = tonumber(hold), flag = flag,
+        released = fence .. ':' .. sha, free = true}
+    end
+  end
+  return {foreign = true}
+end
+local function ms(value) return string.format('%.0f', value) end
+local function writeHeld(key, r, nowMs, graceMs)
+  redis.call('SET', key, 'H' .. r.fence .. '|' .. ms(r.leaseEnd) .. '|' .. ms(r.at) .. '|' ..
+    string.format('%d', math.floor(r.hold)) .. '|' .. r.flag .. '|' .. r.token .. '|' ..
+    r.released .. '|' .. holdsText(r.holds) .. '|' .. r.meta, 'PX', math.max(1, r.leaseEnd - nowMs + graceMs))
+end
+local function writeShared(key, r, nowMs, graceMs)
+  redis.call('SET', key, 'S' .. r.fence .. '|' .. ms(r.leaseEnd) .. '|' .. ms(r.at) .. '|' ..
+    string.format('%d', math.floor(r.hold)) .. '|' .. r.flag .. '|' .. r.limit .. '|' .. r.released,
+    'PX', math.max(1, r.leaseEnd - nowMs + graceMs))
+end
+-- ttl: the record's new TTL, or nil to keep its TTL.
+local function writeReleased(key, r, ttl)
+  local value = 'R' .. r.fence .. '|' .. string.format('%d', math.floor(r.hold)) .. '|' .. r.flag ..
+    '|' .. string.match(r.released, ':(%x+)$')
+  if ttl then redis.call('SET', key, value, 'PX', ttl) else redis.call('SET', key, value, 'KEEPTTL') end
+end
+local function writeRecord(key, r, nowMs, graceMs)
+  if r.free then writeReleased(key, r, nil)
+  elseif r.shared then writeShared(key, r, nowMs, graceMs)
+  else writeHeld(key, r, nowMs, graceMs) end
+end
+`;
+
+// The holders of a name held shared or as a semaphore (record kind S), one hash field each:
+// token -> `<leaseEnd>|<fence>|<permits>|<holds>|<meta>` (`<holds>` as in HOLDS_LUA). The record's lease end is the latest
+// holder's, and the hash lives until then: past it the name is free and the hash gone. Holders
+// whose lease ran out are dropped when read.
+export const HOLDERS_LUA = `
+local function readHolder(raw)
+  local leaseEnd, fence, permits, holds, meta =
+    string.match(raw or '', '^(%d+)|(%d+)|(%d+)|(%d[%w_,%-]*)|(.*)$')
+  if not leaseEnd then return nil end
+  return {leaseEnd = tonumber(leaseEnd), fence = fence, permits = tonumber(permits),
+    holds = readHolds(holds), meta = meta}
+end
+-- The live holders by token, the permits they hold, and the latest lease end; with prune, the
+-- others leave the hash.
+local function readHolders(holdersKey, nowMs, prune)
+  local holders, used, latest = {}, 0, 0
+  local raw = redis.call('HGETALL', holdersKey)
+  for i = 1, #raw, 2 do
+    local h = readHolder(raw[i + 1])
+    if h and h.leaseEnd > nowMs then
+      holders[raw[i]] = h
+      used = used + h.permits
+      latest = math.max(latest, h.leaseEnd)
+    elseif prune then
+      redis.call('HDEL', holdersKey, raw[i])
+    end
+  end
+  return holders, used, latest
+end
+local function writeHolder(holdersKey, token, h)
+  redis.call('HSET', holdersKey, token, ms(h.leaseEnd) .. '|' .. h.fence .. '|' .. h.permits .. '|' ..
+    holdsText(h.holds) .. '|' .. h.meta)
+end
+`;
+
+// The wait queue: tokens by arrival and by ticket deadline. A member is a token (an exclusive
+// waiter) or `<token>~s` (shared) or `<token>~<permits>` (a semaphore), so a look at the queue
+// knows what each waiter asks for.
+export const QUEUE_LUA = `
+-- The head of the queue, once lapsed tickets are dropped (at most maxWaiters of them).
+local function queueHead(queueKey, ticketsKey, nowMs, maxWaiters)
+  local head = redis.call('ZRANGE', queueKey, 0, 0)[1]
+  if head then -- the queue and its tickets hold the same members: no head, no tickets
+    local lapsed = redis.call('ZRANGEBYSCORE', ticketsKey, '-inf', nowMs, 'LIMIT', 0, maxWaiters)
+    if #lapsed > 0 then
+      redis.call('ZREM', queueKey, unpack(lapsed))
+      redis.call('ZREM', ticketsKey, unpack(lapsed))
+      head = redis.call('ZRANGE', queueKey, 0, 0)[1]
+    end
+  end
+  return head
+end
+-- Takes a ticket for ticketMs (keeping an earlier place); returns the place, 0 the head, or -2
+-- when the queue is full.
+local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters)
+  if not redis.call('ZSCORE', queueKey, member) then
+    if redis.call('ZCARD', queueKey) >= maxWaiters then return -2 end
+    -- Arrival order from the queue itself: one past the last waiter's place.
+    local last = redis.call('ZRANGE', queueKey, -1, -1, 'WITHSCORES')[2]
+    redis.call('ZADD', queueKey, (tonumber(last) or 0) + 1, member)
+  end
+  redis.call('ZADD', ticketsKey, nowMs + ticketMs, member)
+  -- The queue lives as long as its latest ticket, so no ticket dies before its deadline.
+  local latest = tonumber(redis.call('ZRANGE', ticketsKey, -1, -1, 'WITHSCORES')[2])
+  redis.call('PEXPIRE', queueKey, math.max(latest - nowMs, 1))
+  redis.call('PEXPIRE', ticketsKey, math.max(latest - nowMs, 1))
+  return redis.call('ZRANK', queueKey, member)
+end
+local function leaveQueue(queueKey, ticketsKey, member)
+  redis.call('ZREM', queueKey, member)
+  redis.call('ZREM', ticketsKey, member)
+  return redis.call('ZCARD', queueKey) > 0
+end
+-- Contention is noted in the record (its TTL kept), so release samples the hold time and the
+-- next acquire looks at the queue.
+local function noteContended(lockKey, r, nowMs, graceMs)
+  if r and r.flag ~= '1' then
+    r.flag = '1'
+    writeRecord(lockKey, r, nowMs, graceMs)
+  end
+end
+-- When a busy caller should look again: the holder's expected time left, then one hold per
+-- waiter ahead. A holder past the usual hold time may hold much longer: look again after half
+-- the time it has held so far (backoff). Never past the lease end (held) or, free but kept for
+-- the head of the queue, the head's ticket; never under MIN_RETRY_MS. The head is told when the
+-- release is expected here (the sampled holds run from grant to the release's arrival); a look
+-- that arrives early costs a whole round trip, one that arrives late only the lateness.
+local function retryAfter(r, held, holdMs, position, ticketsKey, head, nowMs)
+  local left, cap = holdMs, nil
+  if held then
+    local heldFor = clamp(nowMs - r.at, 0, ${MAX_HOLD_MS})
+    left = math.max(holdMs - heldFor, heldFor / 2, 1)
+    cap = r.leaseEnd - nowMs
+  else
+    cap = (tonumber(redis.call('ZSCORE', ticketsKey, head or '')) or nowMs) - nowMs
+  end
+  local wait = math.min(left + holdMs * math.max(position, 0), cap)
+  return math.floor(math.max(${MIN_RETRY_MS}, wait))
+end
+`;
+
+// The held index, kept only with stats on (its keys are then passed, else nil): the prefix's
+// recent names in order (`names`, all scores 0, for listing by prefix and cursor) and their lease
+// ends (`ends`; minus the release time once released), so a name is held while its end is in the
+// future. A name stays a minute after its release (acquiring it again is then cheaper); names
+// released longer ago or whose lease ran out leave both sets, up to 1000 at the first grant of each
+// minute and up to 4 at each grant of a name new to the index, so the sets hold about the names
+// used in the last minute. Through pcall, like the stats: a damaged index never stops a decision.
+export const INDEX_LUA = `
+local function indexPrune(namesKey, endsKey, nowMs, limit)
+  if not namesKey then return end
+  local ended = redis.pcall('ZRANGEBYSCORE', endsKey,
+    '(' .. string.format('%.0f', 60000 - nowMs), nowMs, 'LIMIT', 0, limit)
+  if type(ended) == 'table' and not ended.err and #ended > 0 then
+    redis.pcall('ZREM', namesKey, unpack(ended))
+    redis.pcall('ZREM', endsKey, unpack(ended))
+  end
+end
+local function indexPut(namesKey, endsKey, name, leaseEnd, nowMs)
+  if not namesKey then return end
+  -- The two sets hold the same names: a name new to one is new to both, and may have made the
+  -- keys, which then get their TTL.
+  if redis.pcall('ZADD', endsKey, leaseEnd, name) == 1 then
+    redis.pcall('ZADD', namesKey, 0, name)
+    redis.pcall('PEXPIRE', namesKey, ${STATS_RETENTION_MS})
+    redis.pcall('PEXPIRE', endsKey, ${STATS_RETENTION_MS})
+    indexPrune(namesKey, endsKey, nowMs, 4)
+  end
+end
+local function indexEnd(endsKey, name, nowMs)
+  if endsKey then redis.pcall('ZADD', endsKey, 'XX', -nowMs, name) end
+end
+`;
+
+// What every acquire script does alike, written with the acquire contract's names (`statsKey`,
+// `namesKey`, `endsKey`, `waitedMs`, `waiting`, and `lockKey`, `queueKey`, `ticketsKey`,
+// `ticketMs`, `maxWaiters`, `graceMs`, `name` where one name is acquired).
+export const ACQUIRE_LUA = `
+-- A new fence: max(now in µs, the last fence + 1). Strictly increasing while the record lives,
+-- and past its expiry or a data loss still above every earlier fence unless the clock stepped back.
+local function newFence(r)
+  return string.format('%.0f', math.max(nowUs, ((r and tonumber(r.fence)) or 0) + 1))
+end
+-- The expected hold time, for hints: the record's moving average, or ${DEFAULT_HOLD_MS} ms for a new name.
+local function holdEstimate(r) return clamp((r and r.hold) or ${DEFAULT_HOLD_MS}, 1, ${MAX_HOLD_MS}) end
+-- A grant's stats: the time waited (the first grant of a minute prunes the held index too).
+local function noteWaited()
+  if observe(statsKey, nowMs, 'wait', waitedMs) then indexPrune(namesKey, endsKey, nowMs, 1000) end
+end
+local function granted(leaseEnd)
+  noteWaited()
+  indexPut(namesKey, endsKey, name, leaseEnd, nowMs)
+end
+-- A busy reply is the caller's outcome unless it waits; a full queue always is.
+local function countBusy(position)
+  if position == -2 then
+    count(statsKey, nowMs, 'acquire.queue_full')
+  elseif not waiting then
+    count(statsKey, nowMs, 'acquire.busy')
+  end
+end
+-- A record this code did not write: busy until its TTL (given one if it has none).
+local function foreignBusy(key)
+  countBusy(-1)
+  return {0, ${MIN_RETRY_MS}, nowMs, -1, ttlOrSet(key, ${MAX_HOLD_MS})}
+end
+-- Busy: note the contention, queue \`member\` when it waits, and hint when to look again.
+local function busy(r, held, holdMs, member, head)
+  noteContended(lockKey, r, nowMs, graceMs)
+  local pttl = 0
+  if held then
+    pttl = r.leaseEnd - nowMs
+    ttlOrSet(lockKey, pttl + graceMs)
+  end
+  local position = -1
+  if ticketMs > 0 then position = joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters) end
+  countBusy(position)
+  return {0, retryAfter(r, held, holdMs, position, ticketsKey, head, nowMs), nowMs, position, pttl}
+end
+`;

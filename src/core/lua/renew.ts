@@ -1,0 +1,41 @@
+import { defineScript } from "./_define.ts";
+import { STATS_KEYS } from "./contracts.ts";
+import { HOLDERS_LUA, INDEX_LUA, NOW, RECORD_LUA, STATS_LUA } from "./lib.ts";
+
+/**
+ * Renew, any kind of lease. Returns `{1, fence, ttlMs, nowMs, holdCount}`, or `{0, nowMs}` when
+ * the token no longer holds it.
+ */
+export const RENEW = defineScript(
+  "renew",
+  {
+    keys: ["lockKey", "holdersKey", ...STATS_KEYS],
+    args: { token: "string", ttlMs: "number", graceMs: "number", name: "string" },
+  },
+  [NOW, RECORD_LUA, HOLDERS_LUA, INDEX_LUA, STATS_LUA],
+  `
+local r = readRecord(lockKey)
+local h = r
+if r and r.shared and nowMs < r.leaseEnd then
+  h = readHolder(redis.call('HGET', holdersKey, token))
+  if h then h.token = token end
+end
+if not r or not h or h.token ~= token or nowMs >= h.leaseEnd then
+  count(statsKey, nowMs, 'renew.lost')
+  return {0, nowMs}
+end
+-- A renewal never shortens a lease: another hold of it may have been told the later end.
+h.leaseEnd = math.max(h.leaseEnd, nowMs + ttlMs)
+if r.shared then
+  writeHolder(holdersKey, token, h)
+  r.leaseEnd = math.max(r.leaseEnd, h.leaseEnd) -- the latest holder's
+  writeShared(lockKey, r, nowMs, graceMs)
+  redis.call('PEXPIRE', holdersKey, r.leaseEnd - nowMs)
+else
+  writeHeld(lockKey, r, nowMs, graceMs)
+end
+indexPut(namesKey, endsKey, name, r.leaseEnd, nowMs)
+count(statsKey, nowMs, 'renew.renewed')
+return {1, tonumber(h.fence), h.leaseEnd - nowMs, nowMs, holdCount(h.holds)}
+`,
+);

@@ -1,0 +1,123 @@
+// Each script's reply, decoded once into what it means, so no caller reads a reply by index.
+import { integers } from "../_runner.ts";
+import type { Script } from "./_define.ts";
+
+/** An acquire's grant: the fence, the lease left and the server time, ms; its hold count. */
+export interface Granted {
+  status: "granted";
+  fence: number;
+  ttlMs: number;
+  now: number;
+  holdCount: number;
+}
+
+/** A busy acquire: when to look again, the caller's place (-1 none, -2 queue full), lease left. */
+export interface Busy {
+  status: "busy";
+  retryAfterMs: number;
+  now: number;
+  position: number;
+  pttl: number;
+}
+
+/**
+ * The name is held in another mode (code 1), as a semaphore with another limit (2), by this
+ * token with MAX_HOLDS holds already (3) or with other permits (4), or reentrant by this token,
+ * which a plain acquire would not count (5).
+ */
+export interface Mismatch {
+  status: "mismatch";
+  code: 1 | 2 | 3 | 4 | 5;
+}
+
+/** Busy with a full queue: the acquire script's place. */
+export const QUEUE_FULL = -2;
+
+/** An exclusive or shared acquire's reply. */
+export function decodeAcquire(script: Script, reply: unknown): Granted | Busy | Mismatch {
+  const [status] = integers(script, reply, 1);
+  if (status === 1) {
+    const [, fence, ttlMs, now, holdCount] = integers(script, reply, 5) as Tuple5;
+    return { status: "granted", fence, ttlMs, now, holdCount };
+  }
+  return decodeNotGranted(script, reply);
+}
+
+/** A multi-name acquire's reply: a fence per name, in order, when granted. */
+export function decodeAcquireAll(
+  script: Script,
+  reply: unknown,
+  names: number,
+): { status: "granted"; fences: number[]; ttlMs: number; now: number } | Busy | Mismatch {
+  const [status] = integers(script, reply, 1);
+  if (status !== 1) return decodeNotGranted(script, reply);
+  const [, now, ttlMs, ...fences] = integers(script, reply, 3 + names) as [1, number, number];
+  return { status: "granted", fences, ttlMs, now };
+}
+
+function decodeNotGranted(script: Script, reply: unknown): Busy | Mismatch {
+  const [status, code] = integers(script, reply, 2) as [number, number];
+  if (status === -1) return { status: "mismatch", code: code as Mismatch["code"] };
+  const [, retryAfterMs, now, position, pttl] = integers(script, reply, 5) as Tuple5;
+  return { status: "busy", retryAfterMs, now, position, pttl };
+}
+
+/** A renewal: the lease as the acquire's grant, or lost. */
+export function decodeRenew(script: Script, reply: unknown): Granted | { status: "lost" } {
+  if (integers(script, reply, 1)[0] !== 1) return { status: "lost" };
+  const [, fence, ttlMs, now, holdCount] = integers(script, reply, 5) as Tuple5;
+  return { status: "granted", fence, ttlMs, now, holdCount };
+}
+
+/** A release or a leave: 1 when it took effect. */
+export function decodeDone(script: Script, reply: unknown): boolean {
+  return integers(script, [reply], 1)[0] === 1;
+}
+
+/** A break: the broken lease's fence, or not held. */
+export function decodeBreak(script: Script, reply: unknown): { fence: number } | undefined {
+  if (integers(script, reply, 1)[0] !== 1) return undefined;
+  return { fence: integers(script, reply, 2)[1]! };
+}
+
+/** An inspect: the latest lease and its holders when held. */
+export function decodeInspect(script: Script, reply: unknown):
+  | undefined
+  | {
+    fence: number;
+    ttlMs: number;
+    now: number;
+    waiters: number;
+    meta: unknown;
+    mode: unknown;
+    holders: number;
+    permits: number;
+    limit: number;
+  } {
+  if (integers(script, reply, 1)[0] !== 1) return undefined;
+  const [, fence, ttlMs, now, waiters] = integers(script, reply, 5) as Tuple5;
+  const [meta, mode, holders, permits, limit] = (reply as unknown[]).slice(5);
+  return {
+    fence,
+    ttlMs,
+    now,
+    waiters,
+    meta,
+    mode,
+    holders: Number(holders),
+    permits: Number(permits),
+    limit: Number(limit),
+  };
+}
+
+/** The held count and the stats fields of one bucket. */
+export function decodeStats(script: Script, reply: unknown): {
+  now: number;
+  held: number;
+  fields: unknown[];
+} {
+  const [now, held] = integers(script, reply, 2) as [number, number];
+  return { now, held, fields: (reply as unknown[]).slice(2) };
+}
+
+type Tuple5 = [number, number, number, number, number];
