@@ -1,0 +1,126 @@
+// The client's HTTP core: one request with its retries, problem+json replies as EdgelockError,
+// and the paths the resource modules share.
+import { backoffDelay, sleep } from "../core/_backoff.ts";
+import { EdgelockError, type ErrorCode } from "../core/errors.ts";
+import type { ClientOptions } from "./client.ts";
+
+/** What the HTTP core needs from `ClientOptions`. */
+export type HttpOptions = Pick<ClientOptions, "baseUrl" | "apiKey" | "fetch" | "retries">;
+
+type Data = Record<string, unknown>;
+
+/** A reply the service sent: its status and JSON object, and when the request went out. */
+export interface Reply {
+  status: number;
+  data: Data;
+  sentAt: number;
+}
+
+/** The HTTP core each resource module is made from. */
+export interface Http {
+  /** Sends a request, retrying a network error or a 503 with backoff. */
+  call(method: "GET" | "POST", path: string, body?: unknown, signal?: AbortSignal): Promise<Reply>;
+  /** Sends a request and answers its 200 reply's data; anything else is thrown as a problem. */
+  ok<T>(method: "GET" | "POST", path: string, body?: unknown): Promise<T>;
+}
+
+const MAX_RETRIES = 10;
+// The backoff ceiling between attempts, and the hint a caller gets once they all failed.
+const RETRY_CAP_MS = 1000;
+
+/** The HTTP core over the options' service, key and fetch; throws on an invalid option. */
+export function createHttp(options: HttpOptions): Http {
+  const { base, apiKey, fetchFn, retries } = settings(options);
+  const init = (method: string, body: unknown, signal?: AbortSignal): RequestInit => ({
+    method,
+    headers: {
+      authorization: `Bearer ${apiKey}`,
+      ...(body !== undefined && { "content-type": "application/json" }),
+    },
+    body: body === undefined ? undefined : JSON.stringify(body),
+    signal,
+  });
+  const call: Http["call"] = async (method, path, body, signal) => {
+    for (let tries = 0;; tries++) {
+      const sentAt = performance.now();
+      const { status, data, failure } = await attempt(
+        fetchFn,
+        new URL(path, base),
+        init(method, body, signal),
+      );
+      if (data && status !== 503) return { status, data, sentAt };
+      if (tries >= retries) {
+        throw new EdgelockError(
+          "backend_unavailable",
+          `The lock service at ${base.origin} is unavailable`,
+          { cause: failure ?? status, retryAfterMs: RETRY_CAP_MS },
+        );
+      }
+      await sleep(backoffDelay(tries + 2, RETRY_CAP_MS), signal);
+    }
+  };
+  return {
+    call,
+    async ok<T>(method: "GET" | "POST", path: string, body?: unknown): Promise<T> {
+      const { status, data } = await call(method, path, body);
+      if (status !== 200) throw fromProblem(status, data);
+      return data as T;
+    },
+  };
+}
+
+// The options checked, with their defaults.
+function settings(options: HttpOptions) {
+  const { baseUrl, apiKey, fetch: fetchFn = globalThis.fetch, retries = 2 } = options;
+  let base: URL;
+  try {
+    base = new URL(baseUrl.endsWith("/") ? baseUrl : `${baseUrl}/`);
+  } catch {
+    throw new TypeError(`baseUrl "${baseUrl}" is not a valid URL`);
+  }
+  if (typeof apiKey !== "string" || apiKey === "") throw new TypeError("apiKey is required");
+  if (!Number.isInteger(retries) || retries < 0 || retries > MAX_RETRIES) {
+    throw new RangeError(`retries must be an integer from 0 to ${MAX_RETRIES}`);
+  }
+  return { base, apiKey, fetchFn, retries };
+}
+
+// One attempt: the reply's status and object, or the failure that kept it from coming.
+async function attempt(
+  fetchFn: typeof fetch,
+  url: URL,
+  init: RequestInit,
+): Promise<{ status: number; data?: Data; failure?: unknown }> {
+  let status = 0;
+  try {
+    const response = await fetchFn(url, init);
+    status = response.status;
+    // A reply cut short is a transport failure like any other, never an empty success.
+    const parsed: unknown = await response.json();
+    if (typeof parsed !== "object" || parsed === null) throw new TypeError("not a JSON object");
+    return { status, data: parsed as Data };
+  } catch (error) {
+    if (init.signal?.aborted) throw init.signal.reason;
+    return { status, failure: error };
+  }
+}
+
+/** A lock's path, or one of its actions'. */
+export function lockPath(name: string, action?: string): string {
+  return `v1/locks/${encodeURIComponent(name)}${action ? `/${action}` : ""}`;
+}
+
+/** A problem+json reply as the EdgelockError it describes. */
+export function fromProblem(status: number, data: Data): EdgelockError {
+  const code = typeof data.code === "string" ? data.code as ErrorCode : "internal_error";
+  const detail = typeof data.detail === "string" ? data.detail : `HTTP ${status}`;
+  const retryAfterMs = Number.isSafeInteger(data.retryAfterMs)
+    ? data.retryAfterMs as number
+    : undefined;
+  return new EdgelockError(code, detail, {
+    cause: data,
+    ...(retryAfterMs !== undefined && { retryAfterMs }),
+    ...(Number.isSafeInteger(data.lockExpiresAt) &&
+      { lockExpiresAt: data.lockExpiresAt as number }),
+  });
+}

@@ -1,0 +1,81 @@
+// Leases on the wire: the fields an acquire sends, and the lease, or the busy answer, a reply
+// holds.
+import {
+  checkDuration,
+  checkHold,
+  checkMeta,
+  checkToken,
+  DEFAULT_TTL_MS,
+  newToken,
+} from "../core/_validate.ts";
+import { EdgelockError } from "../core/errors.ts";
+import type { AcquireOptions, AcquireResult, Lease, LeaseOptions } from "../core/types.ts";
+import { noteSentAt } from "../core/_granted.ts";
+import { fromProblem } from "./_http.ts";
+
+type Data = Record<string, unknown>;
+
+// The body fields every acquire sends.
+export function leaseBody(opts: LeaseOptions) {
+  return {
+    ttlMs: checkDuration(opts.ttlMs, "ttlMs", DEFAULT_TTL_MS),
+    waitMs: checkDuration(opts.waitMs, "waitMs", 0),
+    token: opts.token === undefined ? newToken() : checkToken(opts.token),
+    ...(opts.meta !== undefined && { meta: JSON.parse(checkMeta(opts.meta)) }),
+  };
+}
+
+// A reentrant acquire's fields, its hold id chosen once for every attempt.
+export function hold(opts: AcquireOptions): { reentrant?: true; hold?: string } {
+  const id = checkHold(opts);
+  return id === "" ? {} : { reentrant: true, hold: id };
+}
+
+// A granted lease; the service waited `waitedMs` before the grant, so the lease runs from then
+// at the earliest.
+export function granted(data: Data, reply: Data, sentAt: number) {
+  const waitedMs = Number.isSafeInteger(reply.waitedMs) ? reply.waitedMs as number : 0;
+  return noteSentAt(toLease(data), sentAt + waitedMs);
+}
+
+export function busyOrThrow(
+  status: number,
+  data: Data,
+): Exclude<AcquireResult, { acquired: true }> {
+  if (data.code === "lock_busy" || data.code === "queue_full") {
+    return {
+      acquired: false,
+      retryAfterMs: Number(data.retryAfterMs) || 1,
+      ...(Number.isSafeInteger(data.lockExpiresAt) &&
+        { lockExpiresAt: data.lockExpiresAt as number }),
+      reason: data.code === "queue_full" ? "queue_full" : "busy",
+    };
+  }
+  throw fromProblem(status, data);
+}
+
+export function toLease(data: Data): Lease {
+  const { name, token, fence, ttlMs, expiresAt, serverTime, mode, limit, permits, holdCount } =
+    data;
+  const hold = typeof data.hold === "string" ? data.hold : undefined;
+  if (
+    typeof name !== "string" || typeof token !== "string" ||
+    ![fence, ttlMs, expiresAt, serverTime].every(Number.isSafeInteger)
+  ) {
+    throw new EdgelockError("backend_unavailable", "The lock service sent a malformed lease", {
+      cause: data,
+    });
+  }
+  return {
+    name,
+    token,
+    fence,
+    ttlMs,
+    expiresAt,
+    serverTime,
+    ...((mode === "shared" || mode === "semaphore") && { mode }),
+    ...(Number.isSafeInteger(limit) && { limit, permits }),
+    ...(Number.isSafeInteger(holdCount) && { holdCount }),
+    ...(hold !== undefined && { hold }),
+  } as Lease;
+}

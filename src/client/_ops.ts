@@ -1,0 +1,43 @@
+// The operator's calls over HTTP: list, stats, audit and break, for the chosen tenant.
+import { checkLockName, newHoldId } from "../core/_validate.ts";
+import type { AuditEntry } from "../core/types.ts";
+import type { EdgelockClient } from "./client.ts";
+import { type Http, lockPath } from "./_http.ts";
+
+/** The operator's calls: the tenant's held locks, stats and audit, and breaking a lease. */
+export type OpsCalls = Pick<EdgelockClient, "list" | "stats" | "audit" | "break">;
+
+/** The operator's calls over `http`; with an operator's key, `tenant` is the one they act on. */
+export function createOps(http: Http, tenant?: string): OpsCalls {
+  // The operations routes, with the operator's chosen tenant.
+  const opsPath = (path: string, query: Record<string, string | number | undefined> = {}) => {
+    const params = new URLSearchParams();
+    for (const [key, value] of Object.entries({ ...query, tenant })) {
+      if (value !== undefined && value !== "") params.set(key, String(value));
+    }
+    const text = params.toString();
+    return text ? `${path}?${text}` : path;
+  };
+  return {
+    list(opts = {}) {
+      if (opts.cursor !== undefined) checkLockName(opts.cursor);
+      return http.ok(
+        "GET",
+        opsPath("v1/locks", { prefix: opts.prefix, cursor: opts.cursor, limit: opts.limit }),
+      );
+    },
+    stats() {
+      return http.ok("GET", opsPath("v1/stats"));
+    },
+    async audit(opts = {}) {
+      const path = opsPath("v1/audit", { limit: opts.limit });
+      return (await http.ok<{ entries: AuditEntry[] }>("GET", path)).entries;
+    },
+    async break(name, opts = {}) {
+      checkLockName(name);
+      // A break id chosen now: a retry of this break answers the same and ends nothing more.
+      const body = { ...(opts.reason !== undefined && { reason: opts.reason }), id: newHoldId() };
+      return await http.ok("POST", opsPath(lockPath(name, "break")), body);
+    },
+  };
+}
