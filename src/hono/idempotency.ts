@@ -26,15 +26,15 @@ export interface IdempotencyOptions {
   replayHeaders?: readonly string[];
 }
 
-/** A stored response. */
-interface StoredResponse {
+/** A stored response (a type, not an interface, so it is a record the store takes). */
+type StoredResponse = {
   status: number;
   headers: Record<string, string>;
   /** The body, base64; absent when it was larger than the store takes (then `omitted`). */
   body?: string;
   /** The body was too large to keep: a replay has status and headers only, and says so. */
   omitted?: true;
-}
+};
 
 const DEFAULT_REPLAY_HEADERS = ["content-type", "content-language", "location", "etag"];
 // Statuses a retry could change: not stored, the claim is released instead.
@@ -67,6 +67,44 @@ const SAFE_METHODS = new Set(["GET", "HEAD", "OPTIONS"]);
  * ```
  */
 export function idempotency(options: IdempotencyOptions): MiddlewareHandler {
+  const settings = checkOptions(options);
+  return async function idempotencyMiddleware(c, next) {
+    if (SAFE_METHODS.has(c.req.method)) return next();
+    const key = keyOf(c.req.header("idempotency-key"), settings.required);
+    if (key === undefined) return next();
+    if (key instanceof Response) return key;
+    const request = await identify(c, settings, key);
+    if (request instanceof Response) return request;
+    try {
+      return await claimAndRun(c, next, settings, request);
+    } catch (error) {
+      const reply = unavailable(error, "idempotency");
+      if (reply) return reply;
+      throw error;
+    }
+  };
+}
+
+/** The options, checked, with their defaults. */
+interface Settings {
+  records: RecordStore;
+  scope: IdempotencyOptions["scope"];
+  required: boolean;
+  fingerprintHeaders: readonly string[];
+  leaseMs: number;
+  retentionMs: number;
+  waitMs: number;
+  /** The lower-case response headers a stored reply keeps. */
+  kept: readonly string[];
+}
+
+/** A request's record id (its scope and a hash of method, path and key) and its fingerprint. */
+interface Identity {
+  id: string;
+  fingerprint: string;
+}
+
+function checkOptions(options: IdempotencyOptions): Settings {
   const {
     records,
     scope,
@@ -85,109 +123,149 @@ export function idempotency(options: IdempotencyOptions): MiddlewareHandler {
   checkDuration(retentionMs, "retentionMs", 0);
   checkDuration(waitMs, "waitMs", 0);
   const kept = replayHeaders.map((h) => h.toLowerCase()).filter((h) => h !== "set-cookie");
+  return { records, scope, required, fingerprintHeaders, leaseMs, retentionMs, waitMs, kept };
+}
 
-  return async function idempotencyMiddleware(c, next) {
-    if (SAFE_METHODS.has(c.req.method)) return next();
-    const header = c.req.header("idempotency-key");
-    if (header === undefined) {
-      if (!required) return next();
-      return problem(400, "invalid_request", "This route needs an Idempotency-Key header");
-    }
-    const key = parseKey(header);
-    if (key === undefined) {
-      return problem(
-        400,
-        "invalid_request",
-        "Idempotency-Key must be one string of 1–255 printable ASCII characters",
-      );
-    }
-    const scoped = await scope(c);
-    if (typeof scoped !== "string" || scoped === "") {
-      // The app's scope() gave nothing to key by (an anonymous caller, say): a clear refusal.
-      return problem(
-        400,
-        "invalid_request",
-        "This request has no idempotency scope (the app's scope() returned no non-empty string)",
-      );
-    }
-    const fingerprint = await fingerprintOf(c, fingerprintHeaders);
-    const id = recordId(
-      await safeName(scoped, "scope"),
-      `#${await sha256Hex(`${c.req.method} ${c.req.path} ${key}`)}`,
+// The Idempotency-Key: the key, a 400 when it is missing but required or malformed, or
+// undefined when it is missing and the request may pass through.
+function keyOf(header: string | undefined, required: boolean): string | Response | undefined {
+  if (header === undefined) {
+    if (!required) return undefined;
+    return problem(400, "invalid_request", "This route needs an Idempotency-Key header");
+  }
+  return parseKey(header) ?? problem(
+    400,
+    "invalid_request",
+    "Idempotency-Key must be one string of 1–255 printable ASCII characters",
+  );
+}
+
+// The request's identity, or a 400 when the app's scope() gives nothing to key by.
+async function identify(
+  c: Context,
+  { scope, fingerprintHeaders }: Settings,
+  key: string,
+): Promise<Identity | Response> {
+  const scoped = await scope(c);
+  if (typeof scoped !== "string" || scoped === "") {
+    // The app's scope() gave nothing to key by (an anonymous caller, say): a clear refusal.
+    return problem(
+      400,
+      "invalid_request",
+      "This request has no idempotency scope (the app's scope() returned no non-empty string)",
     );
+  }
+  const fingerprint = await fingerprintOf(c, fingerprintHeaders);
+  const id = recordId(
+    await safeName(scoped, "scope"),
+    `#${await sha256Hex(`${c.req.method} ${c.req.path} ${key}`)}`,
+  );
+  return { id, fingerprint };
+}
 
+// Claims the key and runs the handler once claimed; else a replay of the stored reply, a 422
+// for another payload, or a 409 while the first request is in flight (after waiting `waitMs`).
+async function claimAndRun(
+  c: Context,
+  next: () => Promise<void>,
+  settings: Settings,
+  { id, fingerprint }: Identity,
+): Promise<Response | undefined> {
+  const { records, leaseMs, retentionMs, waitMs } = settings;
+  const deadline = performance.now() + waitMs;
+  for (let attempt = 0;; attempt++) {
+    const claim = await records.claim("idempotency", id, { leaseMs, retentionMs, fingerprint });
+    if (claim.state === "mismatch") {
+      return problem(
+        422,
+        "fingerprint_mismatch",
+        "This Idempotency-Key was used with another payload",
+      );
+    }
+    if (claim.state === "completed") return replay(claim.response as StoredResponse | undefined);
+    if (claim.state === "in_progress") {
+      const left = deadline - performance.now();
+      if (left <= 0) return inFlight(claim.retryAfterMs);
+      await sleep(backoffDelay(attempt, Math.min(left, claim.retryAfterMs)));
+      continue;
+    }
+    await runFirst(c, next, settings, id, claim.token);
+    return undefined;
+  }
+}
+
+function inFlight(retryAfterMs: number): Response {
+  return problem(409, "in_progress", "The first request with this key is in flight", {
+    headers: { "retry-after": String(Math.max(1, Math.ceil(retryAfterMs / 1000))) },
+  });
+}
+
+// The first request: the handler runs under the claim, then its reply is stored, or the claim
+// released when a retry could get another reply.
+async function runFirst(
+  c: Context,
+  next: () => Promise<void>,
+  settings: Settings,
+  id: string,
+  token: string,
+) {
+  const { records, kept } = settings;
+  await runHeld(next, settings, id, token);
+  const res = c.res;
+  if (c.error || res.status >= 500 || TRANSIENT.has(res.status)) {
+    await release(records, id, token);
+    return;
+  }
+  await records.complete("idempotency", id, token, await toStored(res, kept));
+}
+
+// Runs the handler while the claim is renewed; a thrown error releases the claim and goes on.
+async function runHeld(
+  next: () => Promise<void>,
+  { records, leaseMs }: Settings,
+  id: string,
+  token: string,
+) {
+  const grantedAt = performance.now();
+  let threw = false;
+  await hold({
+    what: "idempotency claim",
+    ttlMs: leaseMs,
+    grantedAt,
+    renew: async () => (await records.renew("idempotency", id, token, leaseMs)).renewed,
+  }, async () => {
     try {
-      const deadline = performance.now() + waitMs;
-      for (let attempt = 0;; attempt++) {
-        const claim = await records.claim("idempotency", id, { leaseMs, retentionMs, fingerprint });
-        if (claim.state === "mismatch") {
-          return problem(
-            422,
-            "fingerprint_mismatch",
-            "This Idempotency-Key was used with another payload",
-          );
-        }
-        if (claim.state === "completed") {
-          return replay(claim.response as StoredResponse | undefined);
-        }
-        if (claim.state === "in_progress") {
-          const left = deadline - performance.now();
-          if (left > 0) {
-            await sleep(backoffDelay(attempt, Math.min(left, claim.retryAfterMs)));
-            continue;
-          }
-          return problem(409, "in_progress", "The first request with this key is in flight", {
-            headers: { "retry-after": String(Math.max(1, Math.ceil(claim.retryAfterMs / 1000))) },
-          });
-        }
-        await runFirst(c, next, id, claim.token);
-        return undefined;
-      }
+      await next();
     } catch (error) {
-      const reply = unavailable(error, "idempotency");
-      if (reply) return reply;
+      threw = true;
       throw error;
     }
-  };
+  }).catch(async (error) => {
+    if (threw) {
+      await release(records, id, token);
+      throw error;
+    }
+    // The claim was lost while the handler ran: its reply goes out, but is not stored.
+  });
+}
 
-  async function runFirst(c: Context, next: () => Promise<void>, id: string, token: string) {
-    const grantedAt = performance.now();
-    let threw = false;
-    await hold({
-      what: "idempotency claim",
-      ttlMs: leaseMs,
-      grantedAt,
-      renew: async () => (await records.renew("idempotency", id, token, leaseMs)).renewed,
-    }, async () => {
-      try {
-        await next();
-      } catch (error) {
-        threw = true;
-        throw error;
-      }
-    }).catch(async (error) => {
-      if (threw) {
-        await records.release("idempotency", id, token).catch(() => false);
-        throw error;
-      }
-      // The claim was lost while the handler ran: its reply goes out, but is not stored.
-    });
-    const res = c.res;
-    if (c.error || res.status >= 500 || TRANSIENT.has(res.status)) {
-      await records.release("idempotency", id, token).catch(() => false);
-      return;
-    }
-    const stored: StoredResponse = { status: res.status, headers: {} };
-    for (const name of kept) {
-      const value = res.headers.get(name);
-      if (value !== null) stored.headers[name] = value;
-    }
-    const body = toBase64(new Uint8Array(await res.clone().arrayBuffer()));
-    // Kept whole when status, headers and the base64 body fit the store, else marked omitted.
-    const whole = { ...stored, body };
-    const fits = new TextEncoder().encode(JSON.stringify(whole)).length <= MAX_RESPONSE_BYTES;
-    await records.complete("idempotency", id, token, fits ? whole : { ...stored, omitted: true });
+// Frees the claim so a retry may redo the work; a failure to free it only delays that retry.
+async function release(records: RecordStore, id: string, token: string): Promise<void> {
+  await records.release("idempotency", id, token).catch(() => false);
+}
+
+// The reply as stored: its status, the kept headers and the body.
+async function toStored(res: Response, kept: readonly string[]): Promise<StoredResponse> {
+  const stored: StoredResponse = { status: res.status, headers: {} };
+  for (const name of kept) {
+    const value = res.headers.get(name);
+    if (value !== null) stored.headers[name] = value;
   }
+  const body = toBase64(new Uint8Array(await res.clone().arrayBuffer()));
+  // Kept whole when status, headers and the base64 body fit the store, else marked omitted.
+  const whole = { ...stored, body };
+  const fits = new TextEncoder().encode(JSON.stringify(whole)).length <= MAX_RESPONSE_BYTES;
+  return fits ? whole : { ...stored, omitted: true };
 }
 
 function replay(stored: StoredResponse | undefined): Response {
