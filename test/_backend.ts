@@ -8,6 +8,7 @@ import { FENCE_GRACE_MS } from "../src/core/_validate.ts";
 import type { AcquireResult, Lease } from "../src/core/types.ts";
 
 export interface Backend {
+  /** The redis-server; a test that restarts it puts the new one here, for `stop()`. */
   server: RedisServer;
   bridge: Bridge;
   token: string;
@@ -42,7 +43,7 @@ export async function startBackend(
   }
   const client = (options: Partial<RedisConfigNodejs> = {}) =>
     new Redis({ url: bridge.url, token, enableTelemetry: false, retry: false, ...options });
-  return {
+  const backend: Backend = {
     server,
     bridge,
     token,
@@ -51,9 +52,37 @@ export async function startBackend(
     requests: () => bridge.stats().requests,
     async stop() {
       await bridge.close();
-      await server.stop();
+      // The server in force: a test that restarted redis-server put the new one here.
+      await backend.server.stop();
     },
   };
+  return backend;
+}
+
+/**
+ * A value the tests of one file share, such as a backend: `start` makes it when a test first asks
+ * for it, so a file whose tests are all filtered out starts nothing, and `stop` ends it once,
+ * after the file's last test (none is needed for a value made from another shared one). Call it
+ * at the top of the file, and `await` the function it returns in each test that needs the value.
+ * Tests that share it must leave it as they found it.
+ */
+export function shared<T>(
+  start: () => Promise<T>,
+  stop?: (value: T) => Promise<void>,
+): () => Promise<T> {
+  let started: Promise<T> | undefined;
+  Deno.test.afterAll(async () => {
+    if (started === undefined || stop === undefined) return;
+    // A start that failed left nothing to stop, and failed the tests that asked for it.
+    const value = await started.then((value) => ({ value }), () => undefined);
+    if (value) await stop(value.value);
+  });
+  return () => started ??= start();
+}
+
+/** A backend the tests of one file share, started on first use: see {@linkcode shared}. */
+export function sharedBackend(redisArgs: string[] = []): () => Promise<Backend> {
+  return shared(() => startBackend(redisArgs), (backend) => backend.stop());
 }
 
 /** The lease of an acquire that must have been granted; fails the test with the reply otherwise. */
