@@ -4,7 +4,7 @@ import { Redis } from "@upstash/redis";
 import { freePort } from "../dev/redis_server.ts";
 import { FENCE_GRACE_MS } from "../src/core/_validate.ts";
 import { RELEASE_MEMORY_MS } from "../src/core/lua/lib.ts";
-import { acquired, holderOf, keygen, startBackend, until } from "./_backend.ts";
+import { acquired, holderOf, keygen, shared, startBackend, until } from "./_backend.ts";
 
 const lockKey = (name: string) => `edgelock:lock:{${name}}`;
 
@@ -20,7 +20,7 @@ async function redisPid(url: string): Promise<number> {
   }
 }
 
-Deno.test("Locks", async (t) => {
+const fixture = shared(async () => {
   const backend = await startBackend();
   const { redis } = backend;
   const locks = new Locks(redis);
@@ -28,429 +28,413 @@ Deno.test("Locks", async (t) => {
     const info = await locks.inspect(name);
     return info.held ? info.ttlMs : 0;
   };
+  return { backend, redis, locks, leaseLeft };
+}, ({ backend }) => backend.stop());
 
-  try {
-    await t.step("acquire() returns a lease with a fence and server-clock times", async () => {
-      const name = keygen();
-      const before = Date.now();
-      const lease = acquired(await locks.acquire(name, { ttlMs: 2000 }));
-      assert.equal(lease.name, name);
-      assert.match(lease.token, /^[A-Za-z0-9_-]{22}$/);
-      assert.ok(Number.isSafeInteger(lease.fence) && lease.fence > 1e15);
-      assert.equal(lease.ttlMs, 2000);
-      assert.equal(lease.expiresAt, lease.serverTime + 2000);
-      assert.ok(Math.abs(lease.serverTime - before) < 5000);
-      const left = await leaseLeft(name);
-      assert.ok(left > 1800 && left <= 2000, `lease left ${left}`);
-      // The record outlives the lease by the fence window, and no longer.
-      const pttl = await redis.pttl(lockKey(name));
-      assert.ok(pttl > FENCE_GRACE_MS && pttl <= FENCE_GRACE_MS + 2000, `pttl ${pttl}`);
-    });
+Deno.test("acquire() returns a lease with a fence and server-clock times", async () => {
+  const { redis, locks, leaseLeft } = await fixture();
+  const name = keygen();
+  const before = Date.now();
+  const lease = acquired(await locks.acquire(name, { ttlMs: 2000 }));
+  assert.equal(lease.name, name);
+  assert.match(lease.token, /^[A-Za-z0-9_-]{22}$/);
+  assert.ok(Number.isSafeInteger(lease.fence) && lease.fence > 1e15);
+  assert.equal(lease.ttlMs, 2000);
+  assert.equal(lease.expiresAt, lease.serverTime + 2000);
+  assert.ok(Math.abs(lease.serverTime - before) < 5000);
+  const left = await leaseLeft(name);
+  assert.ok(left > 1800 && left <= 2000, `lease left ${left}`);
+  // The record outlives the lease by the fence window, and no longer.
+  const pttl = await redis.pttl(lockKey(name));
+  assert.ok(pttl > FENCE_GRACE_MS && pttl <= FENCE_GRACE_MS + 2000, `pttl ${pttl}`);
+});
 
-    await t.step("exactly one of 20 concurrent acquirers of one name acquires", async () => {
-      const name = keygen();
-      const results = await Promise.all(
-        Array.from({ length: 20 }, () => locks.acquire(name, { ttlMs: 5000 })),
-      );
-      const winners = results.filter((r) => r.acquired);
-      assert.equal(winners.length, 1);
-      for (const r of results) {
-        if (!r.acquired) assert.ok(r.retryAfterMs > 0 && r.retryAfterMs <= 5000);
-      }
-    });
-
-    await t.step(
-      "acquire() returns busy with retryAfterMs while another token holds it",
-      async () => {
-        const name = keygen();
-        acquired(await locks.acquire(name, { ttlMs: 3000 }));
-        const busy = await locks.acquire(name, { ttlMs: 3000 });
-        assert.equal(busy.acquired, false);
-        // When to look again: estimated from recent hold times, never past the holder's TTL.
-        assert.ok(!busy.acquired && busy.retryAfterMs > 0 && busy.retryAfterMs <= 3000);
-      },
-    );
-
-    await t.step("expiry frees the name for the next acquirer", async () => {
-      const name = keygen();
-      const first = acquired(await locks.acquire(name, { ttlMs: 100 }));
-      await until("the lease expired", async () => (await locks.acquire(name)).acquired);
-      const info = await locks.inspect(name);
-      assert.ok(info.held && info.fence > first.fence);
-    });
-
-    await t.step("renew and release with a foreign token do nothing", async () => {
-      const name = keygen();
-      const lease = acquired(await locks.acquire(name, { ttlMs: 3000 }));
-      const foreign: Lease = { ...lease, token: "someone-else-token-0001" };
-      assert.deepEqual(await locks.renew(foreign, { ttlMs: 60000 }), { renewed: false });
-      assert.equal(await locks.release(foreign), false);
-      const left = await leaseLeft(name);
-      assert.ok(left <= 3000, `the foreign renew must not extend the lease (${left} ms left)`);
-      assert.equal(await holderOf(redis, name), lease.token);
-      assert.equal(await locks.release(lease), true);
-      assert.equal(await locks.release(lease), true, "a retried release answers the same");
-      const next = acquired(await locks.acquire(name));
-      assert.equal(await locks.release(lease), true, "still true: this token's release freed it");
-      assert.equal(await holderOf(redis, name), next.token, "and it frees nothing else");
-    });
-
-    await t.step(
-      "acquire() retried with the holder's token keeps the fence and refreshes the TTL",
-      async () => {
-        const name = keygen();
-        const token = "my-own-token-000000001";
-        const first = acquired(await locks.acquire(name, { token, ttlMs: 1000 }));
-        const again = acquired(await locks.acquire(name, { token, ttlMs: 4000 }));
-        assert.equal(again.fence, first.fence);
-        assert.equal(again.token, token);
-        const left = await leaseLeft(name);
-        assert.ok(left > 3500, `lease left ${left}`);
-      },
-    );
-
-    await t.step(
-      "fences strictly increase across 100 acquisitions with expiries between",
-      async () => {
-        const name = keygen();
-        let last = 0;
-        for (let i = 0; i < 100; i++) {
-          const lease = acquired(await locks.acquire(name, { ttlMs: 100 }));
-          assert.ok(lease.fence > last, `fence ${lease.fence} after ${last}`);
-          last = lease.fence;
-          // Expire the record for real, the lease and its fence floor: the worst case.
-          await redis.pexpire(lockKey(name), 1);
-          await until("the keys expired", async () => (await redis.exists(lockKey(name))) === 0);
-        }
-      },
-    );
-
-    await t.step(
-      "a released name leaves a small record for fenceWindowMs and its release mark, then nothing",
-      async () => {
-        const short = new Locks(redis, { fenceWindowMs: 1000 });
-        const name = keygen();
-        const lease = acquired(await short.acquire(name, { ttlMs: 5000 }));
-        assert.equal(await short.release(lease), true);
-        const marks = `${lockKey(name)}:released`;
-        const { Redis: IORedis } = await import("ioredis");
-        const tcp = new IORedis(backend.server.url);
-        try {
-          // The README's bound: the record about 100 bytes plus the name, the mark (for retried
-          // releases) about 100 bytes plus the name and the token.
-          const keys = await tcp.keys(`*{${name}}*`);
-          assert.deepEqual(keys.sort(), [lockKey(name), marks]);
-          const record = Number(await tcp.memory("USAGE", lockKey(name)));
-          assert.ok(record <= 100 + name.length + 16, `the record is ${record} bytes`);
-          const mark = Number(await tcp.memory("USAGE", marks));
-          assert.ok(mark <= 120 + name.length + lease.token.length, `the mark is ${mark} bytes`);
-          const markTtl = await tcp.pttl(marks);
-          assert.ok(markTtl > 0 && markTtl <= RELEASE_MEMORY_MS, `the mark lives ${markTtl} ms`);
-        } finally {
-          tcp.disconnect();
-        }
-        const pttl = await redis.pttl(lockKey(name));
-        assert.ok(pttl > 0 && pttl <= 1000, `kept ${pttl} ms`);
-        await until("the window passed", async () => (await redis.exists(lockKey(name))) === 0);
-        const next = acquired(await short.acquire(name));
-        assert.ok(next.fence > lease.fence, "still above the old fence (the clock is ahead)");
-        assert.throws(() => new Locks(redis, { fenceWindowMs: 999 }), /fenceWindowMs/);
-      },
-    );
-
-    await t.step(
-      "a lease that runs out unreleased leaves its record, meta included, for fenceWindowMs",
-      async () => {
-        const name = keygen();
-        const meta = { note: "x".repeat(1000) }; // about the 1 KiB limit
-        acquired(await locks.acquire(name, { ttlMs: 100, meta }));
-        await until("the lease ran out", async () => !(await locks.inspect(name)).held);
-        const { Redis: IORedis } = await import("ioredis");
-        const tcp = new IORedis(backend.server.url);
-        try {
-          const keys = await tcp.keys(`*{${name}}*`);
-          assert.deepEqual(keys, [lockKey(name)], "only the record");
-          // The README's bound for a lease that was never released: the record with its meta,
-          // about 200 bytes plus the name, the token and the meta's JSON, and up to a quarter
-          // more where the allocator rounds a large value up.
-          const bytes = Number(await tcp.memory("USAGE", lockKey(name)));
-          const bound = 1.25 * (200 + name.length + 22 + JSON.stringify(meta).length);
-          assert.ok(bytes <= bound, `the residue is ${bytes} bytes, over ${bound}`);
-          const pttl = await tcp.pttl(lockKey(name));
-          assert.ok(pttl > 0 && pttl <= FENCE_GRACE_MS, `kept ${pttl} ms`);
-        } finally {
-          tcp.disconnect();
-        }
-      },
-    );
-
-    await t.step(
-      "a release retried after its record is gone (a short fenceWindowMs) still answers true",
-      async () => {
-        const prefix = keygen("p");
-        const short = new Locks(redis, { fenceWindowMs: 1000, prefix });
-        for (const mode of [{}, { mode: "shared" as const }, { limit: 2 }]) {
-          const name = keygen();
-          const lease = acquired(await short.acquire(name, mode));
-          assert.equal(await short.release(lease), true);
-          const record = `${prefix}:lock:{${name}}`;
-          await until("the record is gone", async () => (await redis.exists(record)) === 0);
-          assert.equal(await short.release(lease), true, "the retry, by its mark");
-          assert.equal(await short.release({ name, token: lease.token }), true, "without a fence");
-        }
-        const ops = new LockOps(redis, { prefix });
-        assert.equal((await ops.stats()).total.release.lost, 0, "nothing counted lost");
-      },
-    );
-
-    await t.step("fences keep increasing after Redis lost all data (FLUSHALL)", async () => {
-      const name = keygen();
-      const before = acquired(await locks.acquire(name, { ttlMs: 5000 }));
-      await redis.flushall();
-      const after = acquired(await locks.acquire(name, { ttlMs: 5000 }));
-      assert.ok(after.fence > before.fence);
-    });
-
-    await t.step("renew() keeps millisecond precision, also with under 500 ms left", async () => {
-      const name = keygen();
-      const lease = acquired(await locks.acquire(name, { ttlMs: 700 }));
-      await until("under 500 ms are left", async () => (await leaseLeft(name)) < 500);
-      const renewed = await locks.renew(lease, { ttlMs: 1500 });
-      assert.ok(renewed.renewed);
-      assert.equal(renewed.lease.fence, lease.fence);
-      assert.equal(renewed.lease.ttlMs, 1500);
-      assert.equal(renewed.lease.expiresAt, renewed.lease.serverTime + 1500);
-      const left = await leaseLeft(name);
-      assert.ok(left > 1300 && left <= 1500, `lease left ${left}`);
-      // A renewal never shortens a lease, and its reply tells the end the lease keeps.
-      const short = await locks.renew(renewed.lease, { ttlMs: 250 });
-      assert.ok(short.renewed);
-      const shortLeft = await leaseLeft(name);
-      assert.ok(shortLeft > 250, `lease left ${shortLeft}`);
-      assert.ok(short.lease.expiresAt >= renewed.lease.expiresAt, "the reply says so");
-      assert.ok(Math.abs(short.lease.ttlMs - shortLeft) < 50, `told ${short.lease.ttlMs}`);
-    });
-
-    await t.step("inspect() shows fence, TTL and meta but never the token", async () => {
-      const name = keygen();
-      assert.deepEqual(await locks.inspect(name), { name, held: false });
-      const lease = acquired(await locks.acquire(name, { ttlMs: 3000, meta: { owner: "cron-7" } }));
-      const info = await locks.inspect(name);
-      assert.ok(info.held);
-      assert.equal(info.fence, lease.fence);
-      assert.ok(info.ttlMs > 2500 && info.ttlMs <= 3000);
-      assert.deepEqual(info.meta, { owner: "cron-7" });
-      assert.ok(!JSON.stringify(info).includes(lease.token));
-      const raw = await new Locks(backend.client({ automaticDeserialization: false })).inspect(
-        name,
-      );
-      assert.ok(raw.held);
-      assert.deepEqual(raw.meta, { owner: "cron-7" }, "meta is the same without deserialization");
-      assert.equal(raw.fence, lease.fence);
-    });
-
-    await t.step("acquire() with waitMs gets the lock once the holder releases it", async () => {
-      const name = keygen();
-      const holder = acquired(await locks.acquire(name, { ttlMs: 5000 }));
-      const waiting = locks.acquire(name, { ttlMs: 5000, waitMs: 3000 });
-      setTimeout(() => locks.release(holder), 200);
-      const lease = acquired(await waiting);
-      assert.ok(lease.fence > holder.fence);
-    });
-
-    await t.step(
-      "acquire() with waitMs gives up busy after waiting, and stops on abort",
-      async () => {
-        const name = keygen();
-        acquired(await locks.acquire(name, { ttlMs: 5000 }));
-        const before = backend.requests();
-        const started = performance.now();
-        const busy = await locks.acquire(name, { waitMs: 300 });
-        assert.equal(busy.acquired, false);
-        assert.ok(performance.now() - started >= 300);
-        // No hold history: the first looks come every 10 ms (half the assumed 20 ms hold), then
-        // back off by half the time held so far: 10, 20, 30, 45, 68, 101, 152, 228, 300 ms and
-        // the queue exit, about 12 requests. Polling at the 5 ms floor would be over 60.
-        const polls = backend.requests() - before;
-        assert.ok(polls >= 3 && polls <= 20, `${polls} requests in 300 ms`);
-        const controller = new AbortController();
-        const aborted = locks.acquire(name, { waitMs: 10000, signal: controller.signal });
-        setTimeout(() => controller.abort(new Error("caller gave up")), 50);
-        await assert.rejects(aborted, /caller gave up/);
-      },
-    );
-
-    await t.step("every steady-state operation costs exactly one REST request", async () => {
-      const name = keygen();
-      const warm = acquired(await locks.acquire(name));
-      await locks.release(warm);
-      const count = async (op: () => Promise<unknown>) => {
-        const before = backend.requests();
-        await op();
-        return backend.requests() - before;
-      };
-      let lease = warm;
-      assert.equal(await count(async () => lease = acquired(await locks.acquire(name))), 1);
-      assert.equal(await count(() => locks.renew(lease)), 1);
-      assert.equal(await count(() => locks.inspect(name)), 1);
-      assert.equal(await count(() => locks.release(lease)), 1);
-      assert.equal(await count(() => locks.acquire(name)), 1);
-      assert.equal(await count(() => locks.acquire(name)), 1, "busy is one request too");
-    });
-
-    await t.step(
-      "operations still work after SCRIPT FLUSH (EVALSHA falls back to EVAL)",
-      async () => {
-        await redis.scriptFlush();
-        const name = keygen();
-        const before = backend.requests();
-        const lease = acquired(await locks.acquire(name));
-        assert.equal(backend.requests() - before, 2, "EVALSHA answered NOSCRIPT, then one EVAL");
-        await redis.scriptFlush();
-        assert.ok((await locks.renew(lease)).renewed);
-        await redis.scriptFlush();
-        assert.ok((await locks.inspect(name)).held);
-        await redis.scriptFlush();
-        assert.equal(await locks.release(lease), true);
-      },
-    );
-
-    await t.step(
-      "release() of a lease that was lost answers false, even after the same token released an earlier lease",
-      async () => {
-        const name = keygen();
-        const token = "chosen-token-00000000001"; // the README's choose-your-token retry pattern
-        const first = acquired(await locks.acquire(name, { token, ttlMs: 1000 }));
-        assert.equal(await locks.release(first), true);
-        const second = acquired(await locks.acquire(name, { token, ttlMs: 150 }));
-        await until("the second lease expires", async () => !(await locks.inspect(name)).held);
-        const other = acquired(await locks.acquire(name, { ttlMs: 5000 }));
-        assert.equal(await locks.release(second), false, "the second lease was lost");
-        assert.equal(await locks.release({ name, token }), false, "also by name and token only");
-        assert.equal(
-          await locks.release(first),
-          true,
-          "a retry of the first release still matches",
-        );
-        assert.equal(await holderOf(redis, name), other.token, "B still holds it");
-        const sameToken = acquired(await locks.acquire(name, { token: other.token }));
-        assert.equal(await locks.release(first), true);
-        assert.equal(await locks.release(sameToken), true);
-      },
-    );
-
-    await t.step(
-      "a late retry of an earlier release never frees the same token's newer lease",
-      async () => {
-        const name = keygen();
-        const token = "chosen-token-00000000002";
-        const first = acquired(await locks.acquire(name, { token }));
-        assert.equal(await locks.release(first), true);
-        const second = acquired(await locks.acquire(name, { token }));
-        assert.equal(await locks.release(first), true, "the first release did happen");
-        assert.ok((await locks.inspect(name)).held, "and the second lease is still held");
-        assert.equal(await locks.release(second), true);
-      },
-    );
-
-    await t.step("the names . and .. are refused, as URLs cannot carry them", async () => {
-      for (const name of [".", ".."]) {
-        await assert.rejects(locks.acquire(name), {
-          name: "RangeError",
-          message: /not \. or \.\./,
-        });
-        await assert.rejects(locks.inspect(name), RangeError);
-      }
-      for (const name of ["...", ".a", "a..", "..b"]) {
-        const lease = acquired(await locks.acquire(name));
-        assert.equal(await locks.release(lease), true);
-      }
-    });
-
-    await t.step(
-      "a paused Redis fails each call with backend_unavailable after timeoutMs, then recovers",
-      async () => {
-        const quick = new Locks(redis, { timeoutMs: 300 });
-        const name = keygen();
-        const pid = await redisPid(backend.server.url);
-        Deno.kill(pid, "SIGSTOP");
-        try {
-          const started = performance.now();
-          await assert.rejects(quick.acquire(name), (error: unknown) => {
-            assert.ok(error instanceof EdgelockError && error.code === "backend_unavailable");
-            assert.match(error.message, /did not answer the acquire script in 300 ms/);
-            return true;
-          });
-          const elapsed = performance.now() - started;
-          assert.ok(elapsed < 1500, `gave up after ${Math.round(elapsed)} ms`);
-        } finally {
-          Deno.kill(pid, "SIGCONT");
-        }
-        assert.ok((await quick.acquire(keygen())).acquired, "works again once Redis resumes");
-        assert.throws(() => new Locks(redis, { timeoutMs: 0 }), /timeoutMs must be an integer/);
-      },
-    );
-
-    await t.step("invalid arguments are rejected with precise messages", async () => {
-      const name = keygen();
-      await assert.rejects(locks.acquire(""), { name: "RangeError", message: /lock name ""/ });
-      await assert.rejects(locks.acquire("a b"), /must be 1–200 characters/);
-      await assert.rejects(locks.acquire("x".repeat(201)), RangeError);
-      await assert.rejects(locks.acquire(42 as unknown as string), TypeError);
-      await assert.rejects(
-        locks.acquire(name, { ttlMs: 99 }),
-        /ttlMs must be an integer from 100 to 300000/,
-      );
-      await assert.rejects(locks.acquire(name, { ttlMs: 300001 }), RangeError);
-      await assert.rejects(locks.acquire(name, { ttlMs: 1.5 }), RangeError);
-      await assert.rejects(locks.acquire(name, { ttlMs: "5" as unknown as number }), TypeError);
-      await assert.rejects(locks.acquire(name, { waitMs: -1 }), /waitMs must be/);
-      await assert.rejects(locks.acquire(name, { waitMs: 30001 }), RangeError);
-      await assert.rejects(locks.acquire(name, { token: "short" }), /token must be 16–128/);
-      await assert.rejects(locks.acquire(name, { token: "x".repeat(15) + "!" }), RangeError);
-      await assert.rejects(
-        locks.acquire(name, { meta: [] as unknown as Record<string, unknown> }),
-        TypeError,
-      );
-      await assert.rejects(
-        locks.acquire(name, { meta: { big: "x".repeat(1100) } }),
-        /at most 1024 bytes/,
-      );
-      await assert.rejects(locks.acquire(name, { signal: {} as AbortSignal }), TypeError);
-      await assert.rejects(locks.renew(null as unknown as Lease), TypeError);
-      assert.throws(() => new Locks({} as never), TypeError);
-      assert.throws(() => new Locks(redis, { prefix: "a b" }), RangeError);
-      assert.equal(await redis.exists(lockKey(name)), 0, "nothing was written");
-    });
-
-    await t.step(
-      "a refused REST token is config_error naming the variable, with no retry hint",
-      async () => {
-        const broken = new Locks(backend.client({ token: "wrong-token" }));
-        await assert.rejects(broken.acquire(keygen()), (error: unknown) => {
-          assert.ok(error instanceof EdgelockError);
-          assert.equal(error.code, "config_error");
-          assert.match(error.message, /refused the REST token .*UPSTASH_REDIS_REST_TOKEN/);
-          assert.equal(error.retryAfterMs, undefined);
-          return true;
-        });
-      },
-    );
-
-    await t.step(
-      "an unreachable backend becomes backend_unavailable, not a raw client error",
-      async () => {
-        const url = `http://127.0.0.1:${freePort()}`;
-        const down = new Locks(new Redis({ url, token: "x", retry: false }), { timeoutMs: 1000 });
-        await assert.rejects(down.acquire(keygen()), (error: unknown) => {
-          assert.ok(error instanceof EdgelockError);
-          assert.equal(error.code, "backend_unavailable");
-          assert.equal(error.retryAfterMs, 1000);
-          return true;
-        });
-      },
-    );
-  } finally {
-    await backend.stop();
+Deno.test("exactly one of 20 concurrent acquirers of one name acquires", async () => {
+  const { locks } = await fixture();
+  const name = keygen();
+  const results = await Promise.all(
+    Array.from({ length: 20 }, () => locks.acquire(name, { ttlMs: 5000 })),
+  );
+  const winners = results.filter((r) => r.acquired);
+  assert.equal(winners.length, 1);
+  for (const r of results) {
+    if (!r.acquired) assert.ok(r.retryAfterMs > 0 && r.retryAfterMs <= 5000);
   }
+});
+
+Deno.test("acquire() returns busy with retryAfterMs while another token holds it", async () => {
+  const { locks } = await fixture();
+  const name = keygen();
+  acquired(await locks.acquire(name, { ttlMs: 3000 }));
+  const busy = await locks.acquire(name, { ttlMs: 3000 });
+  assert.equal(busy.acquired, false);
+  // When to look again: estimated from recent hold times, never past the holder's TTL.
+  assert.ok(!busy.acquired && busy.retryAfterMs > 0 && busy.retryAfterMs <= 3000);
+});
+
+Deno.test("expiry frees the name for the next acquirer", async () => {
+  const { locks } = await fixture();
+  const name = keygen();
+  const first = acquired(await locks.acquire(name, { ttlMs: 100 }));
+  await until("the lease expired", async () => (await locks.acquire(name)).acquired);
+  const info = await locks.inspect(name);
+  assert.ok(info.held && info.fence > first.fence);
+});
+
+Deno.test("renew and release with a foreign token do nothing", async () => {
+  const { redis, locks, leaseLeft } = await fixture();
+  const name = keygen();
+  const lease = acquired(await locks.acquire(name, { ttlMs: 3000 }));
+  const foreign: Lease = { ...lease, token: "someone-else-token-0001" };
+  assert.deepEqual(await locks.renew(foreign, { ttlMs: 60000 }), { renewed: false });
+  assert.equal(await locks.release(foreign), false);
+  const left = await leaseLeft(name);
+  assert.ok(left <= 3000, `the foreign renew must not extend the lease (${left} ms left)`);
+  assert.equal(await holderOf(redis, name), lease.token);
+  assert.equal(await locks.release(lease), true);
+  assert.equal(await locks.release(lease), true, "a retried release answers the same");
+  const next = acquired(await locks.acquire(name));
+  assert.equal(await locks.release(lease), true, "still true: this token's release freed it");
+  assert.equal(await holderOf(redis, name), next.token, "and it frees nothing else");
+});
+
+Deno.test("acquire() retried with the holder's token keeps the fence and refreshes the TTL", async () => {
+  const { locks, leaseLeft } = await fixture();
+  const name = keygen();
+  const token = "my-own-token-000000001";
+  const first = acquired(await locks.acquire(name, { token, ttlMs: 1000 }));
+  const again = acquired(await locks.acquire(name, { token, ttlMs: 4000 }));
+  assert.equal(again.fence, first.fence);
+  assert.equal(again.token, token);
+  const left = await leaseLeft(name);
+  assert.ok(left > 3500, `lease left ${left}`);
+});
+
+Deno.test("fences strictly increase across 100 acquisitions with expiries between", async () => {
+  const { redis, locks } = await fixture();
+  const name = keygen();
+  let last = 0;
+  for (let i = 0; i < 100; i++) {
+    const lease = acquired(await locks.acquire(name, { ttlMs: 100 }));
+    assert.ok(lease.fence > last, `fence ${lease.fence} after ${last}`);
+    last = lease.fence;
+    // Expire the record for real, the lease and its fence floor: the worst case.
+    await redis.pexpire(lockKey(name), 1);
+    await until("the keys expired", async () => (await redis.exists(lockKey(name))) === 0);
+  }
+});
+
+Deno.test("a released name leaves a small record for fenceWindowMs and its release mark, then nothing", async () => {
+  const { backend, redis } = await fixture();
+  const short = new Locks(redis, { fenceWindowMs: 1000 });
+  const name = keygen();
+  const lease = acquired(await short.acquire(name, { ttlMs: 5000 }));
+  assert.equal(await short.release(lease), true);
+  const marks = `${lockKey(name)}:released`;
+  const { Redis: IORedis } = await import("ioredis");
+  const tcp = new IORedis(backend.server.url);
+  try {
+    // The README's bound: the record about 100 bytes plus the name, the mark (for retried
+    // releases) about 100 bytes plus the name and the token.
+    const keys = await tcp.keys(`*{${name}}*`);
+    assert.deepEqual(keys.sort(), [lockKey(name), marks]);
+    const record = Number(await tcp.memory("USAGE", lockKey(name)));
+    assert.ok(record <= 100 + name.length + 16, `the record is ${record} bytes`);
+    const mark = Number(await tcp.memory("USAGE", marks));
+    assert.ok(mark <= 120 + name.length + lease.token.length, `the mark is ${mark} bytes`);
+    const markTtl = await tcp.pttl(marks);
+    assert.ok(markTtl > 0 && markTtl <= RELEASE_MEMORY_MS, `the mark lives ${markTtl} ms`);
+  } finally {
+    tcp.disconnect();
+  }
+  const pttl = await redis.pttl(lockKey(name));
+  assert.ok(pttl > 0 && pttl <= 1000, `kept ${pttl} ms`);
+  await until("the window passed", async () => (await redis.exists(lockKey(name))) === 0);
+  const next = acquired(await short.acquire(name));
+  assert.ok(next.fence > lease.fence, "still above the old fence (the clock is ahead)");
+  assert.throws(() => new Locks(redis, { fenceWindowMs: 999 }), /fenceWindowMs/);
+});
+
+Deno.test("a lease that runs out unreleased leaves its record, meta included, for fenceWindowMs", async () => {
+  const { backend, locks } = await fixture();
+  const name = keygen();
+  const meta = { note: "x".repeat(1000) }; // about the 1 KiB limit
+  acquired(await locks.acquire(name, { ttlMs: 100, meta }));
+  await until("the lease ran out", async () => !(await locks.inspect(name)).held);
+  const { Redis: IORedis } = await import("ioredis");
+  const tcp = new IORedis(backend.server.url);
+  try {
+    const keys = await tcp.keys(`*{${name}}*`);
+    assert.deepEqual(keys, [lockKey(name)], "only the record");
+    // The README's bound for a lease that was never released: the record with its meta,
+    // about 200 bytes plus the name, the token and the meta's JSON, and up to a quarter
+    // more where the allocator rounds a large value up.
+    const bytes = Number(await tcp.memory("USAGE", lockKey(name)));
+    const bound = 1.25 * (200 + name.length + 22 + JSON.stringify(meta).length);
+    assert.ok(bytes <= bound, `the residue is ${bytes} bytes, over ${bound}`);
+    const pttl = await tcp.pttl(lockKey(name));
+    assert.ok(pttl > 0 && pttl <= FENCE_GRACE_MS, `kept ${pttl} ms`);
+  } finally {
+    tcp.disconnect();
+  }
+});
+
+Deno.test("a release retried after its record is gone (a short fenceWindowMs) still answers true", async () => {
+  const { redis } = await fixture();
+  const prefix = keygen("p");
+  const short = new Locks(redis, { fenceWindowMs: 1000, prefix });
+  for (const mode of [{}, { mode: "shared" as const }, { limit: 2 }]) {
+    const name = keygen();
+    const lease = acquired(await short.acquire(name, mode));
+    assert.equal(await short.release(lease), true);
+    const record = `${prefix}:lock:{${name}}`;
+    await until("the record is gone", async () => (await redis.exists(record)) === 0);
+    assert.equal(await short.release(lease), true, "the retry, by its mark");
+    assert.equal(await short.release({ name, token: lease.token }), true, "without a fence");
+  }
+  const ops = new LockOps(redis, { prefix });
+  assert.equal((await ops.stats()).total.release.lost, 0, "nothing counted lost");
+});
+
+Deno.test("fences keep increasing after Redis lost all data (FLUSHALL)", async () => {
+  const { redis, locks } = await fixture();
+  const name = keygen();
+  const before = acquired(await locks.acquire(name, { ttlMs: 5000 }));
+  await redis.flushall();
+  const after = acquired(await locks.acquire(name, { ttlMs: 5000 }));
+  assert.ok(after.fence > before.fence);
+});
+
+Deno.test("renew() keeps millisecond precision, also with under 500 ms left", async () => {
+  const { locks, leaseLeft } = await fixture();
+  const name = keygen();
+  const lease = acquired(await locks.acquire(name, { ttlMs: 700 }));
+  await until("under 500 ms are left", async () => (await leaseLeft(name)) < 500);
+  const renewed = await locks.renew(lease, { ttlMs: 1500 });
+  assert.ok(renewed.renewed);
+  assert.equal(renewed.lease.fence, lease.fence);
+  assert.equal(renewed.lease.ttlMs, 1500);
+  assert.equal(renewed.lease.expiresAt, renewed.lease.serverTime + 1500);
+  const left = await leaseLeft(name);
+  assert.ok(left > 1300 && left <= 1500, `lease left ${left}`);
+  // A renewal never shortens a lease, and its reply tells the end the lease keeps.
+  const short = await locks.renew(renewed.lease, { ttlMs: 250 });
+  assert.ok(short.renewed);
+  const shortLeft = await leaseLeft(name);
+  assert.ok(shortLeft > 250, `lease left ${shortLeft}`);
+  assert.ok(short.lease.expiresAt >= renewed.lease.expiresAt, "the reply says so");
+  assert.ok(Math.abs(short.lease.ttlMs - shortLeft) < 50, `told ${short.lease.ttlMs}`);
+});
+
+Deno.test("inspect() shows fence, TTL and meta but never the token", async () => {
+  const { backend, locks } = await fixture();
+  const name = keygen();
+  assert.deepEqual(await locks.inspect(name), { name, held: false });
+  const lease = acquired(await locks.acquire(name, { ttlMs: 3000, meta: { owner: "cron-7" } }));
+  const info = await locks.inspect(name);
+  assert.ok(info.held);
+  assert.equal(info.fence, lease.fence);
+  assert.ok(info.ttlMs > 2500 && info.ttlMs <= 3000);
+  assert.deepEqual(info.meta, { owner: "cron-7" });
+  assert.ok(!JSON.stringify(info).includes(lease.token));
+  const raw = await new Locks(backend.client({ automaticDeserialization: false })).inspect(
+    name,
+  );
+  assert.ok(raw.held);
+  assert.deepEqual(raw.meta, { owner: "cron-7" }, "meta is the same without deserialization");
+  assert.equal(raw.fence, lease.fence);
+});
+
+Deno.test("acquire() with waitMs gets the lock once the holder releases it", async () => {
+  const { locks } = await fixture();
+  const name = keygen();
+  const holder = acquired(await locks.acquire(name, { ttlMs: 5000 }));
+  const waiting = locks.acquire(name, { ttlMs: 5000, waitMs: 3000 });
+  setTimeout(() => locks.release(holder), 200);
+  const lease = acquired(await waiting);
+  assert.ok(lease.fence > holder.fence);
+});
+
+Deno.test("acquire() with waitMs gives up busy after waiting, and stops on abort", async () => {
+  const { backend, locks } = await fixture();
+  const name = keygen();
+  acquired(await locks.acquire(name, { ttlMs: 5000 }));
+  const before = backend.requests();
+  const started = performance.now();
+  const busy = await locks.acquire(name, { waitMs: 300 });
+  assert.equal(busy.acquired, false);
+  assert.ok(performance.now() - started >= 300);
+  // No hold history: the first looks come every 10 ms (half the assumed 20 ms hold), then
+  // back off by half the time held so far: 10, 20, 30, 45, 68, 101, 152, 228, 300 ms and
+  // the queue exit, about 12 requests. Polling at the 5 ms floor would be over 60.
+  const polls = backend.requests() - before;
+  assert.ok(polls >= 3 && polls <= 20, `${polls} requests in 300 ms`);
+  const controller = new AbortController();
+  const aborted = locks.acquire(name, { waitMs: 10000, signal: controller.signal });
+  setTimeout(() => controller.abort(new Error("caller gave up")), 50);
+  await assert.rejects(aborted, /caller gave up/);
+});
+
+Deno.test("every steady-state operation costs exactly one REST request", async () => {
+  const { backend, locks } = await fixture();
+  const name = keygen();
+  // Every script loaded first, also when this test runs alone: the counts are of warm calls.
+  const warm = acquired(await locks.acquire(name));
+  await locks.renew(warm);
+  await locks.inspect(name);
+  await locks.release(warm);
+  const count = async (op: () => Promise<unknown>) => {
+    const before = backend.requests();
+    await op();
+    return backend.requests() - before;
+  };
+  let lease = warm;
+  assert.equal(await count(async () => lease = acquired(await locks.acquire(name))), 1);
+  assert.equal(await count(() => locks.renew(lease)), 1);
+  assert.equal(await count(() => locks.inspect(name)), 1);
+  assert.equal(await count(() => locks.release(lease)), 1);
+  assert.equal(await count(() => locks.acquire(name)), 1);
+  assert.equal(await count(() => locks.acquire(name)), 1, "busy is one request too");
+});
+
+Deno.test("operations still work after SCRIPT FLUSH (EVALSHA falls back to EVAL)", async () => {
+  const { backend, redis, locks } = await fixture();
+  await redis.scriptFlush();
+  const name = keygen();
+  const before = backend.requests();
+  const lease = acquired(await locks.acquire(name));
+  assert.equal(backend.requests() - before, 2, "EVALSHA answered NOSCRIPT, then one EVAL");
+  await redis.scriptFlush();
+  assert.ok((await locks.renew(lease)).renewed);
+  await redis.scriptFlush();
+  assert.ok((await locks.inspect(name)).held);
+  await redis.scriptFlush();
+  assert.equal(await locks.release(lease), true);
+});
+
+Deno.test("release() of a lease that was lost answers false, even after the same token released an earlier lease", async () => {
+  const { redis, locks } = await fixture();
+  const name = keygen();
+  const token = "chosen-token-00000000001"; // the README's choose-your-token retry pattern
+  const first = acquired(await locks.acquire(name, { token, ttlMs: 1000 }));
+  assert.equal(await locks.release(first), true);
+  const second = acquired(await locks.acquire(name, { token, ttlMs: 150 }));
+  await until("the second lease expires", async () => !(await locks.inspect(name)).held);
+  const other = acquired(await locks.acquire(name, { ttlMs: 5000 }));
+  assert.equal(await locks.release(second), false, "the second lease was lost");
+  assert.equal(await locks.release({ name, token }), false, "also by name and token only");
+  assert.equal(
+    await locks.release(first),
+    true,
+    "a retry of the first release still matches",
+  );
+  assert.equal(await holderOf(redis, name), other.token, "B still holds it");
+  const sameToken = acquired(await locks.acquire(name, { token: other.token }));
+  assert.equal(await locks.release(first), true);
+  assert.equal(await locks.release(sameToken), true);
+});
+
+Deno.test("a late retry of an earlier release never frees the same token's newer lease", async () => {
+  const { locks } = await fixture();
+  const name = keygen();
+  const token = "chosen-token-00000000002";
+  const first = acquired(await locks.acquire(name, { token }));
+  assert.equal(await locks.release(first), true);
+  const second = acquired(await locks.acquire(name, { token }));
+  assert.equal(await locks.release(first), true, "the first release did happen");
+  assert.ok((await locks.inspect(name)).held, "and the second lease is still held");
+  assert.equal(await locks.release(second), true);
+});
+
+Deno.test("the names . and .. are refused, as URLs cannot carry them", async () => {
+  const { locks } = await fixture();
+  for (const name of [".", ".."]) {
+    await assert.rejects(locks.acquire(name), {
+      name: "RangeError",
+      message: /not \. or \.\./,
+    });
+    await assert.rejects(locks.inspect(name), RangeError);
+  }
+  for (const name of ["...", ".a", "a..", "..b"]) {
+    const lease = acquired(await locks.acquire(name));
+    assert.equal(await locks.release(lease), true);
+  }
+});
+
+Deno.test("a paused Redis fails each call with backend_unavailable after timeoutMs, then recovers", async () => {
+  const { backend, redis } = await fixture();
+  const quick = new Locks(redis, { timeoutMs: 300 });
+  const name = keygen();
+  const pid = await redisPid(backend.server.url);
+  Deno.kill(pid, "SIGSTOP");
+  try {
+    const started = performance.now();
+    await assert.rejects(quick.acquire(name), (error: unknown) => {
+      assert.ok(error instanceof EdgelockError && error.code === "backend_unavailable");
+      assert.match(error.message, /did not answer the acquire script in 300 ms/);
+      return true;
+    });
+    const elapsed = performance.now() - started;
+    assert.ok(elapsed < 1500, `gave up after ${Math.round(elapsed)} ms`);
+  } finally {
+    Deno.kill(pid, "SIGCONT");
+  }
+  assert.ok((await quick.acquire(keygen())).acquired, "works again once Redis resumes");
+  assert.throws(() => new Locks(redis, { timeoutMs: 0 }), /timeoutMs must be an integer/);
+});
+
+Deno.test("invalid arguments are rejected with precise messages", async () => {
+  const { redis, locks } = await fixture();
+  const name = keygen();
+  await assert.rejects(locks.acquire(""), { name: "RangeError", message: /lock name ""/ });
+  await assert.rejects(locks.acquire("a b"), /must be 1–200 characters/);
+  await assert.rejects(locks.acquire("x".repeat(201)), RangeError);
+  await assert.rejects(locks.acquire(42 as unknown as string), TypeError);
+  await assert.rejects(
+    locks.acquire(name, { ttlMs: 99 }),
+    /ttlMs must be an integer from 100 to 300000/,
+  );
+  await assert.rejects(locks.acquire(name, { ttlMs: 300001 }), RangeError);
+  await assert.rejects(locks.acquire(name, { ttlMs: 1.5 }), RangeError);
+  await assert.rejects(locks.acquire(name, { ttlMs: "5" as unknown as number }), TypeError);
+  await assert.rejects(locks.acquire(name, { waitMs: -1 }), /waitMs must be/);
+  await assert.rejects(locks.acquire(name, { waitMs: 30001 }), RangeError);
+  await assert.rejects(locks.acquire(name, { token: "short" }), /token must be 16–128/);
+  await assert.rejects(locks.acquire(name, { token: "x".repeat(15) + "!" }), RangeError);
+  await assert.rejects(
+    locks.acquire(name, { meta: [] as unknown as Record<string, unknown> }),
+    TypeError,
+  );
+  await assert.rejects(
+    locks.acquire(name, { meta: { big: "x".repeat(1100) } }),
+    /at most 1024 bytes/,
+  );
+  await assert.rejects(locks.acquire(name, { signal: {} as AbortSignal }), TypeError);
+  await assert.rejects(locks.renew(null as unknown as Lease), TypeError);
+  assert.throws(() => new Locks({} as never), TypeError);
+  assert.throws(() => new Locks(redis, { prefix: "a b" }), RangeError);
+  assert.equal(await redis.exists(lockKey(name)), 0, "nothing was written");
+});
+
+Deno.test("a refused REST token is config_error naming the variable, with no retry hint", async () => {
+  const { backend } = await fixture();
+  const broken = new Locks(backend.client({ token: "wrong-token" }));
+  await assert.rejects(broken.acquire(keygen()), (error: unknown) => {
+    assert.ok(error instanceof EdgelockError);
+    assert.equal(error.code, "config_error");
+    assert.match(error.message, /refused the REST token .*UPSTASH_REDIS_REST_TOKEN/);
+    assert.equal(error.retryAfterMs, undefined);
+    return true;
+  });
+});
+
+Deno.test("an unreachable backend becomes backend_unavailable, not a raw client error", async () => {
+  const url = `http://127.0.0.1:${freePort()}`;
+  const down = new Locks(new Redis({ url, token: "x", retry: false }), { timeoutMs: 1000 });
+  await assert.rejects(down.acquire(keygen()), (error: unknown) => {
+    assert.ok(error instanceof EdgelockError);
+    assert.equal(error.code, "backend_unavailable");
+    assert.equal(error.retryAfterMs, 1000);
+    return true;
+  });
 });

@@ -1,176 +1,165 @@
 import assert from "node:assert/strict";
 import { Locks } from "@edgelock/edgelock";
-import { keygen, lockKeys, startBackend, takeTicket, until } from "./_backend.ts";
+import { keygen, lockKeys, shared, startBackend, takeTicket, until } from "./_backend.ts";
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 const keys = (name: string) => lockKeys(name);
 
-Deno.test("the fair wait queue", async (t) => {
+const fixture = shared(async () => {
   const backend = await startBackend();
   const { redis } = backend;
   const locks = new Locks(redis);
   const ticket = (name: string, token: string, ticketMs: number) =>
     takeTicket(redis, name, token, ticketMs);
+  return { backend, redis, locks, ticket };
+}, ({ backend }) => backend.stop());
 
-  try {
-    await t.step("waiters are granted the lock in the order they arrived", async () => {
-      const name = keygen("q");
-      const holder = await locks.acquire(name, { ttlMs: 10_000 });
-      assert.ok(holder.acquired);
-      const granted: number[] = [];
-      const waiters: Promise<void>[] = [];
-      for (let i = 0; i < 10; i++) {
-        waiters.push((async () => {
-          const result = await locks.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
-          assert.ok(result.acquired);
-          granted.push(i);
-          await sleep(10);
-          await locks.release(result.lease);
-        })());
-        // A known arrival order: the next waiter starts once this one holds its ticket.
-        await until(`waiter ${i} is queued`, async () => await redis.zcard(keys(name)[1]!) > i);
-      }
-      await locks.release(holder.lease);
-      await Promise.all(waiters);
-      assert.deepEqual(granted, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
-      assert.equal(await redis.zcard(keys(name)[1]!), 0, "the queue is empty afterwards");
-    });
-
-    await t.step(
-      "a free lock is kept for the head of the queue; others cannot cut in",
-      async () => {
-        const name = keygen("q");
-        const holder = await locks.acquire(name, { ttlMs: 10_000 });
-        assert.ok(holder.acquired);
-        const head = "queue-head-token-000001";
-        await ticket(name, head, 5000);
-        await locks.release(holder.lease);
-        const cutIn = await locks.acquire(name);
-        assert.equal(cutIn.acquired, false, "a caller that did not queue waits its turn");
-        const mine = await locks.acquire(name, { token: head });
-        assert.ok(mine.acquired, "the head takes the lock");
-      },
-    );
-
-    await t.step(
-      "a waiter that gives up leaves the queue, and the next one is not stranded",
-      async () => {
-        const name = keygen("q");
-        const holder = await locks.acquire(name, { ttlMs: 10_000 });
-        assert.ok(holder.acquired);
-        const quitter = locks.acquire(name, { waitMs: 150, token: "gives-up-token-0000001" });
-        await until(
-          "the quitter is queued",
-          async () => await redis.zscore(keys(name)[1]!, "gives-up-token-0000001") !== null,
-        );
-        const patient = locks.acquire(name, { waitMs: 10_000 });
-        assert.equal((await quitter).acquired, false);
-        assert.equal(await redis.zscore(keys(name)[1]!, "gives-up-token-0000001"), null);
-        const controller = new AbortController();
-        const aborted = locks.acquire(name, {
-          waitMs: 10_000,
-          token: "aborts-token-000000001",
-          signal: controller.signal,
-        });
-        await until(
-          "the aborting waiter is queued",
-          async () => await redis.zscore(keys(name)[1]!, "aborts-token-000000001") !== null,
-        );
-        controller.abort(new Error("gave up"));
-        await assert.rejects(aborted, /gave up/);
-        assert.equal(await redis.zscore(keys(name)[1]!, "aborts-token-000000001"), null);
-        await locks.release(holder.lease);
-        const result = await patient;
-        assert.ok(result.acquired, "the patient waiter got the lock");
-      },
-    );
-
-    await t.step(
-      "a crashed head's ticket lapses and the lock passes to the next waiter",
-      async () => {
-        const name = keygen("q");
-        const holder = await locks.acquire(name, { ttlMs: 10_000 });
-        assert.ok(holder.acquired);
-        await ticket(name, "crashed-head-token-0001", 300); // never looks again
-        const next = locks.acquire(name, { waitMs: 10_000 });
-        await sleep(20);
-        await locks.release(holder.lease);
-        const result = await next;
-        assert.ok(result.acquired && result.lease.fence > holder.lease.fence);
-        assert.equal(await redis.zscore(keys(name)[1]!, "crashed-head-token-0001"), null);
-      },
-    );
-
-    await t.step(
-      "crashed waiters anywhere in the queue are dropped: a new waiter counts only live ones",
-      async () => {
-        const name = keygen("q");
-        const holder = await locks.acquire(name, { ttlMs: 10_000 });
-        assert.ok(holder.acquired);
-        await ticket(name, "live-head-token-0000001", 10_000);
-        for (let i = 0; i < 120; i++) {
-          await ticket(name, `crashed-waiter-${String(i).padStart(8, "0")}`, 1500);
-        }
-        // All queued at once (1.5 s tickets outlast the inserts, also on a loaded machine).
-        assert.equal(await redis.zcard(keys(name)[1]!), 121);
-        // Each look of the head drops whatever lapsed; wait until the crashed ones have.
-        await until("the crashed tickets lapse", async () => {
-          await ticket(name, "live-head-token-0000001", 10_000);
-          return await redis.zcard(keys(name)[1]!) === 1;
-        });
-        const reply = await ticket(name, "new-waiter-token-000001", 1000);
-        assert.equal(reply[3], 1, "the new waiter is second, behind the live head");
-        assert.equal(await redis.zcard(keys(name)[1]!), 2, "no dead ticket is left");
-        assert.equal(await redis.zcard(keys(name)[2]!), 2);
-        assert.ok(reply[1]! <= 10_000);
-      },
-    );
-
-    await t.step(
-      "a full queue answers queue_full at once, and the waiters in it keep their places",
-      async () => {
-        const name = keygen("q");
-        const small = new Locks(redis, { maxWaiters: 3 });
-        const holder = await small.acquire(name, { ttlMs: 10_000 });
-        assert.ok(holder.acquired);
-        for (let i = 0; i < 3; i++) await ticket(name, `waiting-token-${i}-000000`, 10_000);
-        const started = performance.now();
-        const full = await small.acquire(name, { waitMs: 5000 });
-        assert.deepEqual(
-          { acquired: full.acquired, reason: !full.acquired && full.reason },
-          { acquired: false, reason: "queue_full" },
-        );
-        assert.ok(performance.now() - started < 2000, "it does not wait for a place");
-        assert.equal(await redis.zcard(keys(name)[1]!), 3);
-        assert.equal(await redis.zscore(keys(name)[1]!, "waiting-token-0-000000") !== null, true);
-        const busy = await small.acquire(name);
-        assert.ok(!busy.acquired && busy.reason === "busy", "a caller that does not wait is busy");
-        assert.throws(() => new Locks(redis, { maxWaiters: 0 }), /maxWaiters must be/);
-        assert.throws(() => new Locks(redis, { maxWaiters: 1001 }), RangeError);
-      },
-    );
-
-    await t.step("busy replies estimate when to look again from recent hold times", async () => {
-      const name = keygen("q");
-      let longest = 0; // the longest hold as the client saw it: the server's holds are shorter
-      for (let i = 0; i < 5; i++) {
-        const started = performance.now();
-        const r = await locks.acquire(name);
-        assert.ok(r.acquired);
-        await sleep(40);
-        await locks.release(r.lease);
-        longest = Math.max(longest, performance.now() - started);
-      }
-      const holder = await locks.acquire(name, { ttlMs: 60_000 });
-      assert.ok(holder.acquired);
-      const busy = await locks.acquire(name);
-      assert.ok(
-        !busy.acquired && busy.retryAfterMs >= 10 && busy.retryAfterMs <= longest + 10,
-        `${!busy.acquired && busy.retryAfterMs} ms after holds of at most ${longest} ms`,
-      );
-    });
-  } finally {
-    await backend.stop();
+Deno.test("waiters are granted the lock in the order they arrived", async () => {
+  const { redis, locks } = await fixture();
+  const name = keygen("q");
+  const holder = await locks.acquire(name, { ttlMs: 10_000 });
+  assert.ok(holder.acquired);
+  const granted: number[] = [];
+  const waiters: Promise<void>[] = [];
+  for (let i = 0; i < 10; i++) {
+    waiters.push((async () => {
+      const result = await locks.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+      assert.ok(result.acquired);
+      granted.push(i);
+      await sleep(10);
+      await locks.release(result.lease);
+    })());
+    // A known arrival order: the next waiter starts once this one holds its ticket.
+    await until(`waiter ${i} is queued`, async () => await redis.zcard(keys(name)[1]!) > i);
   }
+  await locks.release(holder.lease);
+  await Promise.all(waiters);
+  assert.deepEqual(granted, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+  assert.equal(await redis.zcard(keys(name)[1]!), 0, "the queue is empty afterwards");
+});
+
+Deno.test("a free lock is kept for the head of the queue; others cannot cut in", async () => {
+  const { locks, ticket } = await fixture();
+  const name = keygen("q");
+  const holder = await locks.acquire(name, { ttlMs: 10_000 });
+  assert.ok(holder.acquired);
+  const head = "queue-head-token-000001";
+  await ticket(name, head, 5000);
+  await locks.release(holder.lease);
+  const cutIn = await locks.acquire(name);
+  assert.equal(cutIn.acquired, false, "a caller that did not queue waits its turn");
+  const mine = await locks.acquire(name, { token: head });
+  assert.ok(mine.acquired, "the head takes the lock");
+});
+
+Deno.test("a waiter that gives up leaves the queue, and the next one is not stranded", async () => {
+  const { redis, locks } = await fixture();
+  const name = keygen("q");
+  const holder = await locks.acquire(name, { ttlMs: 10_000 });
+  assert.ok(holder.acquired);
+  const quitter = locks.acquire(name, { waitMs: 150, token: "gives-up-token-0000001" });
+  await until(
+    "the quitter is queued",
+    async () => await redis.zscore(keys(name)[1]!, "gives-up-token-0000001") !== null,
+  );
+  const patient = locks.acquire(name, { waitMs: 10_000 });
+  assert.equal((await quitter).acquired, false);
+  assert.equal(await redis.zscore(keys(name)[1]!, "gives-up-token-0000001"), null);
+  const controller = new AbortController();
+  const aborted = locks.acquire(name, {
+    waitMs: 10_000,
+    token: "aborts-token-000000001",
+    signal: controller.signal,
+  });
+  await until(
+    "the aborting waiter is queued",
+    async () => await redis.zscore(keys(name)[1]!, "aborts-token-000000001") !== null,
+  );
+  controller.abort(new Error("gave up"));
+  await assert.rejects(aborted, /gave up/);
+  assert.equal(await redis.zscore(keys(name)[1]!, "aborts-token-000000001"), null);
+  await locks.release(holder.lease);
+  const result = await patient;
+  assert.ok(result.acquired, "the patient waiter got the lock");
+});
+
+Deno.test("a crashed head's ticket lapses and the lock passes to the next waiter", async () => {
+  const { redis, locks, ticket } = await fixture();
+  const name = keygen("q");
+  const holder = await locks.acquire(name, { ttlMs: 10_000 });
+  assert.ok(holder.acquired);
+  await ticket(name, "crashed-head-token-0001", 300); // never looks again
+  const next = locks.acquire(name, { waitMs: 10_000 });
+  await sleep(20);
+  await locks.release(holder.lease);
+  const result = await next;
+  assert.ok(result.acquired && result.lease.fence > holder.lease.fence);
+  assert.equal(await redis.zscore(keys(name)[1]!, "crashed-head-token-0001"), null);
+});
+
+Deno.test("crashed waiters anywhere in the queue are dropped: a new waiter counts only live ones", async () => {
+  const { redis, locks, ticket } = await fixture();
+  const name = keygen("q");
+  const holder = await locks.acquire(name, { ttlMs: 10_000 });
+  assert.ok(holder.acquired);
+  await ticket(name, "live-head-token-0000001", 10_000);
+  for (let i = 0; i < 120; i++) {
+    await ticket(name, `crashed-waiter-${String(i).padStart(8, "0")}`, 1500);
+  }
+  // All queued at once (1.5 s tickets outlast the inserts, also on a loaded machine).
+  assert.equal(await redis.zcard(keys(name)[1]!), 121);
+  // Each look of the head drops whatever lapsed; wait until the crashed ones have.
+  await until("the crashed tickets lapse", async () => {
+    await ticket(name, "live-head-token-0000001", 10_000);
+    return await redis.zcard(keys(name)[1]!) === 1;
+  });
+  const reply = await ticket(name, "new-waiter-token-000001", 1000);
+  assert.equal(reply[3], 1, "the new waiter is second, behind the live head");
+  assert.equal(await redis.zcard(keys(name)[1]!), 2, "no dead ticket is left");
+  assert.equal(await redis.zcard(keys(name)[2]!), 2);
+  assert.ok(reply[1]! <= 10_000);
+});
+
+Deno.test("a full queue answers queue_full at once, and the waiters in it keep their places", async () => {
+  const { redis, ticket } = await fixture();
+  const name = keygen("q");
+  const small = new Locks(redis, { maxWaiters: 3 });
+  const holder = await small.acquire(name, { ttlMs: 10_000 });
+  assert.ok(holder.acquired);
+  for (let i = 0; i < 3; i++) await ticket(name, `waiting-token-${i}-000000`, 10_000);
+  const started = performance.now();
+  const full = await small.acquire(name, { waitMs: 5000 });
+  assert.deepEqual(
+    { acquired: full.acquired, reason: !full.acquired && full.reason },
+    { acquired: false, reason: "queue_full" },
+  );
+  assert.ok(performance.now() - started < 2000, "it does not wait for a place");
+  assert.equal(await redis.zcard(keys(name)[1]!), 3);
+  assert.equal(await redis.zscore(keys(name)[1]!, "waiting-token-0-000000") !== null, true);
+  const busy = await small.acquire(name);
+  assert.ok(!busy.acquired && busy.reason === "busy", "a caller that does not wait is busy");
+  assert.throws(() => new Locks(redis, { maxWaiters: 0 }), /maxWaiters must be/);
+  assert.throws(() => new Locks(redis, { maxWaiters: 1001 }), RangeError);
+});
+
+Deno.test("busy replies estimate when to look again from recent hold times", async () => {
+  const { locks } = await fixture();
+  const name = keygen("q");
+  let longest = 0; // the longest hold as the client saw it: the server's holds are shorter
+  for (let i = 0; i < 5; i++) {
+    const started = performance.now();
+    const r = await locks.acquire(name);
+    assert.ok(r.acquired);
+    await sleep(40);
+    await locks.release(r.lease);
+    longest = Math.max(longest, performance.now() - started);
+  }
+  const holder = await locks.acquire(name, { ttlMs: 60_000 });
+  assert.ok(holder.acquired);
+  const busy = await locks.acquire(name);
+  assert.ok(
+    !busy.acquired && busy.retryAfterMs >= 10 && busy.retryAfterMs <= longest + 10,
+    `${!busy.acquired && busy.retryAfterMs} ms after holds of at most ${longest} ms`,
+  );
 });
