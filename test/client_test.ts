@@ -12,7 +12,7 @@ import {
   Records,
   type RecordStore,
 } from "@edgelock/edgelock/uses";
-import { keygen, startBackend } from "./_backend.ts";
+import { keygen, shared, startBackend } from "./_backend.ts";
 
 const SECRET = "client-secret-0123456789";
 
@@ -76,7 +76,7 @@ async function jobScenario(jobs: JobStore): Promise<unknown[]> {
   return out;
 }
 
-Deno.test("the typed client has the library's names and results for every route", async (t) => {
+const fixture = shared(async () => {
   const backend = await startBackend();
   const app = createApp({
     redis: backend.redis,
@@ -91,83 +91,83 @@ Deno.test("the typed client has the library's names and results for every route"
   // The service keeps tenant t under edgelock:t: the embedded stores share its records.
   const records = new Records(backend.redis, { prefix: "edgelock:t" });
   const jobs = new Jobs(backend.redis, { prefix: "edgelock:t" });
-  try {
-    await t.step("records: claim, renew, complete, release and get match Records", async () => {
-      const embedded = normalize(await recordScenario(records, "e"));
-      const remote = normalize(await recordScenario(client.records, "r"));
-      assert.deepEqual(remote, embedded);
-      // And the scenario checks what it should: each outcome occurs.
-      const states = (embedded as { state?: string }[]).map((r) => r.state).filter(Boolean);
-      for (const state of ["claimed", "in_progress", "mismatch", "completed", "absent"]) {
-        assert.ok(states.includes(state), state);
-      }
-    });
+  return { backend, app, client, records, jobs };
+}, ({ backend }) => backend.stop());
 
-    await t.step("jobs: start, extend and finish match Jobs", async () => {
-      const embedded = normalize(await jobScenario(jobs));
-      assert.deepEqual(normalize(await jobScenario(client.jobs)), embedded);
-      const reasons = (embedded as { reason?: string }[]).map((r) => r.reason).filter(Boolean);
-      assert.deepEqual(reasons, ["tick_done", "running", "too_soon"]);
-    });
-
-    await t.step(
-      "dedupe(), cronGuard() and idempotency() run on the client as on the library",
-      async () => {
-        const namespace = keygen("ns");
-        const claim = await dedupe(client.records, { namespace, id: "evt_1" });
-        assert.equal(claim.state, "claimed");
-        assert.equal(
-          (await dedupe(client.records, { namespace, id: "evt_1" })).state,
-          "in_progress",
-        );
-        assert.equal(claim.state === "claimed" && await claim.done(), true);
-        assert.deepEqual(await dedupe(records, { namespace, id: "evt_1" }), { state: "duplicate" });
-
-        const job = keygen("cron");
-        const ran = await cronGuard(
-          client.jobs,
-          job,
-          { atMostMs: 5000, tick: "t1" },
-          (run) => run.fence,
-        );
-        assert.ok(ran.ran && ran.value > 0);
-        const again = await cronGuard(jobs, job, { atMostMs: 5000, tick: "t1" }, () => 0);
-        assert.deepEqual(again.ran ? "ran" : again.reason, "tick_done");
-
-        let runs = 0;
-        const shop = new Hono();
-        shop.post(
-          "/orders",
-          idempotency({ records: client.records, scope: () => "u1" }),
-          (c) => {
-            runs++;
-            return c.json({ order: runs }, 201);
-          },
-        );
-        const key = { "idempotency-key": crypto.randomUUID() };
-        const first = await shop.request("/orders", { method: "POST", headers: key });
-        const replay = await shop.request("/orders", { method: "POST", headers: key });
-        assert.deepEqual([first.status, await first.json()], [201, { order: 1 }]);
-        assert.deepEqual([replay.status, await replay.json()], [201, { order: 1 }]);
-        assert.equal(replay.headers.get("idempotent-replayed"), "true");
-        assert.equal(runs, 1);
-      },
-    );
-
-    await t.step("a busy acquire through the client says when the lease ends", async () => {
-      const name = keygen();
-      const held = await client.acquire(name, { ttlMs: 4000 });
-      const busy = await client.acquire(name);
-      assert.ok(held.acquired && !busy.acquired);
-      assert.ok(Math.abs(busy.lockExpiresAt! - held.lease.expiresAt) <= 5);
-    });
-
-    await t.step("bad record ids and kinds are RangeErrors before any request", async () => {
-      await assert.rejects(client.records.get("idempotency", "one-segment"), /scope\/key/);
-      await assert.rejects(client.records.get("other" as never, "a/b"), /kind must be/);
-      await assert.rejects(client.jobs.start("a b", { atMostMs: 1000 }), /job name/);
-    });
-  } finally {
-    await backend.stop();
+Deno.test("records: claim, renew, complete, release and get match Records", async () => {
+  const { client, records } = await fixture();
+  const embedded = normalize(await recordScenario(records, "e"));
+  const remote = normalize(await recordScenario(client.records, "r"));
+  assert.deepEqual(remote, embedded);
+  // And the scenario checks what it should: each outcome occurs.
+  const states = (embedded as { state?: string }[]).map((r) => r.state).filter(Boolean);
+  for (const state of ["claimed", "in_progress", "mismatch", "completed", "absent"]) {
+    assert.ok(states.includes(state), state);
   }
+});
+
+Deno.test("jobs: start, extend and finish match Jobs", async () => {
+  const { client, jobs } = await fixture();
+  const embedded = normalize(await jobScenario(jobs));
+  assert.deepEqual(normalize(await jobScenario(client.jobs)), embedded);
+  const reasons = (embedded as { reason?: string }[]).map((r) => r.reason).filter(Boolean);
+  assert.deepEqual(reasons, ["tick_done", "running", "too_soon"]);
+});
+
+Deno.test("dedupe(), cronGuard() and idempotency() run on the client as on the library", async () => {
+  const { client, records, jobs } = await fixture();
+  const namespace = keygen("ns");
+  const claim = await dedupe(client.records, { namespace, id: "evt_1" });
+  assert.equal(claim.state, "claimed");
+  assert.equal(
+    (await dedupe(client.records, { namespace, id: "evt_1" })).state,
+    "in_progress",
+  );
+  assert.equal(claim.state === "claimed" && await claim.done(), true);
+  assert.deepEqual(await dedupe(records, { namespace, id: "evt_1" }), { state: "duplicate" });
+
+  const job = keygen("cron");
+  const ran = await cronGuard(
+    client.jobs,
+    job,
+    { atMostMs: 5000, tick: "t1" },
+    (run) => run.fence,
+  );
+  assert.ok(ran.ran && ran.value > 0);
+  const again = await cronGuard(jobs, job, { atMostMs: 5000, tick: "t1" }, () => 0);
+  assert.deepEqual(again.ran ? "ran" : again.reason, "tick_done");
+
+  let runs = 0;
+  const shop = new Hono();
+  shop.post(
+    "/orders",
+    idempotency({ records: client.records, scope: () => "u1" }),
+    (c) => {
+      runs++;
+      return c.json({ order: runs }, 201);
+    },
+  );
+  const key = { "idempotency-key": crypto.randomUUID() };
+  const first = await shop.request("/orders", { method: "POST", headers: key });
+  const replay = await shop.request("/orders", { method: "POST", headers: key });
+  assert.deepEqual([first.status, await first.json()], [201, { order: 1 }]);
+  assert.deepEqual([replay.status, await replay.json()], [201, { order: 1 }]);
+  assert.equal(replay.headers.get("idempotent-replayed"), "true");
+  assert.equal(runs, 1);
+});
+
+Deno.test("a busy acquire through the client says when the lease ends", async () => {
+  const { client } = await fixture();
+  const name = keygen();
+  const held = await client.acquire(name, { ttlMs: 4000 });
+  const busy = await client.acquire(name);
+  assert.ok(held.acquired && !busy.acquired);
+  assert.ok(Math.abs(busy.lockExpiresAt! - held.lease.expiresAt) <= 5);
+});
+
+Deno.test("bad record ids and kinds are RangeErrors before any request", async () => {
+  const { client } = await fixture();
+  await assert.rejects(client.records.get("idempotency", "one-segment"), /scope\/key/);
+  await assert.rejects(client.records.get("other" as never, "a/b"), /kind must be/);
+  await assert.rejects(client.jobs.start("a b", { atMostMs: 1000 }), /job name/);
 });

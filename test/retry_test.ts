@@ -8,7 +8,7 @@ import { createClient, type EdgelockClient } from "@edgelock/edgelock/client";
 import { createApp } from "@edgelock/edgelock/service";
 import type { Lease } from "@edgelock/edgelock";
 import { withBroken } from "../dev/history.ts";
-import { keygen, startBackend } from "./_backend.ts";
+import { keygen, shared, startBackend } from "./_backend.ts";
 
 const SECRET = "retry-secret-0123456789ab";
 const OPERATOR = "retry-operator-0123456789";
@@ -67,7 +67,7 @@ const faults = fc.array(fc.constantFrom<Fault>("none", "lostReply", "lostRequest
   maxLength: 30,
 });
 
-Deno.test("the typed client's retries take effect exactly once", async (t) => {
+const fixture = shared(async () => {
   const backend = await startBackend();
   const app = createApp({
     redis: backend.redis,
@@ -105,99 +105,88 @@ Deno.test("the typed client's retries take effect exactly once", async (t) => {
     assert.ok(inner.acquired);
     return { name, outer: outer.lease, inner: inner.lease };
   };
+  return { backend, app, through, nested };
+}, ({ backend }) => backend.stop());
 
-  try {
-    await t.step(
-      `${RUNS} random reentrant sequences: each caller's holds are what it was told`,
-      async () => {
-        const injected: Record<Fault, number> = { none: 0, lostReply: 0, lostRequest: 0, twice: 0 };
-        await fc.assert(
-          fc.asyncProperty(
-            fc.array(command, { minLength: 1, maxLength: 25 }),
-            faults,
-            async (cmds, plan) => {
-              const { client, counts } = through(plan);
-              await runSequence(client, keygen("retry"), cmds);
-              for (const [fault, n] of Object.entries(counts)) injected[fault as Fault] += n;
-            },
-          ),
-          { numRuns: RUNS },
-        );
-        for (const fault of ["lostReply", "lostRequest", "twice"] as const) {
-          assert.ok(injected[fault] > 0, `no ${fault} injected`);
-        }
+Deno.test(`${RUNS} random reentrant sequences: each caller's holds are what it was told`, async () => {
+  const { through } = await fixture();
+  const injected: Record<Fault, number> = { none: 0, lostReply: 0, lostRequest: 0, twice: 0 };
+  await fc.assert(
+    fc.asyncProperty(
+      fc.array(command, { minLength: 1, maxLength: 25 }),
+      faults,
+      async (cmds, plan) => {
+        const { client, counts } = through(plan);
+        await runSequence(client, keygen("retry"), cmds);
+        for (const [fault, n] of Object.entries(counts)) injected[fault as Fault] += n;
       },
-    );
-
-    await t.step(
-      "a reentrant release whose reply was lost, retried, ends only its own hold",
-      async () => {
-        const { client, counts } = through(["none", "none", "lostReply"]);
-        const { name, outer, inner } = await nested(client);
-        assert.equal(await client.release(inner), true); // its first reply lost, then retried
-        assert.equal(counts.lostReply, 1);
-        const other = await client.acquire(name);
-        assert.equal(other.acquired, false, "the outer hold still holds the name");
-        assert.equal(await client.release(outer), true);
-        assert.equal((await client.inspect(name)).held, false);
-      },
-    );
-
-    await t.step(
-      "with a retried hold release that ends another hold, the same retry frees the name",
-      async () => {
-        const brokenApp = createApp({
-          redis: withBroken(backend.redis, "hold"),
-          apiKeys: [{ tenant: "r", secret: SECRET }],
-          limits: { requestsPerSecond: 0 },
-          log: () => {},
-        });
-        const { client } = through(["lostReply"], SECRET, brokenApp);
-        const { name, inner } = await nested(client);
-        await client.release(inner); // its reply lost, retried
-        assert.equal((await client.inspect(name)).held, false, "the break shows");
-      },
-    );
-
-    await t.step(
-      "a break whose reply was lost, retried, answers the same and ends nothing more",
-      async () => {
-        const name = keygen("retry");
-        const { client: tenant } = through(["none"]);
-        const first = await tenant.acquire(name, { ttlMs: 20_000 });
-        assert.ok(first.acquired);
-        let after: Lease | undefined;
-        // The break's first reply is lost; before its retry arrives, another lease is granted.
-        const operator = createClient({
-          baseUrl: "http://edgelock.test",
-          apiKey: OPERATOR,
-          tenant: "r",
-          retries: 2,
-          fetch: (async (input: RequestInfo | URL, init?: RequestInit) => {
-            const request = new Request(input, init);
-            const body = await request.clone().text();
-            const response = await app.fetch(new Request(request, { body: body || null }));
-            if (after === undefined && request.url.endsWith(`/break?tenant=r`)) {
-              await response.arrayBuffer();
-              const next = await tenant.acquire(name, { ttlMs: 20_000 });
-              assert.ok(next.acquired, "the break went through");
-              after = next.lease;
-              throw new TypeError("network error: the reply was lost");
-            }
-            return response;
-          }) as typeof fetch,
-        });
-        const broken = await operator.break(name, { reason: "stuck" });
-        assert.deepEqual(broken, { broken: true, fence: first.lease.fence }, "the same answer");
-        assert.ok(after, "a lease was granted between the break and its retry");
-        const info = await tenant.inspect(name);
-        assert.ok(info.held && info.fence === after.fence, "the new lease stands");
-        assert.equal(await tenant.release(after), true);
-      },
-    );
-  } finally {
-    await backend.stop();
+    ),
+    { numRuns: RUNS },
+  );
+  for (const fault of ["lostReply", "lostRequest", "twice"] as const) {
+    assert.ok(injected[fault] > 0, `no ${fault} injected`);
   }
+});
+
+Deno.test("a reentrant release whose reply was lost, retried, ends only its own hold", async () => {
+  const { through, nested } = await fixture();
+  const { client, counts } = through(["none", "none", "lostReply"]);
+  const { name, outer, inner } = await nested(client);
+  assert.equal(await client.release(inner), true); // its first reply lost, then retried
+  assert.equal(counts.lostReply, 1);
+  const other = await client.acquire(name);
+  assert.equal(other.acquired, false, "the outer hold still holds the name");
+  assert.equal(await client.release(outer), true);
+  assert.equal((await client.inspect(name)).held, false);
+});
+
+Deno.test("with a retried hold release that ends another hold, the same retry frees the name", async () => {
+  const { backend, through, nested } = await fixture();
+  const brokenApp = createApp({
+    redis: withBroken(backend.redis, "hold"),
+    apiKeys: [{ tenant: "r", secret: SECRET }],
+    limits: { requestsPerSecond: 0 },
+    log: () => {},
+  });
+  const { client } = through(["lostReply"], SECRET, brokenApp);
+  const { name, inner } = await nested(client);
+  await client.release(inner); // its reply lost, retried
+  assert.equal((await client.inspect(name)).held, false, "the break shows");
+});
+
+Deno.test("a break whose reply was lost, retried, answers the same and ends nothing more", async () => {
+  const { app, through } = await fixture();
+  const name = keygen("retry");
+  const { client: tenant } = through(["none"]);
+  const first = await tenant.acquire(name, { ttlMs: 20_000 });
+  assert.ok(first.acquired);
+  let after: Lease | undefined;
+  // The break's first reply is lost; before its retry arrives, another lease is granted.
+  const operator = createClient({
+    baseUrl: "http://edgelock.test",
+    apiKey: OPERATOR,
+    tenant: "r",
+    retries: 2,
+    fetch: (async (input: RequestInfo | URL, init?: RequestInit) => {
+      const request = new Request(input, init);
+      const body = await request.clone().text();
+      const response = await app.fetch(new Request(request, { body: body || null }));
+      if (after === undefined && request.url.endsWith(`/break?tenant=r`)) {
+        await response.arrayBuffer();
+        const next = await tenant.acquire(name, { ttlMs: 20_000 });
+        assert.ok(next.acquired, "the break went through");
+        after = next.lease;
+        throw new TypeError("network error: the reply was lost");
+      }
+      return response;
+    }) as typeof fetch,
+  });
+  const broken = await operator.break(name, { reason: "stuck" });
+  assert.deepEqual(broken, { broken: true, fence: first.lease.fence }, "the same answer");
+  assert.ok(after, "a lease was granted between the break and its retry");
+  const info = await tenant.inspect(name);
+  assert.ok(info.held && info.fence === after.fence, "the new lease stands");
+  assert.equal(await tenant.release(after), true);
 });
 
 /** Runs `cmds` through `client`; each caller's holds are the leases it was told it holds. */

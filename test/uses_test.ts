@@ -9,7 +9,7 @@ import { idempotency, parseKey } from "../src/hono/idempotency.ts";
 import { Jobs, type JobStart } from "../src/uses/jobs.ts";
 import { recordId, Records } from "../src/uses/records.ts";
 import { freePort } from "../dev/redis_server.ts";
-import { keygen, startBackend, until } from "./_backend.ts";
+import { keygen, shared, startBackend, until } from "./_backend.ts";
 
 // Response.json() is typed unknown once Miniflare's types are loaded; tests read fields freely.
 // deno-lint-ignore no-explicit-any
@@ -41,689 +41,669 @@ async function sign(id: string, timestamp: number, body: string, secret = SECRET
   return `v1,${btoa(String.fromCharCode(...new Uint8Array(mac)))}`;
 }
 
-Deno.test("the three uses", async (t) => {
+const fixture = shared(async () => {
   const backend = await startBackend();
   const records = new Records(backend.redis);
   const jobs = new Jobs(backend.redis);
+  return { backend, records, jobs };
+}, ({ backend }) => backend.stop());
 
-  try {
-    await t.step(
-      "50 concurrent submissions with one Idempotency-Key run the handler exactly once",
-      async () => {
-        let runs = 0;
-        const app = new Hono();
-        app.post("/orders", idempotency({ records, scope: () => "user-1" }), async (c) => {
+Deno.test("50 concurrent submissions with one Idempotency-Key run the handler exactly once", async () => {
+  const { records } = await fixture();
+  let runs = 0;
+  const app = new Hono();
+  app.post("/orders", idempotency({ records, scope: () => "user-1" }), async (c) => {
+    runs++;
+    await sleep(100);
+    c.header("set-cookie", "session=secret");
+    return c.json({ orderId: "o-1", run: runs }, 201);
+  });
+  const key = crypto.randomUUID();
+  const submit = () =>
+    app.request("/orders", {
+      method: "POST",
+      headers: { "idempotency-key": key, "content-type": "application/json" },
+      body: JSON.stringify({ item: "book", qty: 1 }),
+    });
+  const replies = await Promise.all(Array.from({ length: 50 }, submit));
+  assert.equal(runs, 1);
+  const statuses = replies.map((r) => r.status);
+  assert.ok(statuses.every((s) => s === 201 || s === 409), statuses.join());
+  assert.equal(
+    statuses.filter((s) => s === 201).length,
+    1 + replies.filter((r) => r.headers.get("idempotent-replayed")).length,
+  );
+  for (const reply of replies) {
+    if (reply.status === 409) {
+      assert.ok(Number(reply.headers.get("retry-after")) >= 1);
+      assert.equal((await jsonOf(reply)).code, "in_progress");
+    } else await reply.body?.cancel();
+  }
+  const replay = await submit();
+  assert.equal(replay.status, 201);
+  assert.equal(replay.headers.get("idempotent-replayed"), "true");
+  assert.equal(replay.headers.get("content-type"), "application/json");
+  assert.equal(replay.headers.get("set-cookie"), null, "Set-Cookie is never replayed");
+  assert.deepEqual(await jsonOf(replay), { orderId: "o-1", run: 1 });
+  assert.equal(runs, 1);
+
+  const reordered = await app.request("/orders", {
+    method: "POST",
+    headers: { "idempotency-key": key, "content-type": "application/json" },
+    body: '{ "qty": 1, "item": "book" }',
+  });
+  assert.equal(
+    reordered.status,
+    201,
+    "the same JSON in another key order is the same payload",
+  );
+  await reordered.body?.cancel();
+  const other = await app.request("/orders", {
+    method: "POST",
+    headers: { "idempotency-key": key, "content-type": "application/json" },
+    body: JSON.stringify({ item: "car", qty: 1 }),
+  });
+  assert.equal(other.status, 422);
+  assert.equal((await jsonOf(other)).code, "fingerprint_mismatch");
+  assert.equal(runs, 1);
+});
+
+Deno.test("idempotency() rejects missing and malformed keys, and scopes keys per user", async () => {
+  const { records } = await fixture();
+  const app = new Hono();
+  let runs = 0;
+  app.post(
+    "/pay",
+    idempotency({ records, scope: (c) => c.req.header("x-user") ?? "anon" }),
+    (c) => {
+      runs++;
+      return c.json({ ok: true });
+    },
+  );
+  const pay = (headers: Record<string, string>) =>
+    app.request("/pay", { method: "POST", headers, body: "{}" });
+  assert.equal((await pay({})).status, 400);
+  for (const bad of ['"a", "b"', "a, b", "", "x".repeat(256), '"unterminated', "spa ce"]) {
+    const res = await pay({ "idempotency-key": bad });
+    assert.equal(res.status, 400, JSON.stringify(bad));
+    assert.equal(res.headers.get("content-type"), "application/problem+json");
+    await res.body?.cancel();
+  }
+  assert.equal(runs, 0);
+  const key = crypto.randomUUID();
+  await (await pay({ "idempotency-key": key, "x-user": "alice" })).body?.cancel();
+  await (await pay({ "idempotency-key": `"${key}"`, "x-user": "alice" })).body?.cancel();
+  await (await pay({ "idempotency-key": key, "x-user": "bob" })).body?.cancel();
+  assert.equal(runs, 2, "a quoted key is the same key; another user has their own");
+  assert.equal(parseKey('"a\\"b"'), 'a"b');
+});
+
+Deno.test("idempotency() answers an empty scope (an anonymous caller) with a 400 problem, not a 5xx", async () => {
+  const { records } = await fixture();
+  const app = new Hono();
+  let runs = 0;
+  app.post(
+    "/pay",
+    idempotency({ records, scope: (c) => c.req.header("x-user") ?? "" }),
+    (c) => {
+      runs++;
+      return c.json({ ok: true });
+    },
+  );
+  const res = await app.request("/pay", {
+    method: "POST",
+    headers: { "idempotency-key": crypto.randomUUID() },
+    body: "{}",
+  });
+  assert.equal(res.status, 400);
+  assert.equal(res.headers.get("content-type"), "application/problem+json");
+  assert.match((await res.json()).detail, /no idempotency scope/);
+  assert.equal(runs, 0, "the handler did not run without a record");
+});
+
+Deno.test("idempotency() never shares a record between users, whatever their scope strings", async () => {
+  const { records } = await fixture();
+  const app = new Hono();
+  app.post(
+    "/pay",
+    idempotency({ records, scope: (c) => c.req.header("x-user")! }),
+    (c) => c.json({ paidBy: c.req.header("x-user") }, 201),
+  );
+  const key = crypto.randomUUID();
+  const pay = (user: string) =>
+    app.request("/pay", {
+      method: "POST",
+      headers: { "idempotency-key": key, "x-user": user },
+      body: "{}",
+    });
+  const alice = "alice@example.com"; // outside the name characters: stored hashed
+  const digest = Array.from(
+    new Uint8Array(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(alice))),
+    (b) => b.toString(16).padStart(2, "0"),
+  ).join("");
+  assert.deepEqual(await jsonOf(await pay(alice)), { paidBy: alice });
+  for (const other of [`h-${digest}`, digest, `#${digest}`]) {
+    const res = await pay(other);
+    assert.equal(res.headers.get("idempotent-replayed"), null, `${other} replayed alice's`);
+    assert.deepEqual(await jsonOf(res), { paidBy: other });
+  }
+});
+
+Deno.test("idempotency() answers 422 to any payload difference: query, bytes, big integers, type", async () => {
+  const { records } = await fixture();
+  const app = new Hono();
+  let runs = 0;
+  app.post("/orders", idempotency({ records, scope: () => "fp-user" }), (c) => {
+    runs++;
+    return c.json({ run: runs }, 201);
+  });
+  const send = (
+    key: string,
+    { query = "", body = "{}" as BodyInit, type = "application/json" } = {},
+  ) =>
+    app.request(`/orders${query}`, {
+      method: "POST",
+      headers: { "idempotency-key": key, "content-type": type },
+      body,
+    });
+  const pairs: [string, Parameters<typeof send>[1], Parameters<typeof send>[1]][] = [
+    ["query string", { query: "?amount=1" }, { query: "?amount=999" }],
+    ["non-UTF-8 bytes", { body: new Uint8Array([0xff]) }, { body: new Uint8Array([0xfe]) }],
+    [
+      "integers beyond 2^53",
+      { body: '{"amount":9007199254740993}' },
+      { body: '{"amount":9007199254740992}' },
+    ],
+    ["Content-Type", { type: "application/json" }, { type: "text/plain" }],
+  ];
+  for (const [what, first, second] of pairs) {
+    const key = crypto.randomUUID();
+    assert.equal((await send(key, first)).status, 201, what);
+    const replay = await send(key, first);
+    assert.equal(replay.headers.get("idempotent-replayed"), "true", `${what}: same replays`);
+    await replay.body?.cancel();
+    const res = await send(key, second);
+    assert.equal(res.status, 422, `${what}: a different payload is a mismatch`);
+    assert.equal((await jsonOf(res)).code, "fingerprint_mismatch");
+  }
+  assert.equal(runs, pairs.length);
+});
+
+Deno.test("a reply body too large to store replays marked as omitted, never as an empty real body", async () => {
+  const { records } = await fixture();
+  const app = new Hono();
+  app.post("/report", idempotency({ records, scope: () => "big" }), (c) => {
+    const size = Number(c.req.query("size"));
+    return c.json({ data: "x".repeat(size) }, 200);
+  });
+  const call = (key: string, size: number) =>
+    app.request(`/report?size=${size}`, {
+      method: "POST",
+      headers: { "idempotency-key": key },
+    });
+  const small = crypto.randomUUID();
+  const first = await call(small, 36_000);
+  const text = await first.text();
+  const replay = await call(small, 36_000);
+  assert.equal(replay.headers.get("idempotent-replayed"), "true");
+  assert.equal(replay.headers.get("content-type"), "application/json");
+  assert.equal(await replay.text(), text, "36,000 bytes replay whole");
+
+  const large = crypto.randomUUID();
+  await (await call(large, 40_000)).body?.cancel();
+  const omitted = await call(large, 40_000);
+  assert.equal(omitted.status, 200);
+  assert.equal(omitted.headers.get("idempotent-replayed"), "true");
+  assert.equal(omitted.headers.get("idempotent-body"), "omitted");
+  assert.equal(omitted.headers.get("content-type"), null, "no type for a body it lacks");
+  assert.equal(await omitted.text(), "");
+});
+
+Deno.test("a 5xx or a thrown error releases the claim so a retry runs again", async () => {
+  const { records } = await fixture();
+  let runs = 0;
+  const app = new Hono();
+  app.post("/flaky", idempotency({ records, scope: () => "u" }), (c) => {
+    runs++;
+    if (runs === 1) return c.json({ error: "down" }, 503);
+    if (runs === 2) throw new Error("boom");
+    return c.json({ ok: runs });
+  });
+  app.onError((_error, c) => c.json({ error: "handler threw" }, 500));
+  const key = crypto.randomUUID();
+  const call = () => app.request("/flaky", { method: "POST", headers: { "idempotency-key": key } });
+  assert.equal((await call()).status, 503);
+  assert.equal((await call()).status, 500);
+  const third = await call();
+  assert.deepEqual([third.status, await jsonOf(third)], [200, { ok: 3 }]);
+  const fourth = await call();
+  assert.equal(fourth.headers.get("idempotent-replayed"), "true");
+  assert.deepEqual(await jsonOf(fourth), { ok: 3 });
+  assert.equal(runs, 3);
+});
+
+Deno.test("with waitMs a retry waits for the first request and replays it", async () => {
+  const { records } = await fixture();
+  let runs = 0;
+  const app = new Hono();
+  app.post("/slow", idempotency({ records, scope: () => "u", waitMs: 3000 }), async (c) => {
+    runs++;
+    await sleep(200);
+    return c.text("made", 201);
+  });
+  const key = crypto.randomUUID();
+  const call = () => app.request("/slow", { method: "POST", headers: { "idempotency-key": key } });
+  const [a, b] = await Promise.all([call(), call()]);
+  assert.deepEqual([a.status, b.status], [201, 201]);
+  assert.deepEqual([await a.text(), await b.text()], ["made", "made"]);
+  assert.equal(runs, 1);
+});
+
+Deno.test("idempotency() answers 503 when Redis is unreachable, never passing through", async () => {
+  const down = unreachableRecords();
+  let runs = 0;
+  const app = new Hono();
+  app.post("/x", idempotency({ records: down, scope: () => "u" }), (c) => {
+    runs++;
+    return c.text("ran");
+  });
+  const res = await app.request("/x", {
+    method: "POST",
+    headers: { "idempotency-key": "k1" },
+  });
+  assert.equal(res.status, 503);
+  assert.equal((await jsonOf(res)).code, "backend_unavailable");
+  assert.equal(runs, 0);
+});
+
+Deno.test("webhookDedupe() answers 503 problem+json when Redis is unreachable, never passing through", async () => {
+  const down = unreachableRecords();
+  let runs = 0;
+  const app = new Hono();
+  app.post(
+    "/hook",
+    webhookDedupe({ records: down, secrets: [SECRET], namespace: "n" }),
+    (c) => {
+      runs++;
+      return c.text("ok");
+    },
+  );
+  const body = '{"a":1}';
+  const timestamp = Math.floor(Date.now() / 1000);
+  const res = await app.request("/hook", {
+    method: "POST",
+    headers: {
+      "webhook-id": "msg_down",
+      "webhook-timestamp": String(timestamp),
+      "webhook-signature": await sign("msg_down", timestamp, body),
+    },
+    body,
+  });
+  assert.equal(res.status, 503);
+  assert.equal(res.headers.get("content-type"), "application/problem+json");
+  assert.equal(res.headers.get("retry-after"), "1");
+  const problem = await jsonOf(res);
+  assert.equal(problem.code, "backend_unavailable");
+  assert.doesNotMatch(JSON.stringify(problem), /msg_down|dedupe:|claim|ECONNREFUSED/);
+  assert.equal(runs, 0);
+});
+
+Deno.test("a claim whose worker died frees after its lease; the late complete is refused", async () => {
+  const { records } = await fixture();
+  const id = recordId("user-9", keygen("k"));
+  const first = await records.claim("idempotency", id, { leaseMs: 600 });
+  assert.equal(first.state, "claimed");
+  assert.equal((await records.claim("idempotency", id)).state, "in_progress");
+  await until(
+    "the dead worker's lease ends",
+    async () => (await records.get("idempotency", id)).state === "absent",
+  );
+  const second = await records.claim("idempotency", id, { leaseMs: 5000 });
+  assert.ok(second.state === "claimed" && first.state === "claimed");
+  assert.ok(second.fence > first.fence);
+  assert.equal(
+    await records.complete("idempotency", id, second.token, { status: 201, body: "new" }),
+    true,
+  );
+  assert.equal(
+    await records.complete("idempotency", id, first.token, { status: 500, body: "old" }),
+    false,
+  );
+  assert.equal(await records.release("idempotency", id, first.token), false);
+  const record = await records.get("idempotency", id);
+  assert.ok(record.state === "completed");
+  assert.deepEqual(record.response, { status: 201, body: "new" });
+  const replay = await records.claim("idempotency", id);
+  assert.deepEqual(replay, { state: "completed", response: { status: 201, body: "new" } });
+});
+
+Deno.test("1,000 deliveries of 100 webhook ids, shuffled and concurrent, process each id once", async () => {
+  const { records } = await fixture();
+  const namespace = keygen("hooks").replaceAll("-", "");
+  const processed = new Map<string, number>();
+  const app = new Hono();
+  app.post("/hook", webhookDedupe({ records, secrets: [SECRET], namespace }), async (c) => {
+    const { id } = await c.req.json();
+    processed.set(id, (processed.get(id) ?? 0) + 1);
+    await sleep(Math.random() * 10);
+    return c.text("ok");
+  });
+  const ids = Array.from(
+    { length: 100 },
+    (_, i) => `msg_${i}_${crypto.randomUUID().slice(0, 8)}`,
+  );
+  const deliveries = Array.from({ length: 1000 }, (_, i) => ids[i % 100]!);
+  deliveries.sort(() => Math.random() - 0.5);
+  const deliver = async (id: string) => {
+    const body = JSON.stringify({ id });
+    const timestamp = Math.floor(Date.now() / 1000);
+    for (let attempt = 0; attempt < 100; attempt++) {
+      const res = await app.request("/hook", {
+        method: "POST",
+        headers: {
+          "webhook-id": id,
+          "webhook-timestamp": String(timestamp),
+          "webhook-signature": await sign(id, timestamp, body),
+        },
+        body,
+      });
+      await res.body?.cancel();
+      if (res.status === 200) return;
+      assert.equal(res.status, 409);
+      await sleep(5 + Math.random() * 20); // the provider retries later
+    }
+    throw new Error(`delivery of ${id} never settled`);
+  };
+  for (let i = 0; i < deliveries.length; i += 100) {
+    await Promise.all(deliveries.slice(i, i + 100).map(deliver));
+  }
+  assert.equal(processed.size, 100);
+  assert.ok([...processed.values()].every((n) => n === 1), JSON.stringify([...processed]));
+});
+
+Deno.test("a bad or stale webhook signature gets 401 and claims nothing", async () => {
+  const { records } = await fixture();
+  const namespace = "hooks-sig";
+  let runs = 0;
+  const app = new Hono();
+  app.post("/hook", webhookDedupe({ records, secrets: [SECRET], namespace }), (c) => {
+    runs++;
+    return c.text("ok");
+  });
+  const body = '{"a":1}';
+  const now = Math.floor(Date.now() / 1000);
+  const post = async (id: string, timestamp: number, signature: string) => {
+    const res = await app.request("/hook", {
+      method: "POST",
+      headers: {
+        "webhook-id": id,
+        "webhook-timestamp": String(timestamp),
+        "webhook-signature": signature,
+      },
+      body,
+    });
+    await res.body?.cancel();
+    return res.status;
+  };
+  const other = "whsec_" + btoa("another-secret-another-secret!!!");
+  assert.equal(await post("msg_bad", now, await sign("msg_bad", now, body, other)), 401);
+  assert.equal(await post("msg_old", now - 600, await sign("msg_old", now - 600, body)), 401);
+  assert.equal(await post("msg_garbage", now, "v1,!!!"), 401);
+  assert.equal(await post("msg_tamper", now, await sign("msg_tamper", now, '{"a":2}')), 401);
+  assert.equal(runs, 0);
+  for (const id of ["msg_bad", "msg_old", "msg_garbage", "msg_tamper"]) {
+    assert.deepEqual(await records.get("dedupe", recordId(namespace, id)), { state: "absent" });
+  }
+  assert.equal(await post("msg_good", now, await sign("msg_good", now, body)), 200);
+  assert.equal(runs, 1);
+});
+
+Deno.test("dedupe() returns claimed once, then in_progress, then duplicate", async () => {
+  const { records } = await fixture();
+  const id = crypto.randomUUID();
+  const first = await dedupe(records, { namespace: "orders", id });
+  assert.equal(first.state, "claimed");
+  assert.equal((await dedupe(records, { namespace: "orders", id })).state, "in_progress");
+  assert.ok(first.state === "claimed" && await first.done());
+  assert.deepEqual(await dedupe(records, { namespace: "orders", id }), { state: "duplicate" });
+});
+
+Deno.test("5 concurrent triggers of one tick run the job exactly once", async () => {
+  const { jobs } = await fixture();
+  const job = keygen("job");
+  let runs = 0;
+  const tick = Date.now();
+  const results = await Promise.all(
+    Array.from(
+      { length: 5 },
+      () =>
+        cronGuard(jobs, job, { atMostMs: 5000, tick }, async () => {
           runs++;
-          await sleep(100);
-          c.header("set-cookie", "session=secret");
-          return c.json({ orderId: "o-1", run: runs }, 201);
-        });
-        const key = crypto.randomUUID();
-        const submit = () =>
-          app.request("/orders", {
-            method: "POST",
-            headers: { "idempotency-key": key, "content-type": "application/json" },
-            body: JSON.stringify({ item: "book", qty: 1 }),
-          });
-        const replies = await Promise.all(Array.from({ length: 50 }, submit));
-        assert.equal(runs, 1);
-        const statuses = replies.map((r) => r.status);
-        assert.ok(statuses.every((s) => s === 201 || s === 409), statuses.join());
-        assert.equal(
-          statuses.filter((s) => s === 201).length,
-          1 + replies.filter((r) => r.headers.get("idempotent-replayed")).length,
-        );
-        for (const reply of replies) {
-          if (reply.status === 409) {
-            assert.ok(Number(reply.headers.get("retry-after")) >= 1);
-            assert.equal((await jsonOf(reply)).code, "in_progress");
-          } else await reply.body?.cancel();
-        }
-        const replay = await submit();
-        assert.equal(replay.status, 201);
-        assert.equal(replay.headers.get("idempotent-replayed"), "true");
-        assert.equal(replay.headers.get("content-type"), "application/json");
-        assert.equal(replay.headers.get("set-cookie"), null, "Set-Cookie is never replayed");
-        assert.deepEqual(await jsonOf(replay), { orderId: "o-1", run: 1 });
-        assert.equal(runs, 1);
-
-        const reordered = await app.request("/orders", {
-          method: "POST",
-          headers: { "idempotency-key": key, "content-type": "application/json" },
-          body: '{ "qty": 1, "item": "book" }',
-        });
-        assert.equal(
-          reordered.status,
-          201,
-          "the same JSON in another key order is the same payload",
-        );
-        await reordered.body?.cancel();
-        const other = await app.request("/orders", {
-          method: "POST",
-          headers: { "idempotency-key": key, "content-type": "application/json" },
-          body: JSON.stringify({ item: "car", qty: 1 }),
-        });
-        assert.equal(other.status, 422);
-        assert.equal((await jsonOf(other)).code, "fingerprint_mismatch");
-        assert.equal(runs, 1);
-      },
-    );
-
-    await t.step(
-      "idempotency() rejects missing and malformed keys, and scopes keys per user",
-      async () => {
-        const app = new Hono();
-        let runs = 0;
-        app.post(
-          "/pay",
-          idempotency({ records, scope: (c) => c.req.header("x-user") ?? "anon" }),
-          (c) => {
-            runs++;
-            return c.json({ ok: true });
-          },
-        );
-        const pay = (headers: Record<string, string>) =>
-          app.request("/pay", { method: "POST", headers, body: "{}" });
-        assert.equal((await pay({})).status, 400);
-        for (const bad of ['"a", "b"', "a, b", "", "x".repeat(256), '"unterminated', "spa ce"]) {
-          const res = await pay({ "idempotency-key": bad });
-          assert.equal(res.status, 400, JSON.stringify(bad));
-          assert.equal(res.headers.get("content-type"), "application/problem+json");
-          await res.body?.cancel();
-        }
-        assert.equal(runs, 0);
-        const key = crypto.randomUUID();
-        await (await pay({ "idempotency-key": key, "x-user": "alice" })).body?.cancel();
-        await (await pay({ "idempotency-key": `"${key}"`, "x-user": "alice" })).body?.cancel();
-        await (await pay({ "idempotency-key": key, "x-user": "bob" })).body?.cancel();
-        assert.equal(runs, 2, "a quoted key is the same key; another user has their own");
-        assert.equal(parseKey('"a\\"b"'), 'a"b');
-      },
-    );
-
-    await t.step(
-      "idempotency() answers an empty scope (an anonymous caller) with a 400 problem, not a 5xx",
-      async () => {
-        const app = new Hono();
-        let runs = 0;
-        app.post(
-          "/pay",
-          idempotency({ records, scope: (c) => c.req.header("x-user") ?? "" }),
-          (c) => {
-            runs++;
-            return c.json({ ok: true });
-          },
-        );
-        const res = await app.request("/pay", {
-          method: "POST",
-          headers: { "idempotency-key": crypto.randomUUID() },
-          body: "{}",
-        });
-        assert.equal(res.status, 400);
-        assert.equal(res.headers.get("content-type"), "application/problem+json");
-        assert.match((await res.json()).detail, /no idempotency scope/);
-        assert.equal(runs, 0, "the handler did not run without a record");
-      },
-    );
-
-    await t.step(
-      "idempotency() never shares a record between users, whatever their scope strings",
-      async () => {
-        const app = new Hono();
-        app.post(
-          "/pay",
-          idempotency({ records, scope: (c) => c.req.header("x-user")! }),
-          (c) => c.json({ paidBy: c.req.header("x-user") }, 201),
-        );
-        const key = crypto.randomUUID();
-        const pay = (user: string) =>
-          app.request("/pay", {
-            method: "POST",
-            headers: { "idempotency-key": key, "x-user": user },
-            body: "{}",
-          });
-        const alice = "alice@example.com"; // outside the name characters: stored hashed
-        const digest = Array.from(
-          new Uint8Array(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(alice))),
-          (b) => b.toString(16).padStart(2, "0"),
-        ).join("");
-        assert.deepEqual(await jsonOf(await pay(alice)), { paidBy: alice });
-        for (const other of [`h-${digest}`, digest, `#${digest}`]) {
-          const res = await pay(other);
-          assert.equal(res.headers.get("idempotent-replayed"), null, `${other} replayed alice's`);
-          assert.deepEqual(await jsonOf(res), { paidBy: other });
-        }
-      },
-    );
-
-    await t.step(
-      "idempotency() answers 422 to any payload difference: query, bytes, big integers, type",
-      async () => {
-        const app = new Hono();
-        let runs = 0;
-        app.post("/orders", idempotency({ records, scope: () => "fp-user" }), (c) => {
-          runs++;
-          return c.json({ run: runs }, 201);
-        });
-        const send = (
-          key: string,
-          { query = "", body = "{}" as BodyInit, type = "application/json" } = {},
-        ) =>
-          app.request(`/orders${query}`, {
-            method: "POST",
-            headers: { "idempotency-key": key, "content-type": type },
-            body,
-          });
-        const pairs: [string, Parameters<typeof send>[1], Parameters<typeof send>[1]][] = [
-          ["query string", { query: "?amount=1" }, { query: "?amount=999" }],
-          ["non-UTF-8 bytes", { body: new Uint8Array([0xff]) }, { body: new Uint8Array([0xfe]) }],
-          [
-            "integers beyond 2^53",
-            { body: '{"amount":9007199254740993}' },
-            { body: '{"amount":9007199254740992}' },
-          ],
-          ["Content-Type", { type: "application/json" }, { type: "text/plain" }],
-        ];
-        for (const [what, first, second] of pairs) {
-          const key = crypto.randomUUID();
-          assert.equal((await send(key, first)).status, 201, what);
-          const replay = await send(key, first);
-          assert.equal(replay.headers.get("idempotent-replayed"), "true", `${what}: same replays`);
-          await replay.body?.cancel();
-          const res = await send(key, second);
-          assert.equal(res.status, 422, `${what}: a different payload is a mismatch`);
-          assert.equal((await jsonOf(res)).code, "fingerprint_mismatch");
-        }
-        assert.equal(runs, pairs.length);
-      },
-    );
-
-    await t.step(
-      "a reply body too large to store replays marked as omitted, never as an empty real body",
-      async () => {
-        const app = new Hono();
-        app.post("/report", idempotency({ records, scope: () => "big" }), (c) => {
-          const size = Number(c.req.query("size"));
-          return c.json({ data: "x".repeat(size) }, 200);
-        });
-        const call = (key: string, size: number) =>
-          app.request(`/report?size=${size}`, {
-            method: "POST",
-            headers: { "idempotency-key": key },
-          });
-        const small = crypto.randomUUID();
-        const first = await call(small, 36_000);
-        const text = await first.text();
-        const replay = await call(small, 36_000);
-        assert.equal(replay.headers.get("idempotent-replayed"), "true");
-        assert.equal(replay.headers.get("content-type"), "application/json");
-        assert.equal(await replay.text(), text, "36,000 bytes replay whole");
-
-        const large = crypto.randomUUID();
-        await (await call(large, 40_000)).body?.cancel();
-        const omitted = await call(large, 40_000);
-        assert.equal(omitted.status, 200);
-        assert.equal(omitted.headers.get("idempotent-replayed"), "true");
-        assert.equal(omitted.headers.get("idempotent-body"), "omitted");
-        assert.equal(omitted.headers.get("content-type"), null, "no type for a body it lacks");
-        assert.equal(await omitted.text(), "");
-      },
-    );
-
-    await t.step("a 5xx or a thrown error releases the claim so a retry runs again", async () => {
-      let runs = 0;
-      const app = new Hono();
-      app.post("/flaky", idempotency({ records, scope: () => "u" }), (c) => {
-        runs++;
-        if (runs === 1) return c.json({ error: "down" }, 503);
-        if (runs === 2) throw new Error("boom");
-        return c.json({ ok: runs });
-      });
-      app.onError((_error, c) => c.json({ error: "handler threw" }, 500));
-      const key = crypto.randomUUID();
-      const call = () =>
-        app.request("/flaky", { method: "POST", headers: { "idempotency-key": key } });
-      assert.equal((await call()).status, 503);
-      assert.equal((await call()).status, 500);
-      const third = await call();
-      assert.deepEqual([third.status, await jsonOf(third)], [200, { ok: 3 }]);
-      const fourth = await call();
-      assert.equal(fourth.headers.get("idempotent-replayed"), "true");
-      assert.deepEqual(await jsonOf(fourth), { ok: 3 });
-      assert.equal(runs, 3);
-    });
-
-    await t.step("with waitMs a retry waits for the first request and replays it", async () => {
-      let runs = 0;
-      const app = new Hono();
-      app.post("/slow", idempotency({ records, scope: () => "u", waitMs: 3000 }), async (c) => {
-        runs++;
-        await sleep(200);
-        return c.text("made", 201);
-      });
-      const key = crypto.randomUUID();
-      const call = () =>
-        app.request("/slow", { method: "POST", headers: { "idempotency-key": key } });
-      const [a, b] = await Promise.all([call(), call()]);
-      assert.deepEqual([a.status, b.status], [201, 201]);
-      assert.deepEqual([await a.text(), await b.text()], ["made", "made"]);
-      assert.equal(runs, 1);
-    });
-
-    await t.step(
-      "idempotency() answers 503 when Redis is unreachable, never passing through",
-      async () => {
-        const down = unreachableRecords();
-        let runs = 0;
-        const app = new Hono();
-        app.post("/x", idempotency({ records: down, scope: () => "u" }), (c) => {
-          runs++;
-          return c.text("ran");
-        });
-        const res = await app.request("/x", {
-          method: "POST",
-          headers: { "idempotency-key": "k1" },
-        });
-        assert.equal(res.status, 503);
-        assert.equal((await jsonOf(res)).code, "backend_unavailable");
-        assert.equal(runs, 0);
-      },
-    );
-
-    await t.step(
-      "webhookDedupe() answers 503 problem+json when Redis is unreachable, never passing through",
-      async () => {
-        const down = unreachableRecords();
-        let runs = 0;
-        const app = new Hono();
-        app.post(
-          "/hook",
-          webhookDedupe({ records: down, secrets: [SECRET], namespace: "n" }),
-          (c) => {
-            runs++;
-            return c.text("ok");
-          },
-        );
-        const body = '{"a":1}';
-        const timestamp = Math.floor(Date.now() / 1000);
-        const res = await app.request("/hook", {
-          method: "POST",
-          headers: {
-            "webhook-id": "msg_down",
-            "webhook-timestamp": String(timestamp),
-            "webhook-signature": await sign("msg_down", timestamp, body),
-          },
-          body,
-        });
-        assert.equal(res.status, 503);
-        assert.equal(res.headers.get("content-type"), "application/problem+json");
-        assert.equal(res.headers.get("retry-after"), "1");
-        const problem = await jsonOf(res);
-        assert.equal(problem.code, "backend_unavailable");
-        assert.doesNotMatch(JSON.stringify(problem), /msg_down|dedupe:|claim|ECONNREFUSED/);
-        assert.equal(runs, 0);
-      },
-    );
-
-    await t.step(
-      "a claim whose worker died frees after its lease; the late complete is refused",
-      async () => {
-        const id = recordId("user-9", keygen("k"));
-        const first = await records.claim("idempotency", id, { leaseMs: 600 });
-        assert.equal(first.state, "claimed");
-        assert.equal((await records.claim("idempotency", id)).state, "in_progress");
-        await until(
-          "the dead worker's lease ends",
-          async () => (await records.get("idempotency", id)).state === "absent",
-        );
-        const second = await records.claim("idempotency", id, { leaseMs: 5000 });
-        assert.ok(second.state === "claimed" && first.state === "claimed");
-        assert.ok(second.fence > first.fence);
-        assert.equal(
-          await records.complete("idempotency", id, second.token, { status: 201, body: "new" }),
-          true,
-        );
-        assert.equal(
-          await records.complete("idempotency", id, first.token, { status: 500, body: "old" }),
-          false,
-        );
-        assert.equal(await records.release("idempotency", id, first.token), false);
-        const record = await records.get("idempotency", id);
-        assert.ok(record.state === "completed");
-        assert.deepEqual(record.response, { status: 201, body: "new" });
-        const replay = await records.claim("idempotency", id);
-        assert.deepEqual(replay, { state: "completed", response: { status: 201, body: "new" } });
-      },
-    );
-
-    await t.step(
-      "1,000 deliveries of 100 webhook ids, shuffled and concurrent, process each id once",
-      async () => {
-        const namespace = keygen("hooks").replaceAll("-", "");
-        const processed = new Map<string, number>();
-        const app = new Hono();
-        app.post("/hook", webhookDedupe({ records, secrets: [SECRET], namespace }), async (c) => {
-          const { id } = await c.req.json();
-          processed.set(id, (processed.get(id) ?? 0) + 1);
-          await sleep(Math.random() * 10);
-          return c.text("ok");
-        });
-        const ids = Array.from(
-          { length: 100 },
-          (_, i) => `msg_${i}_${crypto.randomUUID().slice(0, 8)}`,
-        );
-        const deliveries = Array.from({ length: 1000 }, (_, i) => ids[i % 100]!);
-        deliveries.sort(() => Math.random() - 0.5);
-        const deliver = async (id: string) => {
-          const body = JSON.stringify({ id });
-          const timestamp = Math.floor(Date.now() / 1000);
-          for (let attempt = 0; attempt < 100; attempt++) {
-            const res = await app.request("/hook", {
-              method: "POST",
-              headers: {
-                "webhook-id": id,
-                "webhook-timestamp": String(timestamp),
-                "webhook-signature": await sign(id, timestamp, body),
-              },
-              body,
-            });
-            await res.body?.cancel();
-            if (res.status === 200) return;
-            assert.equal(res.status, 409);
-            await sleep(5 + Math.random() * 20); // the provider retries later
-          }
-          throw new Error(`delivery of ${id} never settled`);
-        };
-        for (let i = 0; i < deliveries.length; i += 100) {
-          await Promise.all(deliveries.slice(i, i + 100).map(deliver));
-        }
-        assert.equal(processed.size, 100);
-        assert.ok([...processed.values()].every((n) => n === 1), JSON.stringify([...processed]));
-      },
-    );
-
-    await t.step("a bad or stale webhook signature gets 401 and claims nothing", async () => {
-      const namespace = "hooks-sig";
-      let runs = 0;
-      const app = new Hono();
-      app.post("/hook", webhookDedupe({ records, secrets: [SECRET], namespace }), (c) => {
-        runs++;
-        return c.text("ok");
-      });
-      const body = '{"a":1}';
-      const now = Math.floor(Date.now() / 1000);
-      const post = async (id: string, timestamp: number, signature: string) => {
-        const res = await app.request("/hook", {
-          method: "POST",
-          headers: {
-            "webhook-id": id,
-            "webhook-timestamp": String(timestamp),
-            "webhook-signature": signature,
-          },
-          body,
-        });
-        await res.body?.cancel();
-        return res.status;
-      };
-      const other = "whsec_" + btoa("another-secret-another-secret!!!");
-      assert.equal(await post("msg_bad", now, await sign("msg_bad", now, body, other)), 401);
-      assert.equal(await post("msg_old", now - 600, await sign("msg_old", now - 600, body)), 401);
-      assert.equal(await post("msg_garbage", now, "v1,!!!"), 401);
-      assert.equal(await post("msg_tamper", now, await sign("msg_tamper", now, '{"a":2}')), 401);
-      assert.equal(runs, 0);
-      for (const id of ["msg_bad", "msg_old", "msg_garbage", "msg_tamper"]) {
-        assert.deepEqual(await records.get("dedupe", recordId(namespace, id)), { state: "absent" });
-      }
-      assert.equal(await post("msg_good", now, await sign("msg_good", now, body)), 200);
-      assert.equal(runs, 1);
-    });
-
-    await t.step("dedupe() returns claimed once, then in_progress, then duplicate", async () => {
-      const id = crypto.randomUUID();
-      const first = await dedupe(records, { namespace: "orders", id });
-      assert.equal(first.state, "claimed");
-      assert.equal((await dedupe(records, { namespace: "orders", id })).state, "in_progress");
-      assert.ok(first.state === "claimed" && await first.done());
-      assert.deepEqual(await dedupe(records, { namespace: "orders", id }), { state: "duplicate" });
-    });
-
-    await t.step("5 concurrent triggers of one tick run the job exactly once", async () => {
-      const job = keygen("job");
-      let runs = 0;
-      const tick = Date.now();
-      const results = await Promise.all(
-        Array.from(
-          { length: 5 },
-          () =>
-            cronGuard(jobs, job, { atMostMs: 5000, tick }, async () => {
-              runs++;
-              await sleep(50);
-              return "done";
-            }),
-        ),
-      );
-      assert.equal(runs, 1);
-      assert.equal(results.filter((r) => r.ran).length, 1);
-      for (const r of results) if (!r.ran) assert.ok(["running", "tick_done"].includes(r.reason));
-      const again = await cronGuard(jobs, job, { atMostMs: 5000, tick }, () => runs++);
-      assert.deepEqual(again.ran ? "ran" : again.reason, "tick_done");
-      assert.equal(runs, 1);
-    });
-
-    await t.step(
-      "a run closer than atLeastMs to the last start is skipped as too_soon",
-      async () => {
-        const job = keygen("job");
-        const first = await cronGuard(jobs, job, { atMostMs: 5000, atLeastMs: 2000 }, () => 1);
-        assert.ok(first.ran);
-        const second = await cronGuard(jobs, job, { atMostMs: 5000, atLeastMs: 2000 }, () => 2);
-        assert.ok(!second.ran && second.reason === "too_soon");
-        assert.ok(second.retryAfterMs > 1000 && second.retryAfterMs <= 2000);
-      },
-    );
-
-    await t.step("a crashed run frees the job after atMostMs", async () => {
-      const job = keygen("job");
-      const start = await jobs.start(job, { atMostMs: 600 }); // never finished: it crashed
-      assert.ok(start.run);
-      const blocked = await jobs.start(job, { atMostMs: 600 });
-      assert.ok(!blocked.run && blocked.reason === "running");
-      const starts: JobStart[] = [];
-      await until("the crashed run's atMostMs ends", async () => {
-        starts.push(await jobs.start(job, { atMostMs: 600 }));
-        return starts.at(-1)!.run;
-      });
-      const next = starts.at(-1)!;
-      assert.ok(next.run && next.fence > start.fence);
-      assert.equal(
-        await jobs.finish(job, start.token),
-        false,
-        "the crashed run cannot finish the new one",
-      );
-    });
-
-    await t.step("a long job is extended while it runs, past atMostMs", async () => {
-      const job = keygen("job");
-      const result = await cronGuard(jobs, job, { atMostMs: 600 }, async (run, signal) => {
-        await sleep(2000); // over three atMostMs
-        assert.equal(signal.aborted, false);
-        const blocked = await jobs.start(job, { atMostMs: 600 });
-        assert.ok(!blocked.run && blocked.reason === "running");
-        return run.fence;
-      });
-      assert.ok(result.ran);
-      assert.ok((await jobs.start(job, { atMostMs: 600 })).run, "finished without atLeastMs");
-    });
-
-    await t.step("the library calls of the three uses reject bad arguments precisely", async () => {
-      const job = keygen("job");
-      await assert.rejects(jobs.start(job, {} as never), {
-        name: "TypeError",
-        message: /atMostMs is required/,
-      });
-      await assert.rejects(
-        jobs.start(job, { atMostMs: 99 }),
-        /atMostMs must be an integer from 100/,
-      );
-      await assert.rejects(
-        jobs.start(job, { atMostMs: 1000, atLeastMs: 2000 }),
-        /atLeastMs must not exceed/,
-      );
-      await assert.rejects(jobs.start("a b", { atMostMs: 1000 }), /job name/);
-      await assert.rejects(records.claim("idempotency", "no spaces allowed"), RangeError);
-      await assert.rejects(
-        records.claim("idempotency", recordId("u", "k"), { leaseMs: 50 }),
-        /leaseMs/,
-      );
-      await assert.rejects(
-        records.claim("idempotency", recordId("u", "k"), { fingerprint: "f".repeat(129) }),
-        /fingerprint/,
-      );
-      await assert.rejects(
-        records.complete("idempotency", recordId("u", "k"), "t".repeat(16), {
-          b: "x".repeat(50_000),
+          await sleep(50);
+          return "done";
         }),
-        /at most 49152 bytes/,
-      );
-      assert.throws(() => recordId("a/b", "k"), RangeError);
-      await assert.rejects(dedupe(records, { namespace: "ns", id: "" }), TypeError);
-      await assert.rejects(
-        cronGuard(jobs, job, { atMostMs: 1000 }, undefined as never),
-        TypeError,
-      );
-      assert.throws(() => idempotency({ records, scope: undefined as never }), TypeError);
-      assert.throws(() => webhookDedupe({ records, secrets: [], namespace: "ns" }), TypeError);
-      assert.throws(
-        () => webhookDedupe({ records, secrets: ["whsec_!!"], namespace: "ns" }),
-        TypeError,
-      );
-      // Each would have been accepted here and then failed at the first delivery.
-      for (
-        const [secrets, message] of [
-          [[""], /secret 1 is empty/],
-          [["whsec_"], /secret 1 is empty/],
-          [["  "], /secret 1 is empty: set the endpoint's signing secret/],
-          [[SECRET, undefined], /secret 2 is undefined: set the endpoint's signing secret/],
-          [[SECRET, 42], /secret 2 is number/],
-        ] as const
-      ) {
-        assert.throws(
-          () => webhookDedupe({ records, secrets: secrets as never, namespace: "ns" }),
-          message,
-        );
-      }
-      await assert.rejects(
-        jobs.start(job, { atMostMs: 1000, tickRetentionMs: 5 }),
-        { name: "RangeError", message: /^tickRetentionMs must be an integer/ },
-      );
-      assert.deepEqual(
-        await jobs.start(job, { atMostMs: 1000 }).then((r) => r.run),
-        true,
-        "nothing was written before",
-      );
+    ),
+  );
+  assert.equal(runs, 1);
+  assert.equal(results.filter((r) => r.ran).length, 1);
+  for (const r of results) if (!r.ran) assert.ok(["running", "tick_done"].includes(r.reason));
+  const again = await cronGuard(jobs, job, { atMostMs: 5000, tick }, () => runs++);
+  assert.deepEqual(again.ran ? "ran" : again.reason, "tick_done");
+  assert.equal(runs, 1);
+});
+
+Deno.test("a run closer than atLeastMs to the last start is skipped as too_soon", async () => {
+  const { jobs } = await fixture();
+  const job = keygen("job");
+  const first = await cronGuard(jobs, job, { atMostMs: 5000, atLeastMs: 2000 }, () => 1);
+  assert.ok(first.ran);
+  const second = await cronGuard(jobs, job, { atMostMs: 5000, atLeastMs: 2000 }, () => 2);
+  assert.ok(!second.ran && second.reason === "too_soon");
+  assert.ok(second.retryAfterMs > 1000 && second.retryAfterMs <= 2000);
+});
+
+Deno.test("a crashed run frees the job after atMostMs", async () => {
+  const { jobs } = await fixture();
+  const job = keygen("job");
+  const start = await jobs.start(job, { atMostMs: 600 }); // never finished: it crashed
+  assert.ok(start.run);
+  const blocked = await jobs.start(job, { atMostMs: 600 });
+  assert.ok(!blocked.run && blocked.reason === "running");
+  const starts: JobStart[] = [];
+  await until("the crashed run's atMostMs ends", async () => {
+    starts.push(await jobs.start(job, { atMostMs: 600 }));
+    return starts.at(-1)!.run;
+  });
+  const next = starts.at(-1)!;
+  assert.ok(next.run && next.fence > start.fence);
+  assert.equal(
+    await jobs.finish(job, start.token),
+    false,
+    "the crashed run cannot finish the new one",
+  );
+});
+
+Deno.test("a long job is extended while it runs, past atMostMs", async () => {
+  const { jobs } = await fixture();
+  const job = keygen("job");
+  const result = await cronGuard(jobs, job, { atMostMs: 600 }, async (run, signal) => {
+    await sleep(2000); // over three atMostMs
+    assert.equal(signal.aborted, false);
+    const blocked = await jobs.start(job, { atMostMs: 600 });
+    assert.ok(!blocked.run && blocked.reason === "running");
+    return run.fence;
+  });
+  assert.ok(result.ran);
+  assert.ok((await jobs.start(job, { atMostMs: 600 })).run, "finished without atLeastMs");
+});
+
+Deno.test("the library calls of the three uses reject bad arguments precisely", async () => {
+  const { records, jobs } = await fixture();
+  const job = keygen("job");
+  await assert.rejects(jobs.start(job, {} as never), {
+    name: "TypeError",
+    message: /atMostMs is required/,
+  });
+  await assert.rejects(
+    jobs.start(job, { atMostMs: 99 }),
+    /atMostMs must be an integer from 100/,
+  );
+  await assert.rejects(
+    jobs.start(job, { atMostMs: 1000, atLeastMs: 2000 }),
+    /atLeastMs must not exceed/,
+  );
+  await assert.rejects(jobs.start("a b", { atMostMs: 1000 }), /job name/);
+  await assert.rejects(records.claim("idempotency", "no spaces allowed"), RangeError);
+  await assert.rejects(
+    records.claim("idempotency", recordId("u", "k"), { leaseMs: 50 }),
+    /leaseMs/,
+  );
+  await assert.rejects(
+    records.claim("idempotency", recordId("u", "k"), { fingerprint: "f".repeat(129) }),
+    /fingerprint/,
+  );
+  await assert.rejects(
+    records.complete("idempotency", recordId("u", "k"), "t".repeat(16), {
+      b: "x".repeat(50_000),
+    }),
+    /at most 49152 bytes/,
+  );
+  assert.throws(() => recordId("a/b", "k"), RangeError);
+  await assert.rejects(dedupe(records, { namespace: "ns", id: "" }), TypeError);
+  await assert.rejects(
+    cronGuard(jobs, job, { atMostMs: 1000 }, undefined as never),
+    TypeError,
+  );
+  assert.throws(() => idempotency({ records, scope: undefined as never }), TypeError);
+  assert.throws(() => webhookDedupe({ records, secrets: [], namespace: "ns" }), TypeError);
+  assert.throws(
+    () => webhookDedupe({ records, secrets: ["whsec_!!"], namespace: "ns" }),
+    TypeError,
+  );
+  // Each would have been accepted here and then failed at the first delivery.
+  for (
+    const [secrets, message] of [
+      [[""], /secret 1 is empty/],
+      [["whsec_"], /secret 1 is empty/],
+      [["  "], /secret 1 is empty: set the endpoint's signing secret/],
+      [[SECRET, undefined], /secret 2 is undefined: set the endpoint's signing secret/],
+      [[SECRET, 42], /secret 2 is number/],
+    ] as const
+  ) {
+    assert.throws(
+      () => webhookDedupe({ records, secrets: secrets as never, namespace: "ns" }),
+      message,
+    );
+  }
+  await assert.rejects(
+    jobs.start(job, { atMostMs: 1000, tickRetentionMs: 5 }),
+    { name: "RangeError", message: /^tickRetentionMs must be an integer/ },
+  );
+  assert.deepEqual(
+    await jobs.start(job, { atMostMs: 1000 }).then((r) => r.run),
+    true,
+    "nothing was written before",
+  );
+});
+
+Deno.test("the HTTP routes of the three uses follow the contract", async () => {
+  const { backend } = await fixture();
+  const secret = "uses-secret-0123456789abc";
+  const app = createApp({
+    redis: backend.redis,
+    apiKeys: [{ tenant: "t", secret }],
+    log: () => {},
+  });
+  const call = async (path: string, body?: unknown) => {
+    const res = await app.request(path, {
+      method: body === undefined ? "GET" : "POST",
+      headers: { authorization: `Bearer ${secret}`, "content-type": "application/json" },
+      body: body === undefined ? undefined : JSON.stringify(body),
     });
+    return {
+      status: res.status,
+      body: await jsonOf(res),
+      type: res.headers.get("content-type"),
+    };
+  };
+  const key = crypto.randomUUID();
+  const idem = `/v1/idempotency/user-1/${key}`;
+  const claim = await call(`${idem}/claim`, { fingerprint: "fp1" });
+  assert.equal(claim.status, 201);
+  assert.equal(claim.body.state, "claimed");
+  assert.equal((await call(`${idem}/claim`, { fingerprint: "fp1" })).body.code, "in_progress");
+  assert.equal((await call(`${idem}/claim`, { fingerprint: "fp2" })).status, 422);
+  assert.equal((await call(idem)).body.state, "in_progress");
+  const response = { status: 201, headers: { "content-type": "text/plain" }, body: "hi" };
+  assert.equal(
+    (await call(`${idem}/complete`, { token: "x".repeat(20), response })).status,
+    409,
+  );
+  assert.deepEqual(
+    (await call(`${idem}/complete`, { token: claim.body.token, response })).body,
+    { state: "completed" },
+  );
+  assert.deepEqual(await call(`${idem}/claim`, { fingerprint: "fp1" }), {
+    status: 200,
+    body: { state: "completed", response },
+    type: "application/json",
+  });
+  assert.ok(!JSON.stringify((await call(idem)).body).includes(claim.body.token));
 
-    await t.step("the HTTP routes of the three uses follow the contract", async () => {
-      const secret = "uses-secret-0123456789abc";
-      const app = createApp({
-        redis: backend.redis,
-        apiKeys: [{ tenant: "t", secret }],
-        log: () => {},
-      });
-      const call = async (path: string, body?: unknown) => {
-        const res = await app.request(path, {
-          method: body === undefined ? "GET" : "POST",
-          headers: { authorization: `Bearer ${secret}`, "content-type": "application/json" },
-          body: body === undefined ? undefined : JSON.stringify(body),
-        });
-        return {
-          status: res.status,
-          body: await jsonOf(res),
-          type: res.headers.get("content-type"),
-        };
-      };
-      const key = crypto.randomUUID();
-      const idem = `/v1/idempotency/user-1/${key}`;
-      const claim = await call(`${idem}/claim`, { fingerprint: "fp1" });
-      assert.equal(claim.status, 201);
-      assert.equal(claim.body.state, "claimed");
-      assert.equal((await call(`${idem}/claim`, { fingerprint: "fp1" })).body.code, "in_progress");
-      assert.equal((await call(`${idem}/claim`, { fingerprint: "fp2" })).status, 422);
-      assert.equal((await call(idem)).body.state, "in_progress");
-      const response = { status: 201, headers: { "content-type": "text/plain" }, body: "hi" };
-      assert.equal(
-        (await call(`${idem}/complete`, { token: "x".repeat(20), response })).status,
-        409,
-      );
-      assert.deepEqual(
-        (await call(`${idem}/complete`, { token: claim.body.token, response })).body,
-        { state: "completed" },
-      );
-      assert.deepEqual(await call(`${idem}/claim`, { fingerprint: "fp1" }), {
-        status: 200,
-        body: { state: "completed", response },
-        type: "application/json",
-      });
-      assert.ok(!JSON.stringify((await call(idem)).body).includes(claim.body.token));
+  const hook = `/v1/dedupe/stripe/evt_${key.slice(0, 8)}`;
+  const d = await call(`${hook}/claim`, {});
+  assert.equal(d.status, 201);
+  assert.equal((await call(`${hook}/claim`, {})).status, 409);
+  assert.deepEqual((await call(`${hook}/release`, { token: d.body.token })).body, {
+    released: true,
+  });
+  const d2 = await call(`${hook}/claim`, {});
+  assert.deepEqual((await call(`${hook}/done`, { token: d2.body.token })).body, {
+    state: "done",
+  });
+  assert.deepEqual((await call(`${hook}/claim`, {})).body, { state: "done" });
+  assert.equal((await call(hook)).body.state, "done");
 
-      const hook = `/v1/dedupe/stripe/evt_${key.slice(0, 8)}`;
-      const d = await call(`${hook}/claim`, {});
-      assert.equal(d.status, 201);
-      assert.equal((await call(`${hook}/claim`, {})).status, 409);
-      assert.deepEqual((await call(`${hook}/release`, { token: d.body.token })).body, {
-        released: true,
-      });
-      const d2 = await call(`${hook}/claim`, {});
-      assert.deepEqual((await call(`${hook}/done`, { token: d2.body.token })).body, {
-        state: "done",
-      });
-      assert.deepEqual((await call(`${hook}/claim`, {})).body, { state: "done" });
-      assert.equal((await call(hook)).body.state, "done");
+  const job = `/v1/jobs/${keygen("job")}`;
+  const s = await call(`${job}/start`, {
+    atMostMs: 5000,
+    atLeastMs: 1000,
+    tick: 1700000000000,
+  });
+  assert.equal(s.body.run, true);
+  assert.deepEqual((await call(`${job}/start`, { atMostMs: 5000 })).body.reason, "running");
+  assert.deepEqual((await call(`${job}/finish`, { token: s.body.token })).body, {
+    finished: true,
+  });
+  assert.equal((await call(`${job}/start`, { atMostMs: 5000 })).body.reason, "too_soon");
 
-      const job = `/v1/jobs/${keygen("job")}`;
-      const s = await call(`${job}/start`, {
-        atMostMs: 5000,
-        atLeastMs: 1000,
-        tick: 1700000000000,
-      });
-      assert.equal(s.body.run, true);
-      assert.deepEqual((await call(`${job}/start`, { atMostMs: 5000 })).body.reason, "running");
-      assert.deepEqual((await call(`${job}/finish`, { token: s.body.token })).body, {
-        finished: true,
-      });
-      assert.equal((await call(`${job}/start`, { atMostMs: 5000 })).body.reason, "too_soon");
-
-      const bad: [string, unknown][] = [
-        [`${idem}/claim`, { leaseMs: 50 }],
-        [`${idem}/claim`, { retentionMs: 999 }],
-        [`${idem}/claim`, { fingerprint: "f".repeat(129) }],
-        [`${idem}/complete`, { token: claim.body.token, response: "not an object" }],
-        [`${idem}/complete`, { token: claim.body.token, response: [201] }],
-        [`${idem}/renew`, { token: claim.body.token, leaseMs: 5 }],
-        [`${job}/extend`, { token: claim.body.token }],
-        [`${idem}/complete`, {
-          token: claim.body.token,
-          response: { status: 200, body: "x".repeat(50_000) },
-        }],
-        [`/v1/idempotency/a b/k/claim`, {}],
-        [`${hook}/done`, {}],
-        [`${hook}/claim`, { retentionMs: 2_592_000_001 }],
-        [`${job}/start`, {}],
-        [`${job}/start`, { atMostMs: 99 }],
-        [`${job}/start`, { atMostMs: 1000, atLeastMs: 2000 }],
-        [`${job}/start`, { atMostMs: 1000, tick: "a b" }],
-        [`${job}/finish`, { token: 5 }],
-      ];
-      for (const [path, body] of bad) {
-        const r = await call(path, body);
-        assert.ok(
-          r.status >= 400 && r.status < 500,
-          `${path} ${JSON.stringify(body).slice(0, 80)} → ${r.status}`,
-        );
-        assert.equal(r.type, "application/problem+json");
-      }
-    });
-  } finally {
-    await backend.stop();
+  const bad: [string, unknown][] = [
+    [`${idem}/claim`, { leaseMs: 50 }],
+    [`${idem}/claim`, { retentionMs: 999 }],
+    [`${idem}/claim`, { fingerprint: "f".repeat(129) }],
+    [`${idem}/complete`, { token: claim.body.token, response: "not an object" }],
+    [`${idem}/complete`, { token: claim.body.token, response: [201] }],
+    [`${idem}/renew`, { token: claim.body.token, leaseMs: 5 }],
+    [`${job}/extend`, { token: claim.body.token }],
+    [`${idem}/complete`, {
+      token: claim.body.token,
+      response: { status: 200, body: "x".repeat(50_000) },
+    }],
+    [`/v1/idempotency/a b/k/claim`, {}],
+    [`${hook}/done`, {}],
+    [`${hook}/claim`, { retentionMs: 2_592_000_001 }],
+    [`${job}/start`, {}],
+    [`${job}/start`, { atMostMs: 99 }],
+    [`${job}/start`, { atMostMs: 1000, atLeastMs: 2000 }],
+    [`${job}/start`, { atMostMs: 1000, tick: "a b" }],
+    [`${job}/finish`, { token: 5 }],
+  ];
+  for (const [path, body] of bad) {
+    const r = await call(path, body);
+    assert.ok(
+      r.status >= 400 && r.status < 500,
+      `${path} ${JSON.stringify(body).slice(0, 80)} → ${r.status}`,
+    );
+    assert.equal(r.type, "application/problem+json");
   }
 });
