@@ -16,7 +16,7 @@ import type { RedisLike } from "../src/core/_runner.ts";
 import { MIN_RETRY_MS, RELEASE_MEMORY_MS } from "../src/core/lua/lib.ts";
 import { type BrokenRule, withBroken } from "../dev/history.ts";
 import { type ShiftedRedisServer, startShiftedRedisServer } from "../dev/clock_shift.ts";
-import { type Backend, keygen, lockKeys, startBackend, takeTicket } from "./_backend.ts";
+import { type Backend, keygen, lockKeys, shared, startBackend, takeTicket } from "./_backend.ts";
 
 const RUNS = Number(Deno.env.get("MODEL_RUNS") ?? 200);
 const MAX_WAITERS = 2; // two clients, so a full queue happens often
@@ -418,7 +418,46 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
   }
 }
 
-Deno.test("the library follows the lease rules of a reference model", async (t) => {
+// Each broken variant, and a sequence certain to show it (for release, the search too).
+const variants: [BrokenRule, string, Cmd[], RegExp][] = [
+  [
+    "release",
+    "release's token check removed",
+    [{ kind: "acquire", who: 0, ttlMs: 3000 }, {
+      kind: "release",
+      who: 1,
+      withFence: false,
+      hold: null,
+    }],
+    /release: true, the model says false/,
+  ],
+  [
+    "reentry",
+    "a reentrant hold that shortens the lease",
+    [
+      { kind: "reenter", who: 0, ttlMs: 20_000, hold: 0 },
+      { kind: "reenter", who: 0, ttlMs: 1000, hold: 1 },
+      { kind: "release", who: 0, withFence: true, hold: 1 },
+      { kind: "advance", ms: 2000 },
+      { kind: "acquire", who: 1, ttlMs: 1000 },
+    ],
+    /told the lease ends|acquire: true, the model says false|while a lease was told/,
+  ],
+  [
+    "hold",
+    "a retried hold release that ends another hold",
+    [
+      { kind: "reenter", who: 0, ttlMs: 20_000, hold: 0 },
+      { kind: "reenter", who: 0, ttlMs: 20_000, hold: 1 },
+      { kind: "release", who: 0, withFence: true, hold: 1 },
+      { kind: "release", who: 0, withFence: true, hold: 1 },
+      { kind: "acquire", who: 1, ttlMs: 1000 },
+    ],
+    /acquire: true, the model says false|while a lease was told/,
+  ],
+];
+
+const fixture = shared(async () => {
   const server = await startShiftedRedisServer();
   const backend = await startBackend([], server);
   const make = (redis: RedisLike): Ctx => ({
@@ -428,75 +467,38 @@ Deno.test("the library follows the lease rules of a reference model", async (t) 
     locks: new Locks(redis, { maxWaiters: MAX_WAITERS }),
     offsetMs: 0,
   });
-
-  try {
-    await t.step(`${RUNS} random command sequences find no difference`, async () => {
-      const ctx = make(backend.redis);
-      await fc.assert(
-        fc.asyncProperty(fc.array(command, { minLength: 1, maxLength: 40 }), async (cmds) => {
-          await shiftTo(ctx, 0);
-          await runSequence(ctx, cmds);
-        }),
-        { numRuns: RUNS },
-      );
-    });
-
-    // Each broken variant, and a sequence certain to show it (for release, the search too).
-    const variants: [BrokenRule, string, Cmd[], RegExp][] = [
-      [
-        "release",
-        "release's token check removed",
-        [{ kind: "acquire", who: 0, ttlMs: 3000 }, {
-          kind: "release",
-          who: 1,
-          withFence: false,
-          hold: null,
-        }],
-        /release: true, the model says false/,
-      ],
-      [
-        "reentry",
-        "a reentrant hold that shortens the lease",
-        [
-          { kind: "reenter", who: 0, ttlMs: 20_000, hold: 0 },
-          { kind: "reenter", who: 0, ttlMs: 1000, hold: 1 },
-          { kind: "release", who: 0, withFence: true, hold: 1 },
-          { kind: "advance", ms: 2000 },
-          { kind: "acquire", who: 1, ttlMs: 1000 },
-        ],
-        /told the lease ends|acquire: true, the model says false|while a lease was told/,
-      ],
-      [
-        "hold",
-        "a retried hold release that ends another hold",
-        [
-          { kind: "reenter", who: 0, ttlMs: 20_000, hold: 0 },
-          { kind: "reenter", who: 0, ttlMs: 20_000, hold: 1 },
-          { kind: "release", who: 0, withFence: true, hold: 1 },
-          { kind: "release", who: 0, withFence: true, hold: 1 },
-          { kind: "acquire", who: 1, ttlMs: 1000 },
-        ],
-        /acquire: true, the model says false|while a lease was told/,
-      ],
-    ];
-    for (const [rule, label, example, message] of variants) {
-      await t.step(`with ${label}, the model finds the difference`, async () => {
-        const ctx = make(withBroken(backend.redis, rule));
-        await shiftTo(ctx, 0);
-        await assert.rejects(runSequence(ctx, example), message, "the example shows it");
-        if (rule !== "release") return; // the example is certain; the search is a bonus
-        const result = await fc.check(
-          fc.asyncProperty(fc.array(command, { minLength: 1, maxLength: 40 }), async (cmds) => {
-            await shiftTo(ctx, 0);
-            await runSequence(ctx, cmds);
-          }),
-          { numRuns: RUNS },
-        );
-        assert.ok(result.failed, `the broken ${rule} went unnoticed in ${RUNS} runs`);
-      });
-    }
-  } finally {
-    await server.shift(0);
-    await backend.stop();
-  }
+  return { server, backend, make };
+}, async ({ server, backend }) => {
+  await server.shift(0);
+  await backend.stop();
 });
+
+Deno.test(`${RUNS} random command sequences find no difference`, async () => {
+  const { backend, make } = await fixture();
+  const ctx = make(backend.redis);
+  await fc.assert(
+    fc.asyncProperty(fc.array(command, { minLength: 1, maxLength: 40 }), async (cmds) => {
+      await shiftTo(ctx, 0);
+      await runSequence(ctx, cmds);
+    }),
+    { numRuns: RUNS },
+  );
+});
+
+for (const [rule, label, example, message] of variants) {
+  Deno.test(`with ${label}, the model finds the difference`, async () => {
+    const { backend, make } = await fixture();
+    const ctx = make(withBroken(backend.redis, rule));
+    await shiftTo(ctx, 0);
+    await assert.rejects(runSequence(ctx, example), message, "the example shows it");
+    if (rule !== "release") return; // the example is certain; the search is a bonus
+    const result = await fc.check(
+      fc.asyncProperty(fc.array(command, { minLength: 1, maxLength: 40 }), async (cmds) => {
+        await shiftTo(ctx, 0);
+        await runSequence(ctx, cmds);
+      }),
+      { numRuns: RUNS },
+    );
+    assert.ok(result.failed, `the broken ${rule} went unnoticed in ${RUNS} runs`);
+  });
+}

@@ -14,7 +14,7 @@ import { MIN_RETRY_MS } from "../src/core/lua/lib.ts";
 import { FENCE_GRACE_MS } from "../src/core/_validate.ts";
 import { startShiftedRedisServer } from "../dev/clock_shift.ts";
 import { slotOf } from "../dev/redis_cluster.ts";
-import { type Backend, keygen, startBackend, takeTicket, until } from "./_backend.ts";
+import { type Backend, keygen, shared, startBackend, takeTicket, until } from "./_backend.ts";
 import { everyOperation } from "./_every_operation.ts";
 
 const lockKey = (name: string) => `edgelock:lock:{${name}}`;
@@ -119,272 +119,258 @@ async function sweep(backend: Backend, cluster: boolean) {
   }
 }
 
-Deno.test("the scripts", async (t) => {
+const fixture = shared(async () => {
   const backend = await startBackend();
   const { redis } = backend;
+  return { backend, redis };
+}, ({ backend }) => backend.stop());
 
-  try {
-    await t.step("no script source builds a key: each is read from KEYS", () => {
-      assert.ok(ALL.length > 20, `${ALL.length} scripts`);
-      for (const script of ALL) assert.deepEqual(undeclaredKeys(script.source), [], script.name);
-      // The scan itself catches the forms it looks for.
-      const built = "local q = KEYS[1]\nlocal d = q .. ':deadline'\nredis.call('HGET', d, 'x')";
-      assert.deepEqual(undeclaredKeys(built), ["d = q .. ':deadline': not a declared key"]);
-      assert.equal(undeclaredKeys("redis.call('GET', KEYS[1] .. ':x')").length, 1);
-      assert.equal(
-        undeclaredKeys("local function k(i) return 'x' .. i end\nredis.call('GET', k(1))")
-          .length,
-        1,
-      );
-    });
+Deno.test("no script source builds a key: each is read from KEYS", () => {
+  assert.ok(ALL.length > 20, `${ALL.length} scripts`);
+  for (const script of ALL) assert.deepEqual(undeclaredKeys(script.source), [], script.name);
+  // The scan itself catches the forms it looks for.
+  const built = "local q = KEYS[1]\nlocal d = q .. ':deadline'\nredis.call('HGET', d, 'x')";
+  assert.deepEqual(undeclaredKeys(built), ["d = q .. ':deadline': not a declared key"]);
+  assert.equal(undeclaredKeys("redis.call('GET', KEYS[1] .. ':x')").length, 1);
+  assert.equal(
+    undeclaredKeys("local function k(i) return 'x' .. i end\nredis.call('GET', k(1))")
+      .length,
+    1,
+  );
+});
 
-    for (const cluster of [false, true]) {
-      await t.step(
-        cluster
-          ? "in the cluster layout, every script's keys, stats included, share one hash slot"
-          : "every script touches only keys it declares in KEYS; a name's keys share one hash slot",
-        () => sweep(backend, cluster),
-      );
-    }
+for (const cluster of [false, true]) {
+  Deno.test(
+    cluster
+      ? "in the cluster layout, every script's keys, stats included, share one hash slot"
+      : "every script touches only keys it declares in KEYS; a name's keys share one hash slot",
+    async () => {
+      const { backend } = await fixture();
+      await sweep(backend, cluster);
+    },
+  );
+}
 
-    await t.step(
-      "a lock record written by 0.1 (no hold count) is read as held, not foreign",
-      async () => {
-        const locks = new Locks(redis);
-        for (const meta of ["", '{"by":"old"}']) {
-          const name = keygen();
-          const token = "old-version-token-00001";
-          const [seconds, micros] = (await redis.time()).map(Number);
-          const now = seconds! * 1000 + Math.floor(micros! / 1000);
-          await redis.set(
-            lockKey(name),
-            `H${now * 1000}|${now + 5000}|${now}|20|0|${token}||${meta}`,
-            {
-              px: 60_000,
-            },
-          );
-          const info = await locks.inspect(name);
-          assert.ok(info.held && info.fence === now * 1000, JSON.stringify(info));
-          assert.equal(await locks.release({ name, token }), true, "its holder releases it");
-          const next = await locks.acquire(name);
-          assert.ok(next.acquired && next.lease.fence > now * 1000);
-          await locks.release(next.lease);
-        }
+Deno.test("a lock record written by 0.1 (no hold count) is read as held, not foreign", async () => {
+  const { redis } = await fixture();
+  const locks = new Locks(redis);
+  for (const meta of ["", '{"by":"old"}']) {
+    const name = keygen();
+    const token = "old-version-token-00001";
+    const [seconds, micros] = (await redis.time()).map(Number);
+    const now = seconds! * 1000 + Math.floor(micros! / 1000);
+    await redis.set(
+      lockKey(name),
+      `H${now * 1000}|${now + 5000}|${now}|20|0|${token}||${meta}`,
+      {
+        px: 60_000,
       },
     );
-
-    await t.step("every key the scripts write carries a TTL", async () => {
-      await everyOperation(backend);
-      const keys = await redis.keys("edgelock:*");
-      assert.ok(keys.length > 5);
-      const forever = [];
-      for (const key of keys) if (await redis.pttl(key) < 0) forever.push(key);
-      assert.deepEqual(forever, [], "keys without a TTL");
-    });
-
-    await t.step("each script's SHA-1 matches what SCRIPT LOAD returns", async () => {
-      assert.ok(ALL.length >= 14, `${ALL.length} scripts`);
-      for (const script of ALL) {
-        assert.equal(await script.sha1(), await redis.scriptLoad(script.source), script.name);
-      }
-    });
-
-    await t.step(
-      "a lock record found without a TTL still ends at its lease, and gets its TTL back",
-      async () => {
-        const locks = new Locks(redis);
-        const name = keygen();
-        const held = await locks.acquire(name, { ttlMs: 5000 });
-        assert.ok(held.acquired);
-        await redis.persist(lockKey(name));
-        const busy = await locks.acquire(name);
-        assert.ok(!busy.acquired);
-        assert.ok(busy.retryAfterMs >= MIN_RETRY_MS, `hint ${busy.retryAfterMs}`);
-        assert.ok(busy.retryAfterMs <= 5000, "never past the lease's own end");
-        const pttl = await redis.pttl(lockKey(name));
-        assert.ok(
-          pttl > FENCE_GRACE_MS && pttl <= FENCE_GRACE_MS + 5000,
-          `the record has its TTL again: ${pttl}`,
-        );
-        await redis.persist(lockKey(name));
-        const info = await locks.inspect(name);
-        assert.ok(info.held && info.ttlMs > 0 && info.ttlMs <= 5000, JSON.stringify(info));
-        const short = await locks.acquire(keygen(), { ttlMs: 200 });
-        assert.ok(short.acquired);
-        await redis.persist(lockKey(short.lease.name));
-        await until("the lease ends without a TTL on its record", async () => {
-          return (await locks.acquire(short.lease.name)).acquired;
-        });
-        assert.ok(await redis.pttl(lockKey(short.lease.name)) > 0, "the next write gave it one");
-      },
-    );
-
-    await t.step(
-      "a record or job found without a TTL gets one, and callers are not told to retry at once",
-      async () => {
-        const records = new Records(redis);
-        const jobs = new Jobs(redis);
-        const id = recordId("user-2", keygen("k"));
-        const claim = await records.claim("idempotency", id, { leaseMs: 5000 });
-        assert.equal(claim.state, "claimed");
-        const key = `edgelock:idempotency:{${id}}`;
-        await redis.persist(key);
-        const busy = await records.claim("idempotency", id, { leaseMs: 5000 });
-        assert.ok(busy.state === "in_progress" && busy.retryAfterMs > 1000, JSON.stringify(busy));
-        assert.ok(await redis.pttl(key) > 0);
-        await redis.persist(key);
-        const state = await records.get("idempotency", id);
-        assert.ok(state.state === "in_progress" && state.leaseExpiresAt > Date.now() - 1000);
-        assert.ok(await redis.pttl(key) > 0);
-
-        const job = keygen("job");
-        const start = await jobs.start(job, { atMostMs: 5000, tick: "t1" });
-        assert.ok(start.run);
-        await redis.persist(`edgelock:job:{${job}}`);
-        await redis.persist(`edgelock:job:{${job}}:tick:t1`);
-        const running = await jobs.start(job, { atMostMs: 5000 });
-        assert.ok(!running.run && running.retryAfterMs > 1000, JSON.stringify(running));
-        const ticked = await jobs.start(job, { atMostMs: 5000, tick: "t1" });
-        assert.ok(!ticked.run && ticked.retryAfterMs > 1000, JSON.stringify(ticked));
-        assert.ok(await redis.pttl(`edgelock:job:{${job}}`) > 0);
-        assert.ok(await redis.pttl(`edgelock:job:{${job}}:tick:t1`) > 0);
-      },
-    );
-
-    await t.step(
-      "records and jobs this code did not write answer not held, never a Redis error",
-      async () => {
-        const records = new Records(redis);
-        const jobs = new Jobs(redis);
-        const token = "hand-written-token-0001";
-        const id = recordId("user-3", keygen("k"));
-        await redis.hset(`edgelock:idempotency:{${id}}`, { state: "claimed", token }); // no retentionMs
-        await redis.pexpire(`edgelock:idempotency:{${id}}`, 5000);
-        assert.equal(await records.complete("idempotency", id, token, { status: 200 }), false);
-        const job = keygen("job");
-        await redis.hset(`edgelock:job:{${job}}`, { token, finished: "0" }); // no fence, notBefore
-        await redis.pexpire(`edgelock:job:{${job}}`, 5000);
-        assert.deepEqual(await jobs.extend(job, token, 1000), { extended: false });
-        assert.equal(await jobs.finish(job, token), false);
-        const other = recordId("user-3", keygen("k"));
-        await redis.hset(`edgelock:idempotency:{${other}}`, { state: "odd", token });
-        await redis.pexpire(`edgelock:idempotency:{${other}}`, 5000);
-        const claim = await records.claim("idempotency", other, { token });
-        assert.equal(claim.state, "in_progress", "an unknown state is never handed out as a claim");
-      },
-    );
-  } finally {
-    await backend.stop();
+    const info = await locks.inspect(name);
+    assert.ok(info.held && info.fence === now * 1000, JSON.stringify(info));
+    assert.equal(await locks.release({ name, token }), true, "its holder releases it");
+    const next = await locks.acquire(name);
+    assert.ok(next.acquired && next.lease.fence > now * 1000);
+    await locks.release(next.lease);
   }
 });
 
-Deno.test("the lock scripts under a stepped Redis clock", async (t) => {
+Deno.test("every key the scripts write carries a TTL", async () => {
+  const { backend, redis } = await fixture();
+  await everyOperation(backend);
+  const keys = await redis.keys("edgelock:*");
+  assert.ok(keys.length > 5);
+  const forever = [];
+  for (const key of keys) if (await redis.pttl(key) < 0) forever.push(key);
+  assert.deepEqual(forever, [], "keys without a TTL");
+});
+
+Deno.test("each script's SHA-1 matches what SCRIPT LOAD returns", async () => {
+  const { redis } = await fixture();
+  assert.ok(ALL.length >= 14, `${ALL.length} scripts`);
+  for (const script of ALL) {
+    assert.equal(await script.sha1(), await redis.scriptLoad(script.source), script.name);
+  }
+});
+
+Deno.test("a lock record found without a TTL still ends at its lease, and gets its TTL back", async () => {
+  const { redis } = await fixture();
+  const locks = new Locks(redis);
+  const name = keygen();
+  const held = await locks.acquire(name, { ttlMs: 5000 });
+  assert.ok(held.acquired);
+  await redis.persist(lockKey(name));
+  const busy = await locks.acquire(name);
+  assert.ok(!busy.acquired);
+  assert.ok(busy.retryAfterMs >= MIN_RETRY_MS, `hint ${busy.retryAfterMs}`);
+  assert.ok(busy.retryAfterMs <= 5000, "never past the lease's own end");
+  const pttl = await redis.pttl(lockKey(name));
+  assert.ok(
+    pttl > FENCE_GRACE_MS && pttl <= FENCE_GRACE_MS + 5000,
+    `the record has its TTL again: ${pttl}`,
+  );
+  await redis.persist(lockKey(name));
+  const info = await locks.inspect(name);
+  assert.ok(info.held && info.ttlMs > 0 && info.ttlMs <= 5000, JSON.stringify(info));
+  const short = await locks.acquire(keygen(), { ttlMs: 200 });
+  assert.ok(short.acquired);
+  await redis.persist(lockKey(short.lease.name));
+  await until("the lease ends without a TTL on its record", async () => {
+    return (await locks.acquire(short.lease.name)).acquired;
+  });
+  assert.ok(await redis.pttl(lockKey(short.lease.name)) > 0, "the next write gave it one");
+});
+
+Deno.test("a record or job found without a TTL gets one, and callers are not told to retry at once", async () => {
+  const { redis } = await fixture();
+  const records = new Records(redis);
+  const jobs = new Jobs(redis);
+  const id = recordId("user-2", keygen("k"));
+  const claim = await records.claim("idempotency", id, { leaseMs: 5000 });
+  assert.equal(claim.state, "claimed");
+  const key = `edgelock:idempotency:{${id}}`;
+  await redis.persist(key);
+  const busy = await records.claim("idempotency", id, { leaseMs: 5000 });
+  assert.ok(busy.state === "in_progress" && busy.retryAfterMs > 1000, JSON.stringify(busy));
+  assert.ok(await redis.pttl(key) > 0);
+  await redis.persist(key);
+  const state = await records.get("idempotency", id);
+  assert.ok(state.state === "in_progress" && state.leaseExpiresAt > Date.now() - 1000);
+  assert.ok(await redis.pttl(key) > 0);
+
+  const job = keygen("job");
+  const start = await jobs.start(job, { atMostMs: 5000, tick: "t1" });
+  assert.ok(start.run);
+  await redis.persist(`edgelock:job:{${job}}`);
+  await redis.persist(`edgelock:job:{${job}}:tick:t1`);
+  const running = await jobs.start(job, { atMostMs: 5000 });
+  assert.ok(!running.run && running.retryAfterMs > 1000, JSON.stringify(running));
+  const ticked = await jobs.start(job, { atMostMs: 5000, tick: "t1" });
+  assert.ok(!ticked.run && ticked.retryAfterMs > 1000, JSON.stringify(ticked));
+  assert.ok(await redis.pttl(`edgelock:job:{${job}}`) > 0);
+  assert.ok(await redis.pttl(`edgelock:job:{${job}}:tick:t1`) > 0);
+});
+
+Deno.test("records and jobs this code did not write answer not held, never a Redis error", async () => {
+  const { redis } = await fixture();
+  const records = new Records(redis);
+  const jobs = new Jobs(redis);
+  const token = "hand-written-token-0001";
+  const id = recordId("user-3", keygen("k"));
+  await redis.hset(`edgelock:idempotency:{${id}}`, { state: "claimed", token }); // no retentionMs
+  await redis.pexpire(`edgelock:idempotency:{${id}}`, 5000);
+  assert.equal(await records.complete("idempotency", id, token, { status: 200 }), false);
+  const job = keygen("job");
+  await redis.hset(`edgelock:job:{${job}}`, { token, finished: "0" }); // no fence, notBefore
+  await redis.pexpire(`edgelock:job:{${job}}`, 5000);
+  assert.deepEqual(await jobs.extend(job, token, 1000), { extended: false });
+  assert.equal(await jobs.finish(job, token), false);
+  const other = recordId("user-3", keygen("k"));
+  await redis.hset(`edgelock:idempotency:{${other}}`, { state: "odd", token });
+  await redis.pexpire(`edgelock:idempotency:{${other}}`, 5000);
+  const claim = await records.claim("idempotency", other, { token });
+  assert.equal(claim.state, "in_progress", "an unknown state is never handed out as a claim");
+});
+
+const stepped = shared(async () => {
   const server = await startShiftedRedisServer();
   const backend = await startBackend([], server);
   const { redis } = backend;
   const locks = new Locks(redis);
+  return { server, backend, redis, locks };
+}, ({ backend }) => backend.stop());
 
-  try {
-    await t.step(
-      "a clock step back while a lock is held does not make waiters poll hot",
-      async () => {
-        const name = keygen();
-        for (let i = 0; i < 3; i++) {
-          const lease = await locks.acquire(name);
-          assert.ok(lease.acquired);
-          await server.shift(-60_000 * (i + 1)); // the server clock steps back a minute each time
-          await locks.release(lease.lease);
-        }
-        const holder = await locks.acquire(name, { ttlMs: 10_000 });
-        assert.ok(holder.acquired);
-        const busy = await locks.acquire(name);
-        assert.ok(!busy.acquired && busy.retryAfterMs >= MIN_RETRY_MS);
-        const before = backend.requests();
-        const waited = await locks.acquire(name, { waitMs: 300 });
-        assert.equal(waited.acquired, false);
-        const polls = backend.requests() - before;
-        // With the hold time clamped, the waiter backs off as the hold goes on: about 10 looks.
-        // A negative estimate made it look every millisecond (over 100 requests).
-        assert.ok(polls <= 25, `${polls} requests in 300 ms`);
-        await locks.release(holder.lease);
-        await server.shift(0);
-      },
-    );
-
-    await t.step(
-      "a clock step forward never gives a hint past the lock's own deadlines",
-      async () => {
-        const name = keygen();
-        const lease = await locks.acquire(name);
-        assert.ok(lease.acquired);
-        await server.shift(3_600_000); // an hour ahead: the hold looks an hour long
-        await locks.release(lease.lease);
-        const holder = await locks.acquire(name, { ttlMs: 2000 });
-        assert.ok(holder.acquired);
-        const busy = await locks.acquire(name);
-        assert.ok(!busy.acquired && busy.retryAfterMs <= 2000, `hint ${JSON.stringify(busy)}`);
-        // Free, but kept for the head of the queue: the hint is bounded by the head's ticket.
-        const head = "queue-head-token-000001";
-        await takeTicket(redis, name, head, 1000);
-        await locks.release(holder.lease);
-        const reserved = await locks.acquire(name);
-        assert.ok(!reserved.acquired && reserved.retryAfterMs <= 1000, JSON.stringify(reserved));
-        await server.shift(0);
-      },
-    );
-
-    await t.step("fences keep increasing when the clock steps back within the grace", async () => {
-      const name = keygen();
-      const fences: number[] = [];
-      for (const offset of [0, -30_000, -600_000, -5_000]) {
-        await server.shift(offset);
-        const lease = await locks.acquire(name, { ttlMs: 100 });
-        assert.ok(lease.acquired);
-        fences.push(lease.lease.fence);
-        await locks.release(lease.lease);
-      }
-      for (let i = 1; i < fences.length; i++) assert.ok(fences[i]! > fences[i - 1]!, `${fences}`);
-      await server.shift(0);
-    });
-
-    await t.step(
-      "shared and semaphore fences keep increasing, and leases end, across clock steps",
-      async () => {
-        const name = keygen();
-        const fences: number[] = [];
-        for (
-          const [offset, options] of [
-            [0, { mode: "shared" }],
-            [-30_000, { mode: "shared" }],
-            [-600_000, {}],
-            [-5_000, { mode: "shared" }],
-          ] as const
-        ) {
-          await server.shift(offset);
-          const lease = await locks.acquire(name, { ttlMs: 5000, ...options });
-          assert.ok(lease.acquired, `at ${offset}`);
-          fences.push(lease.lease.fence);
-          await locks.release(lease.lease);
-        }
-        const other = keygen();
-        for (const offset of [0, -600_000]) {
-          await server.shift(offset);
-          const lease = await locks.acquire(other, { limit: 2, ttlMs: 5000 });
-          assert.ok(lease.acquired);
-          fences.push(lease.lease.fence);
-          // The holder never releases: a step forward past its lease frees the permit.
-        }
-        await server.shift(10_000); // past both leases' ends on the server clock
-        const after = await locks.acquire(other, { limit: 2, permits: 2 });
-        assert.ok(after.acquired, "the stepped-over leases ended: both permits are free");
-        fences.push(after.lease.fence);
-        for (let i = 1; i < 4; i++) assert.ok(fences[i]! > fences[i - 1]!, `${fences}`);
-        for (let i = 5; i < 7; i++) assert.ok(fences[i]! > fences[i - 1]!, `${fences}`);
-        await locks.release(after.lease);
-        await server.shift(0);
-      },
-    );
-  } finally {
-    await backend.stop();
+Deno.test("a clock step back while a lock is held does not make waiters poll hot", async () => {
+  const { server, backend, locks } = await stepped();
+  const name = keygen();
+  for (let i = 0; i < 3; i++) {
+    const lease = await locks.acquire(name);
+    assert.ok(lease.acquired);
+    await server.shift(-60_000 * (i + 1)); // the server clock steps back a minute each time
+    await locks.release(lease.lease);
   }
+  const holder = await locks.acquire(name, { ttlMs: 10_000 });
+  assert.ok(holder.acquired);
+  const busy = await locks.acquire(name);
+  assert.ok(!busy.acquired && busy.retryAfterMs >= MIN_RETRY_MS);
+  const before = backend.requests();
+  const waited = await locks.acquire(name, { waitMs: 300 });
+  assert.equal(waited.acquired, false);
+  const polls = backend.requests() - before;
+  // With the hold time clamped, the waiter backs off as the hold goes on: about 10 looks.
+  // A negative estimate made it look every millisecond (over 100 requests).
+  assert.ok(polls <= 25, `${polls} requests in 300 ms`);
+  await locks.release(holder.lease);
+  await server.shift(0);
+});
+
+Deno.test("a clock step forward never gives a hint past the lock's own deadlines", async () => {
+  const { server, redis, locks } = await stepped();
+  const name = keygen();
+  const lease = await locks.acquire(name);
+  assert.ok(lease.acquired);
+  await server.shift(3_600_000); // an hour ahead: the hold looks an hour long
+  await locks.release(lease.lease);
+  const holder = await locks.acquire(name, { ttlMs: 2000 });
+  assert.ok(holder.acquired);
+  const busy = await locks.acquire(name);
+  assert.ok(!busy.acquired && busy.retryAfterMs <= 2000, `hint ${JSON.stringify(busy)}`);
+  // Free, but kept for the head of the queue: the hint is bounded by the head's ticket.
+  const head = "queue-head-token-000001";
+  await takeTicket(redis, name, head, 1000);
+  await locks.release(holder.lease);
+  const reserved = await locks.acquire(name);
+  assert.ok(!reserved.acquired && reserved.retryAfterMs <= 1000, JSON.stringify(reserved));
+  await server.shift(0);
+});
+
+Deno.test("fences keep increasing when the clock steps back within the grace", async () => {
+  const { server, locks } = await stepped();
+  const name = keygen();
+  const fences: number[] = [];
+  for (const offset of [0, -30_000, -600_000, -5_000]) {
+    await server.shift(offset);
+    const lease = await locks.acquire(name, { ttlMs: 100 });
+    assert.ok(lease.acquired);
+    fences.push(lease.lease.fence);
+    await locks.release(lease.lease);
+  }
+  for (let i = 1; i < fences.length; i++) assert.ok(fences[i]! > fences[i - 1]!, `${fences}`);
+  await server.shift(0);
+});
+
+Deno.test("shared and semaphore fences keep increasing, and leases end, across clock steps", async () => {
+  const { server, locks } = await stepped();
+  const name = keygen();
+  const fences: number[] = [];
+  for (
+    const [offset, options] of [
+      [0, { mode: "shared" }],
+      [-30_000, { mode: "shared" }],
+      [-600_000, {}],
+      [-5_000, { mode: "shared" }],
+    ] as const
+  ) {
+    await server.shift(offset);
+    const lease = await locks.acquire(name, { ttlMs: 5000, ...options });
+    assert.ok(lease.acquired, `at ${offset}`);
+    fences.push(lease.lease.fence);
+    await locks.release(lease.lease);
+  }
+  const other = keygen();
+  for (const offset of [0, -600_000]) {
+    await server.shift(offset);
+    const lease = await locks.acquire(other, { limit: 2, ttlMs: 5000 });
+    assert.ok(lease.acquired);
+    fences.push(lease.lease.fence);
+    // The holder never releases: a step forward past its lease frees the permit.
+  }
+  await server.shift(10_000); // past both leases' ends on the server clock
+  const after = await locks.acquire(other, { limit: 2, permits: 2 });
+  assert.ok(after.acquired, "the stepped-over leases ended: both permits are free");
+  fences.push(after.lease.fence);
+  for (let i = 1; i < 4; i++) assert.ok(fences[i]! > fences[i - 1]!, `${fences}`);
+  for (let i = 5; i < 7; i++) assert.ok(fences[i]! > fences[i - 1]!, `${fences}`);
+  await locks.release(after.lease);
+  await server.shift(0);
 });

@@ -7,7 +7,7 @@ import type { LockEvent } from "../src/core/types.ts";
 import { type Counts, STATS_RETENTION_MS } from "../src/core/stats.ts";
 import { Jobs, recordId, Records } from "../src/uses/mod.ts";
 import fc from "fast-check";
-import { acquired, keygen, startBackend, until } from "./_backend.ts";
+import { acquired, keygen, shared, startBackend, until } from "./_backend.ts";
 
 // The counters of a Counts, flat (`acquire.granted` …), without the histograms' buckets.
 function flat(counts: Counts): Record<string, number> {
@@ -20,375 +20,360 @@ function flat(counts: Counts): Record<string, number> {
   return out;
 }
 
-Deno.test("stats kept by the scripts", async (t) => {
+const fixture = shared(async () => {
   const backend = await startBackend();
   const { redis } = backend;
+  return { backend, redis };
+}, ({ backend }) => backend.stop());
 
-  try {
-    await t.step(
-      "count exactly what a scripted workload did, in the totals, the last hour and its minutes",
-      async () => {
-        const prefix = keygen("stats");
-        const events: LockEvent[] = [];
-        const locks = new Locks(redis, { prefix, maxWaiters: 1, onEvent: (e) => events.push(e) });
-        const ops = new LockOps(redis, { prefix, onEvent: (e) => events.push(e) });
-        const records = new Records(redis, { prefix });
-        const jobs = new Jobs(redis, { prefix });
+Deno.test("count exactly what a scripted workload did, in the totals, the last hour and its minutes", async () => {
+  const { redis } = await fixture();
+  const prefix = keygen("stats");
+  const events: LockEvent[] = [];
+  const locks = new Locks(redis, { prefix, maxWaiters: 1, onEvent: (e) => events.push(e) });
+  const ops = new LockOps(redis, { prefix, onEvent: (e) => events.push(e) });
+  const records = new Records(redis, { prefix });
+  const jobs = new Jobs(redis, { prefix });
 
-        const a = acquired(await locks.acquire("a", { ttlMs: 5000 })); // granted 1
-        const b = acquired(await locks.acquire("b", { ttlMs: 5000 })); // granted 2
-        assert.equal((await locks.acquire("a")).acquired, false); // busy 1
-        assert.equal((await locks.acquire("a")).acquired, false); // busy 2
-        const waiter = locks.acquire("a", { waitMs: 3000 }); // queued, the only waiter allowed
-        await until("the waiter queued", async () =>
-          (await locks.inspect("a")).held &&
-          ((await locks.inspect("a")) as { waiters: number }).waiters === 1);
-        const full = await locks.acquire("a", { waitMs: 200 }); // queue_full 1
-        assert.ok(!full.acquired && full.reason === "queue_full");
-        assert.equal((await locks.renew(a)).renewed, true); // renewed 1
-        assert.equal(await locks.release(a), true); // released 1
-        const w = acquired(await waiter); // granted 3, after a wait
-        assert.equal(
-          (await locks.renew({ name: "a", token: "not-the-holder-0001" })).renewed,
-          false,
-        ); // renew lost 1
-        assert.deepEqual(await ops.break("a", { by: "ops", reason: "stuck" }), {
-          broken: true,
-          fence: w.fence,
-        }); // broken 1
-        assert.equal(await locks.release(w), false); // release lost 1
-        const timedOut = await locks.acquire("b", { waitMs: 150 }); // timeout 1
-        assert.ok(!timedOut.acquired && timedOut.reason === "busy");
-        const aborted = new AbortController();
-        const gone = locks.acquire("b", { waitMs: 3000, signal: aborted.signal });
-        setTimeout(() => aborted.abort(new Error("caller left")), 50);
-        await assert.rejects(gone, /caller left/); // aborted 1
+  const a = acquired(await locks.acquire("a", { ttlMs: 5000 })); // granted 1
+  const b = acquired(await locks.acquire("b", { ttlMs: 5000 })); // granted 2
+  assert.equal((await locks.acquire("a")).acquired, false); // busy 1
+  assert.equal((await locks.acquire("a")).acquired, false); // busy 2
+  const waiter = locks.acquire("a", { waitMs: 3000 }); // queued, the only waiter allowed
+  await until("the waiter queued", async () =>
+    (await locks.inspect("a")).held &&
+    ((await locks.inspect("a")) as { waiters: number }).waiters === 1);
+  const full = await locks.acquire("a", { waitMs: 200 }); // queue_full 1
+  assert.ok(!full.acquired && full.reason === "queue_full");
+  assert.equal((await locks.renew(a)).renewed, true); // renewed 1
+  assert.equal(await locks.release(a), true); // released 1
+  const w = acquired(await waiter); // granted 3, after a wait
+  assert.equal(
+    (await locks.renew({ name: "a", token: "not-the-holder-0001" })).renewed,
+    false,
+  ); // renew lost 1
+  assert.deepEqual(await ops.break("a", { by: "ops", reason: "stuck" }), {
+    broken: true,
+    fence: w.fence,
+  }); // broken 1
+  assert.equal(await locks.release(w), false); // release lost 1
+  const timedOut = await locks.acquire("b", { waitMs: 150 }); // timeout 1
+  assert.ok(!timedOut.acquired && timedOut.reason === "busy");
+  const aborted = new AbortController();
+  const gone = locks.acquire("b", { waitMs: 3000, signal: aborted.signal });
+  setTimeout(() => aborted.abort(new Error("caller left")), 50);
+  await assert.rejects(gone, /caller left/); // aborted 1
 
-        const id = recordId("user", keygen("k"));
-        const claim = await records.claim("idempotency", id, { fingerprint: "f" }); // first
-        assert.equal(claim.state, "claimed");
-        await records.claim("idempotency", id); // conflict
-        await records.claim("idempotency", id, { fingerprint: "g" }); // mismatch
-        await records.complete("idempotency", id, (claim as { token: string }).token, {});
-        await records.claim("idempotency", id); // replay
-        await records.claim("idempotency", id); // replay
-        const hook = recordId("stripe", keygen("evt"));
-        const first = await records.claim("dedupe", hook); // first
-        await records.claim("dedupe", hook); // conflict (in progress)
-        await records.complete("dedupe", hook, (first as { token: string }).token);
-        await records.claim("dedupe", hook); // replay (a duplicate delivery)
-        await records.noteSignatureFailure(); // signature_failed
+  const id = recordId("user", keygen("k"));
+  const claim = await records.claim("idempotency", id, { fingerprint: "f" }); // first
+  assert.equal(claim.state, "claimed");
+  await records.claim("idempotency", id); // conflict
+  await records.claim("idempotency", id, { fingerprint: "g" }); // mismatch
+  await records.complete("idempotency", id, (claim as { token: string }).token, {});
+  await records.claim("idempotency", id); // replay
+  await records.claim("idempotency", id); // replay
+  const hook = recordId("stripe", keygen("evt"));
+  const first = await records.claim("dedupe", hook); // first
+  await records.claim("dedupe", hook); // conflict (in progress)
+  await records.complete("dedupe", hook, (first as { token: string }).token);
+  await records.claim("dedupe", hook); // replay (a duplicate delivery)
+  await records.noteSignatureFailure(); // signature_failed
 
-        const job = keygen("job");
-        const run = await jobs.start(job, { atMostMs: 5000, atLeastMs: 1000, tick: 7 }); // run
-        assert.ok(run.run);
-        await jobs.start(job, { atMostMs: 5000, tick: 7 }); // tick_done
-        await jobs.start(job, { atMostMs: 5000 }); // running
-        await jobs.finish(job, run.token);
-        await jobs.start(job, { atMostMs: 5000 }); // too_soon
+  const job = keygen("job");
+  const run = await jobs.start(job, { atMostMs: 5000, atLeastMs: 1000, tick: 7 }); // run
+  assert.ok(run.run);
+  await jobs.start(job, { atMostMs: 5000, tick: 7 }); // tick_done
+  await jobs.start(job, { atMostMs: 5000 }); // running
+  await jobs.finish(job, run.token);
+  await jobs.start(job, { atMostMs: 5000 }); // too_soon
 
-        const expected = {
-          "acquire.granted": 3,
-          "acquire.busy": 2,
-          "acquire.timeout": 1,
-          "acquire.queue_full": 1,
-          "acquire.aborted": 1,
-          "renew.renewed": 1,
-          "renew.lost": 1,
-          "release.released": 1,
-          "release.lost": 1,
-          "lease_lost": 2,
-          "break.broken": 1,
-          "idempotency.first": 1,
-          "idempotency.replay": 2,
-          "idempotency.conflict": 1,
-          "idempotency.mismatch": 1,
-          "dedupe.first": 1,
-          "dedupe.replay": 1,
-          "dedupe.conflict": 1,
-          "dedupe.mismatch": 0,
-          "dedupe.signature_failed": 1,
-          "cron.run": 1,
-          "cron.running": 1,
-          "cron.too_soon": 1,
-          "cron.tick_done": 1,
-          "wait.count": 3,
-          "hold.count": 1,
-        };
-        const stats = await ops.stats();
-        assert.deepEqual(flat(stats.total), expected);
-        assert.deepEqual(flat(stats.last_hour), expected);
-        assert.equal(stats.locks_held, 1, "b is held; a was broken");
-        const minutes = stats.minutes.reduce(
-          (sum, m) => ({
-            granted: sum.granted + m.granted,
-            busy: sum.busy + m.busy,
-            timeout: sum.timeout + m.timeout,
-            lease_lost: sum.lease_lost + m.lease_lost,
-          }),
-          { granted: 0, busy: 0, timeout: 0, lease_lost: 0 },
-        );
-        assert.deepEqual(minutes, { granted: 3, busy: 2, timeout: 1, lease_lost: 2 });
-        assert.equal(stats.minutes.length, 60);
-        assert.ok(stats.total.wait.sum_ms! >= 1, "the waiter's wait counted");
-        assert.ok(stats.total.wait.p99_ms! > 0);
+  const expected = {
+    "acquire.granted": 3,
+    "acquire.busy": 2,
+    "acquire.timeout": 1,
+    "acquire.queue_full": 1,
+    "acquire.aborted": 1,
+    "renew.renewed": 1,
+    "renew.lost": 1,
+    "release.released": 1,
+    "release.lost": 1,
+    "lease_lost": 2,
+    "break.broken": 1,
+    "idempotency.first": 1,
+    "idempotency.replay": 2,
+    "idempotency.conflict": 1,
+    "idempotency.mismatch": 1,
+    "dedupe.first": 1,
+    "dedupe.replay": 1,
+    "dedupe.conflict": 1,
+    "dedupe.mismatch": 0,
+    "dedupe.signature_failed": 1,
+    "cron.run": 1,
+    "cron.running": 1,
+    "cron.too_soon": 1,
+    "cron.tick_done": 1,
+    "wait.count": 3,
+    "hold.count": 1,
+  };
+  const stats = await ops.stats();
+  assert.deepEqual(flat(stats.total), expected);
+  assert.deepEqual(flat(stats.last_hour), expected);
+  assert.equal(stats.locks_held, 1, "b is held; a was broken");
+  const minutes = stats.minutes.reduce(
+    (sum, m) => ({
+      granted: sum.granted + m.granted,
+      busy: sum.busy + m.busy,
+      timeout: sum.timeout + m.timeout,
+      lease_lost: sum.lease_lost + m.lease_lost,
+    }),
+    { granted: 0, busy: 0, timeout: 0, lease_lost: 0 },
+  );
+  assert.deepEqual(minutes, { granted: 3, busy: 2, timeout: 1, lease_lost: 2 });
+  assert.equal(stats.minutes.length, 60);
+  assert.ok(stats.total.wait.sum_ms! >= 1, "the waiter's wait counted");
+  assert.ok(stats.total.wait.p99_ms! > 0);
 
-        const outcomes = events.map((e) => `${e.type}${"outcome" in e ? `:${e.outcome}` : ""}`)
-          .filter((e) => e !== "wait");
-        assert.deepEqual(outcomes.sort(), [
-          "acquire:aborted",
-          "acquire:busy",
-          "acquire:busy",
-          "acquire:granted",
-          "acquire:granted",
-          "acquire:granted",
-          "acquire:queue_full",
-          "acquire:timeout",
-          "release:lost",
-          "release:released",
-          "renew:lost",
-          "renew:renewed",
-        ]);
-        assert.ok(events.some((e) => e.type === "wait"), "each busy look while waiting is told");
-        assert.ok(events.every((e) => e.durationMs >= 0 && e.at > 0));
+  const outcomes = events.map((e) => `${e.type}${"outcome" in e ? `:${e.outcome}` : ""}`)
+    .filter((e) => e !== "wait");
+  assert.deepEqual(outcomes.sort(), [
+    "acquire:aborted",
+    "acquire:busy",
+    "acquire:busy",
+    "acquire:granted",
+    "acquire:granted",
+    "acquire:granted",
+    "acquire:queue_full",
+    "acquire:timeout",
+    "release:lost",
+    "release:released",
+    "renew:lost",
+    "renew:renewed",
+  ]);
+  assert.ok(events.some((e) => e.type === "wait"), "each busy look while waiting is told");
+  assert.ok(events.every((e) => e.durationMs >= 0 && e.at > 0));
 
-        const audit = await ops.audit();
-        assert.equal(audit.length, 1);
-        assert.deepEqual({ ...audit[0], id: undefined, at: undefined }, {
-          id: undefined,
-          at: undefined,
-          action: "break",
-          name: "a",
-          fence: w.fence,
-          by: "ops",
-          reason: "stuck",
-        });
-        const next = acquired(await locks.acquire("a"));
-        assert.ok(next.fence > w.fence, "after a break the next fence is higher");
-        await locks.release(next);
-        await locks.release(b);
-      },
-    );
+  const audit = await ops.audit();
+  assert.equal(audit.length, 1);
+  assert.deepEqual({ ...audit[0], id: undefined, at: undefined }, {
+    id: undefined,
+    at: undefined,
+    action: "break",
+    name: "a",
+    fence: w.fence,
+    by: "ops",
+    reason: "stuck",
+  });
+  const next = acquired(await locks.acquire("a"));
+  assert.ok(next.fence > w.fence, "after a break the next fence is higher");
+  await locks.release(next);
+  await locks.release(b);
+});
 
-    await t.step(
-      "list exactly the held locks, by prefix and page, never an expired one",
-      async () => {
-        const prefix = keygen("list");
-        const locks = new Locks(redis, { prefix });
-        const ops = new LockOps(redis, { prefix });
-        const names = Array.from({ length: 25 }, (_, i) => `job:${String(i).padStart(2, "0")}`);
-        const leases = [];
-        for (const name of names) {
-          leases.push(acquired(await locks.acquire(name, { ttlMs: 10_000, meta: { i: name } })));
-        }
-        const short = acquired(await locks.acquire("job:short", { ttlMs: 150 }));
-        acquired(await locks.acquire("other:1", { ttlMs: 10_000 }));
-        await locks.release(leases[3]!);
-        const pages: string[][] = [];
-        let cursor: string | undefined;
-        do {
-          const page = await ops.list({ prefix: "job:", limit: 10, ...(cursor && { cursor }) });
-          pages.push(page.locks.map((l) => l.name));
-          for (const lock of page.locks) {
-            assert.ok(lock.expiresAt > Date.now() - 1000 && lock.fence > 0);
-          }
-          cursor = page.cursor;
-        } while (cursor);
-        const held = names.filter((_, i) => i !== 3);
-        assert.deepEqual(pages.flat(), [...held, "job:short"].sort());
-        assert.ok(pages.every((p) => p.length <= 10));
-        await until(
-          "the short lease ran out",
-          async () => !(await locks.inspect("job:short")).held,
-        );
-        const after = await ops.list({ prefix: "job:", limit: 1000 });
-        assert.deepEqual(
-          after.locks.map((l) => l.name),
-          held,
-          "the expired one is gone",
-        );
-        assert.equal(after.cursor, undefined);
-        assert.deepEqual(after.locks[0]!.meta, { i: "job:00" });
-        assert.equal((await ops.stats()).locks_held, 25, "24 job: locks and other:1");
-        assert.equal(short.name, "job:short");
-        await assert.rejects(ops.list({ limit: 0 }), RangeError);
-        await assert.rejects(ops.list({ prefix: "a b" }), RangeError);
-        await assert.rejects(ops.list({ cursor: "../x" }), RangeError);
-      },
-    );
-
-    await t.step(
-      "paging the list gives every held name with the prefix once, in order, in both key layouts (fast-check)",
-      async () => {
-        // Names of one {g} share a bucket, so one bucket's index can fill with released names
-        // (it stops looking after 4 × limit + 16) while other buckets list names past its stop.
-        const name = fc.stringMatching(/^(\{g\})?[ab]{1,3}:[0-9]{1,2}$/);
-        const scenario = fc.record({
-          names: fc.uniqueArray(name, { maxLength: 60 }),
-          released: fc.array(fc.nat(4).map((n) => n > 0), { minLength: 60, maxLength: 60 }),
-          prefix: fc.constantFrom("", "a", "ab", "b:", "ba:1", "{g}", "{g}a"),
-          limit: fc.integer({ min: 1, max: 12 }),
-          cluster: fc.boolean(),
-        });
-        // The case itself: 30 released names fill {g}'s bucket; a page must not list {z}, past
-        // where that bucket stopped looking, or the next page would list it again.
-        const edgePrefix = keygen("page");
-        const edge = new Locks(redis, { prefix: edgePrefix, cluster: true });
-        const edgeOps = new LockOps(redis, { prefix: edgePrefix, cluster: true });
-        const dead = Array.from({ length: 30 }, (_, i) => `{g}a:${String(i).padStart(2, "0")}`);
-        for (const n of dead) await edge.release(acquired(await edge.acquire(n)));
-        acquired(await edge.acquire("{z}"));
-        const seen: string[] = [];
-        let next: string | undefined;
-        do {
-          const page = await edgeOps.list({ limit: 1, ...(next && { cursor: next }) });
-          seen.push(...page.locks.map((lock) => lock.name));
-          next = page.cursor;
-        } while (next);
-        assert.deepEqual(seen, ["{z}"]);
-
-        await fc.assert(
-          fc.asyncProperty(scenario, async ({ names, released, prefix, limit, cluster }) => {
-            const options = { prefix: keygen("page"), cluster };
-            const locks = new Locks(redis, options);
-            const ops = new LockOps(redis, options);
-            const leases = await Promise.all(
-              names.map(async (n) => acquired(await locks.acquire(n, { ttlMs: 10_000 }))),
-            );
-            await Promise.all(leases.filter((_, i) => released[i]).map((l) => locks.release(l)));
-            const listed: string[] = [];
-            let cursor: string | undefined;
-            for (let pages = 0;; pages++) {
-              assert.ok(pages <= names.length + 1, "paging ends");
-              const page = await ops.list({ prefix, limit, ...(cursor && { cursor }) });
-              assert.ok(page.locks.length <= limit);
-              listed.push(...page.locks.map((lock) => lock.name));
-              cursor = page.cursor;
-              if (!cursor) break;
-            }
-            const held = names.filter((n, i) => !released[i] && n.startsWith(prefix)).sort();
-            assert.deepEqual(listed, held);
-            assert.equal(
-              (await ops.stats()).locks_held,
-              released.slice(0, names.length)
-                .filter((r) => !r).length,
-            );
-          }),
-          { numRuns: 40 },
-        );
-      },
-    );
-
-    await t.step(
-      "with stats off, no stats or index key is written, and the operator's view finds nothing",
-      async () => {
-        const prefix = keygen("off");
-        const locks = new Locks(redis, { prefix, stats: false });
-        const ops = new LockOps(redis, { prefix });
-        const lease = acquired(await locks.acquire("x"));
-        await locks.renew(lease);
-        await locks.release(lease);
-        assert.equal((await redis.keys(`${prefix}:*`)).some((k) => !k.includes(":lock:")), false);
-        const held = acquired(await locks.acquire("y"));
-        assert.deepEqual((await ops.list()).locks, [], "nothing indexed to list");
-        assert.equal((await ops.stats()).locks_held, 0, "nothing counted");
-        await locks.release(held);
-        assert.throws(() => new Locks(redis, { stats: "yes" as unknown as boolean }), TypeError);
-      },
-    );
-
-    await t.step(
-      "a damaged stats or index key stops the counting, never the decision, and reads as empty",
-      async () => {
-        const prefix = keygen("damaged");
-        await redis.set(`${prefix}:stats`, "not a hash");
-        await redis.set(`${prefix}:held`, "not a zset");
-        const locks = new Locks(redis, { prefix });
-        const ops = new LockOps(redis, { prefix });
-        const lease = acquired(await locks.acquire("x"));
-        assert.equal((await locks.renew(lease)).renewed, true);
-        assert.equal(await locks.release(lease), true);
-        assert.equal(await redis.get(`${prefix}:stats`), "not a hash");
-        const stats = await ops.stats();
-        assert.equal(stats.total.acquire.granted, 0, "a damaged stats key reads as empty");
-        assert.deepEqual((await ops.list()).locks, [], "a damaged index lists nothing");
-      },
-    );
-
-    for (
-      const [label, mode] of [["shared", { mode: "shared" as const }], ["semaphore", {
-        limit: 2,
-      }]] as const
-    ) {
-      await t.step(
-        `locks_held counts a ${label} name only while one of its leases lasts`,
-        async () => {
-          const prefix = keygen("held");
-          const locks = new Locks(redis, { prefix });
-          const ops = new LockOps(redis, { prefix });
-          const long = acquired(await locks.acquire("r", { ...mode, ttlMs: 60_000 }));
-          acquired(await locks.acquire("r", { ...mode, ttlMs: 300 }));
-          assert.equal((await ops.stats()).locks_held, 1);
-          assert.equal(await locks.release(long), true);
-          await until("the short lease ran out", async () => !(await locks.inspect("r")).held);
-          assert.deepEqual((await ops.list()).locks, []);
-          assert.equal((await ops.stats()).locks_held, 0, "no lease lasts");
-        },
-      );
-    }
-
-    await t.step(
-      "a retried break answers the same, and never ends a lease granted since",
-      async () => {
-        const prefix = keygen("brk");
-        const locks = new Locks(redis, { prefix });
-        const ops = new LockOps(redis, { prefix });
-        const first = acquired(await locks.acquire("x", { ttlMs: 60_000 }));
-        const id = "break-id-000001";
-        const once = await ops.break("x", { by: "ops", id });
-        assert.deepEqual(once, { broken: true, fence: first.fence });
-        const next = acquired(await locks.acquire("x", { ttlMs: 60_000 }));
-        assert.deepEqual(await ops.break("x", { by: "ops", id }), once, "the same answer");
-        const info = await locks.inspect("x");
-        assert.ok(info.held && info.fence === next.fence, "the lease granted since stands");
-        assert.equal((await ops.audit()).length, 1, "one break in the audit");
-        assert.equal((await ops.stats()).total.break.broken, 1);
-        await assert.rejects(ops.break("x", { by: "ops", id: "short" }), RangeError);
-        // A break that found the name free is remembered too: its retry ends nothing.
-        assert.equal(await locks.release(next), true);
-        const free = await ops.break("x", { by: "ops", id: "break-id-000002" });
-        assert.deepEqual(free, { broken: false });
-        const later = acquired(await locks.acquire("x", { ttlMs: 60_000 }));
-        assert.deepEqual(await ops.break("x", { by: "ops", id: "break-id-000002" }), free);
-        assert.ok((await locks.inspect("x")).held, "the lease granted since stands");
-        assert.equal(await locks.release(later), true);
-      },
-    );
-
-    await t.step("break refuses bad input and answers not held for a free name", async () => {
-      const prefix = keygen("brk");
-      const ops = new LockOps(redis, { prefix });
-      assert.deepEqual(await ops.break("free", { by: "ops" }), { broken: false });
-      await assert.rejects(ops.break("x", { by: "" }), RangeError);
-      await assert.rejects(ops.break("x", { by: "a\nb" }), RangeError);
-      await assert.rejects(ops.break("x", { by: "ops", reason: "r".repeat(201) }), RangeError);
-      await assert.rejects(ops.break("x", undefined as unknown as { by: string }), TypeError);
-      assert.deepEqual(await ops.audit(), []);
-    });
-
-    await t.step("the onEvent hook's own errors never break a lock operation", async () => {
-      const locks = new Locks(redis, {
-        prefix: keygen("hook"),
-        onEvent: () => {
-          throw new Error("the hook failed");
-        },
-      });
-      const lease = acquired(await locks.acquire("x"));
-      assert.equal(await locks.release(lease), true);
-    });
-  } finally {
-    await backend.stop();
+Deno.test("list exactly the held locks, by prefix and page, never an expired one", async () => {
+  const { redis } = await fixture();
+  const prefix = keygen("list");
+  const locks = new Locks(redis, { prefix });
+  const ops = new LockOps(redis, { prefix });
+  const names = Array.from({ length: 25 }, (_, i) => `job:${String(i).padStart(2, "0")}`);
+  const leases = [];
+  for (const name of names) {
+    leases.push(acquired(await locks.acquire(name, { ttlMs: 10_000, meta: { i: name } })));
   }
+  const short = acquired(await locks.acquire("job:short", { ttlMs: 150 }));
+  acquired(await locks.acquire("other:1", { ttlMs: 10_000 }));
+  await locks.release(leases[3]!);
+  const pages: string[][] = [];
+  let cursor: string | undefined;
+  do {
+    const page = await ops.list({ prefix: "job:", limit: 10, ...(cursor && { cursor }) });
+    pages.push(page.locks.map((l) => l.name));
+    for (const lock of page.locks) {
+      assert.ok(lock.expiresAt > Date.now() - 1000 && lock.fence > 0);
+    }
+    cursor = page.cursor;
+  } while (cursor);
+  const held = names.filter((_, i) => i !== 3);
+  assert.deepEqual(pages.flat(), [...held, "job:short"].sort());
+  assert.ok(pages.every((p) => p.length <= 10));
+  await until(
+    "the short lease ran out",
+    async () => !(await locks.inspect("job:short")).held,
+  );
+  const after = await ops.list({ prefix: "job:", limit: 1000 });
+  assert.deepEqual(
+    after.locks.map((l) => l.name),
+    held,
+    "the expired one is gone",
+  );
+  assert.equal(after.cursor, undefined);
+  assert.deepEqual(after.locks[0]!.meta, { i: "job:00" });
+  assert.equal((await ops.stats()).locks_held, 25, "24 job: locks and other:1");
+  assert.equal(short.name, "job:short");
+  await assert.rejects(ops.list({ limit: 0 }), RangeError);
+  await assert.rejects(ops.list({ prefix: "a b" }), RangeError);
+  await assert.rejects(ops.list({ cursor: "../x" }), RangeError);
+});
+
+Deno.test("paging the list gives every held name with the prefix once, in order, in both key layouts (fast-check)", async () => {
+  const { redis } = await fixture();
+  // Names of one {g} share a bucket, so one bucket's index can fill with released names
+  // (it stops looking after 4 × limit + 16) while other buckets list names past its stop.
+  const name = fc.stringMatching(/^(\{g\})?[ab]{1,3}:[0-9]{1,2}$/);
+  const scenario = fc.record({
+    names: fc.uniqueArray(name, { maxLength: 60 }),
+    released: fc.array(fc.nat(4).map((n) => n > 0), { minLength: 60, maxLength: 60 }),
+    prefix: fc.constantFrom("", "a", "ab", "b:", "ba:1", "{g}", "{g}a"),
+    limit: fc.integer({ min: 1, max: 12 }),
+    cluster: fc.boolean(),
+  });
+  // The case itself: 30 released names fill {g}'s bucket; a page must not list {z}, past
+  // where that bucket stopped looking, or the next page would list it again.
+  const edgePrefix = keygen("page");
+  const edge = new Locks(redis, { prefix: edgePrefix, cluster: true });
+  const edgeOps = new LockOps(redis, { prefix: edgePrefix, cluster: true });
+  const dead = Array.from({ length: 30 }, (_, i) => `{g}a:${String(i).padStart(2, "0")}`);
+  for (const n of dead) await edge.release(acquired(await edge.acquire(n)));
+  acquired(await edge.acquire("{z}"));
+  const seen: string[] = [];
+  let next: string | undefined;
+  do {
+    const page = await edgeOps.list({ limit: 1, ...(next && { cursor: next }) });
+    seen.push(...page.locks.map((lock) => lock.name));
+    next = page.cursor;
+  } while (next);
+  assert.deepEqual(seen, ["{z}"]);
+
+  await fc.assert(
+    fc.asyncProperty(scenario, async ({ names, released, prefix, limit, cluster }) => {
+      const options = { prefix: keygen("page"), cluster };
+      const locks = new Locks(redis, options);
+      const ops = new LockOps(redis, options);
+      const leases = await Promise.all(
+        names.map(async (n) => acquired(await locks.acquire(n, { ttlMs: 10_000 }))),
+      );
+      await Promise.all(leases.filter((_, i) => released[i]).map((l) => locks.release(l)));
+      const listed: string[] = [];
+      let cursor: string | undefined;
+      for (let pages = 0;; pages++) {
+        assert.ok(pages <= names.length + 1, "paging ends");
+        const page = await ops.list({ prefix, limit, ...(cursor && { cursor }) });
+        assert.ok(page.locks.length <= limit);
+        listed.push(...page.locks.map((lock) => lock.name));
+        cursor = page.cursor;
+        if (!cursor) break;
+      }
+      const held = names.filter((n, i) => !released[i] && n.startsWith(prefix)).sort();
+      assert.deepEqual(listed, held);
+      assert.equal(
+        (await ops.stats()).locks_held,
+        released.slice(0, names.length)
+          .filter((r) => !r).length,
+      );
+    }),
+    { numRuns: 40 },
+  );
+});
+
+Deno.test("with stats off, no stats or index key is written, and the operator's view finds nothing", async () => {
+  const { redis } = await fixture();
+  const prefix = keygen("off");
+  const locks = new Locks(redis, { prefix, stats: false });
+  const ops = new LockOps(redis, { prefix });
+  const lease = acquired(await locks.acquire("x"));
+  await locks.renew(lease);
+  await locks.release(lease);
+  assert.equal((await redis.keys(`${prefix}:*`)).some((k) => !k.includes(":lock:")), false);
+  const held = acquired(await locks.acquire("y"));
+  assert.deepEqual((await ops.list()).locks, [], "nothing indexed to list");
+  assert.equal((await ops.stats()).locks_held, 0, "nothing counted");
+  await locks.release(held);
+  assert.throws(() => new Locks(redis, { stats: "yes" as unknown as boolean }), TypeError);
+});
+
+Deno.test("a damaged stats or index key stops the counting, never the decision, and reads as empty", async () => {
+  const { redis } = await fixture();
+  const prefix = keygen("damaged");
+  await redis.set(`${prefix}:stats`, "not a hash");
+  await redis.set(`${prefix}:held`, "not a zset");
+  const locks = new Locks(redis, { prefix });
+  const ops = new LockOps(redis, { prefix });
+  const lease = acquired(await locks.acquire("x"));
+  assert.equal((await locks.renew(lease)).renewed, true);
+  assert.equal(await locks.release(lease), true);
+  assert.equal(await redis.get(`${prefix}:stats`), "not a hash");
+  const stats = await ops.stats();
+  assert.equal(stats.total.acquire.granted, 0, "a damaged stats key reads as empty");
+  assert.deepEqual((await ops.list()).locks, [], "a damaged index lists nothing");
+});
+
+for (
+  const [label, mode] of [["shared", { mode: "shared" as const }], ["semaphore", {
+    limit: 2,
+  }]] as const
+) {
+  Deno.test(`locks_held counts a ${label} name only while one of its leases lasts`, async () => {
+    const { redis } = await fixture();
+    const prefix = keygen("held");
+    const locks = new Locks(redis, { prefix });
+    const ops = new LockOps(redis, { prefix });
+    const long = acquired(await locks.acquire("r", { ...mode, ttlMs: 60_000 }));
+    acquired(await locks.acquire("r", { ...mode, ttlMs: 300 }));
+    assert.equal((await ops.stats()).locks_held, 1);
+    assert.equal(await locks.release(long), true);
+    await until("the short lease ran out", async () => !(await locks.inspect("r")).held);
+    assert.deepEqual((await ops.list()).locks, []);
+    assert.equal((await ops.stats()).locks_held, 0, "no lease lasts");
+  });
+}
+
+Deno.test("a retried break answers the same, and never ends a lease granted since", async () => {
+  const { redis } = await fixture();
+  const prefix = keygen("brk");
+  const locks = new Locks(redis, { prefix });
+  const ops = new LockOps(redis, { prefix });
+  const first = acquired(await locks.acquire("x", { ttlMs: 60_000 }));
+  const id = "break-id-000001";
+  const once = await ops.break("x", { by: "ops", id });
+  assert.deepEqual(once, { broken: true, fence: first.fence });
+  const next = acquired(await locks.acquire("x", { ttlMs: 60_000 }));
+  assert.deepEqual(await ops.break("x", { by: "ops", id }), once, "the same answer");
+  const info = await locks.inspect("x");
+  assert.ok(info.held && info.fence === next.fence, "the lease granted since stands");
+  assert.equal((await ops.audit()).length, 1, "one break in the audit");
+  assert.equal((await ops.stats()).total.break.broken, 1);
+  await assert.rejects(ops.break("x", { by: "ops", id: "short" }), RangeError);
+  // A break that found the name free is remembered too: its retry ends nothing.
+  assert.equal(await locks.release(next), true);
+  const free = await ops.break("x", { by: "ops", id: "break-id-000002" });
+  assert.deepEqual(free, { broken: false });
+  const later = acquired(await locks.acquire("x", { ttlMs: 60_000 }));
+  assert.deepEqual(await ops.break("x", { by: "ops", id: "break-id-000002" }), free);
+  assert.ok((await locks.inspect("x")).held, "the lease granted since stands");
+  assert.equal(await locks.release(later), true);
+});
+
+Deno.test("break refuses bad input and answers not held for a free name", async () => {
+  const { redis } = await fixture();
+  const prefix = keygen("brk");
+  const ops = new LockOps(redis, { prefix });
+  assert.deepEqual(await ops.break("free", { by: "ops" }), { broken: false });
+  await assert.rejects(ops.break("x", { by: "" }), RangeError);
+  await assert.rejects(ops.break("x", { by: "a\nb" }), RangeError);
+  await assert.rejects(ops.break("x", { by: "ops", reason: "r".repeat(201) }), RangeError);
+  await assert.rejects(ops.break("x", undefined as unknown as { by: string }), TypeError);
+  assert.deepEqual(await ops.audit(), []);
+});
+
+Deno.test("the onEvent hook's own errors never break a lock operation", async () => {
+  const { redis } = await fixture();
+  const locks = new Locks(redis, {
+    prefix: keygen("hook"),
+    onEvent: () => {
+      throw new Error("the hook failed");
+    },
+  });
+  const lease = acquired(await locks.acquire("x"));
+  assert.equal(await locks.release(lease), true);
 });
 
 Deno.test("the stats' minute ring under a stepping server clock", async (t) => {
