@@ -5,9 +5,9 @@ import { Redis } from "@upstash/redis";
 import { bridgeOptionsFromEnv, type RequestLog, startBridge } from "../bridge/mod.ts";
 import { startRedisServer } from "../dev/redis_server.ts";
 import { spawnDeno } from "./_process.ts";
-import { keygen } from "./_backend.ts";
+import { keygen, shared } from "./_backend.ts";
 
-Deno.test("the bridge serves two roles, metrics and a request log", async (t) => {
+const fixture = shared(async () => {
   const server = await startRedisServer();
   const token = crypto.randomUUID();
   const readonlyToken = crypto.randomUUID();
@@ -35,96 +35,104 @@ Deno.test("the bridge serves two roles, metrics and a request log", async (t) =>
     });
     return { status: res.status, body: await res.json() };
   };
+  return { server, token, readonlyToken, log, bridge, writer, reader, send };
+}, async ({ server, bridge }) => {
+  await bridge.close();
+  await server.stop();
+});
 
-  try {
-    await t.step("a read-only token reads but cannot write, publish or run a script", async () => {
-      const key = keygen("ro");
-      await writer.set(key, "v");
-      assert.equal(await reader.get(key), "v");
-      assert.equal(await reader.exists(key), 1);
-      assert.deepEqual(await reader.scan(0, { match: key }), ["0", [key]]);
-      assert.equal(await reader.evalRo("return redis.call('GET', KEYS[1])", [key], []), "v");
-      await assert.rejects(reader.set(key, "w"), /NOPERM this token is read-only: 'set'/);
-      await assert.rejects(reader.del(key), /NOPERM/);
-      await assert.rejects(reader.publish("c", "m"), /NOPERM/);
-      await assert.rejects(reader.eval("return 1", [], []), /NOPERM.*'eval'/);
-      await assert.rejects(reader.scriptLoad("return 1"), /NOPERM.*'script load'/);
-      await assert.rejects(reader.flushall(), /NOPERM/);
-      for (const command of [["CONFIG", "SET", "maxmemory", "1"], ["CLIENT", "KILL", "x"]]) {
-        const { status, body } = await send(readonlyToken, "/", command);
-        assert.equal(status, 400);
-        assert.match(body.error, /not supported over REST/, command.join(" "));
-      }
-      // In a pipeline the refused command fails in its slot; a transaction is refused whole.
-      const piped = await send(readonlyToken, "/pipeline", [["SET", key, "x"], ["GET", key]]);
-      assert.match(piped.body[0].error, /NOPERM/);
-      assert.deepEqual(piped.body[1], { result: "v" });
-      const multi = await send(readonlyToken, "/multi-exec", [["GET", key], ["SET", key, "x"]]);
-      assert.equal(multi.status, 400);
-      assert.match(multi.body.error, /NOPERM/);
-      const path = await fetch(`${bridge.url}/set/${key}/x?_token=${readonlyToken}`);
-      assert.match((await path.json()).error, /NOPERM/);
-      assert.equal(await writer.get(key), "v", "nothing was written");
-      // The read-write token is not narrowed.
-      assert.equal(await writer.set(key, "w"), "OK");
-    });
-
-    await t.step("/metrics counts requests, errors, latency and pool use", async () => {
-      const key = keygen("m");
-      await writer.set(key, "v");
-      await writer.get(key);
-      const res = await fetch(`${bridge.url}/metrics`);
-      assert.equal(res.status, 200);
-      assert.match(res.headers.get("content-type")!, /^text\/plain; version=0\.0\.4/);
-      const text = await res.text();
-      const value = (series: string) => {
-        const line = text.split("\n").find((l) => l.startsWith(`${series} `));
-        assert.ok(line, `${series} in\n${text}`);
-        return Number(line.split(" ")[1]);
-      };
-      assert.ok(value('edgelock_bridge_requests_total{route="pipeline",status="200"}') >= 2);
-      assert.ok(value('edgelock_bridge_requests_total{route="command",status="400"}') >= 5);
-      assert.ok(value("edgelock_bridge_command_errors_total") >= 10);
-      assert.ok(value("edgelock_bridge_commands_total") >= 20);
-      const count = value('edgelock_bridge_request_duration_seconds_count{route="pipeline"}');
-      assert.equal(
-        value('edgelock_bridge_request_duration_seconds_bucket{route="pipeline",le="+Inf"}'),
-        count,
-      );
-      assert.equal(value('edgelock_bridge_pool_size{pool="shared"}'), 4);
-      assert.equal(value('edgelock_bridge_pool_in_use{pool="blocking"}'), 0);
-      assert.ok(!text.includes(key) && !text.includes(token), "no key or token in the metrics");
-    });
-
-    await t.step("the request log names route, command and status, never a key", async () => {
-      log.length = 0;
-      const key = keygen("secret-key");
-      await send(token, "/", ["SET", key, "secret-value"]);
-      await send(readonlyToken, "/", ["DEL", key]);
-      await send("wrong", "/", ["GET", key]);
-      assert.equal(log.length, 3);
-      assert.deepEqual(
-        log.map(({ route, command, status, role, commands }) => ({
-          route,
-          command,
-          status,
-          role,
-          commands,
-        })),
-        [
-          { route: "command", command: "set", status: 200, role: "readwrite", commands: 1 },
-          { route: "command", command: "del", status: 400, role: "readonly", commands: 1 },
-          { route: "command", command: undefined, status: 401, role: undefined, commands: 0 },
-        ],
-      );
-      const text = JSON.stringify(log);
-      assert.ok(!/secret|wrong/.test(text), text);
-      assert.ok(log.every((entry) => entry.seconds >= 0 && !isNaN(Date.parse(entry.time))));
-    });
-  } finally {
-    await bridge.close();
-    await server.stop();
+Deno.test("a read-only token reads but cannot write, publish or run a script", async () => {
+  const { readonlyToken, bridge, writer, reader, send } = await fixture();
+  const key = keygen("ro");
+  await writer.set(key, "v");
+  assert.equal(await reader.get(key), "v");
+  assert.equal(await reader.exists(key), 1);
+  assert.deepEqual(await reader.scan(0, { match: key }), ["0", [key]]);
+  assert.equal(await reader.evalRo("return redis.call('GET', KEYS[1])", [key], []), "v");
+  await assert.rejects(reader.set(key, "w"), /NOPERM this token is read-only: 'set'/);
+  await assert.rejects(reader.del(key), /NOPERM/);
+  await assert.rejects(reader.publish("c", "m"), /NOPERM/);
+  await assert.rejects(reader.eval("return 1", [], []), /NOPERM.*'eval'/);
+  await assert.rejects(reader.scriptLoad("return 1"), /NOPERM.*'script load'/);
+  await assert.rejects(reader.flushall(), /NOPERM/);
+  for (const command of [["CONFIG", "SET", "maxmemory", "1"], ["CLIENT", "KILL", "x"]]) {
+    const { status, body } = await send(readonlyToken, "/", command);
+    assert.equal(status, 400);
+    assert.match(body.error, /not supported over REST/, command.join(" "));
   }
+  // In a pipeline the refused command fails in its slot; a transaction is refused whole.
+  const piped = await send(readonlyToken, "/pipeline", [["SET", key, "x"], ["GET", key]]);
+  assert.match(piped.body[0].error, /NOPERM/);
+  assert.deepEqual(piped.body[1], { result: "v" });
+  const multi = await send(readonlyToken, "/multi-exec", [["GET", key], ["SET", key, "x"]]);
+  assert.equal(multi.status, 400);
+  assert.match(multi.body.error, /NOPERM/);
+  const path = await fetch(`${bridge.url}/set/${key}/x?_token=${readonlyToken}`);
+  assert.match((await path.json()).error, /NOPERM/);
+  assert.equal(await writer.get(key), "v", "nothing was written");
+  // The read-write token is not narrowed.
+  assert.equal(await writer.set(key, "w"), "OK");
+});
+
+Deno.test("/metrics counts requests, errors, latency and pool use", async () => {
+  const { token, readonlyToken, bridge, writer, send } = await fixture();
+  const key = keygen("m");
+  await writer.set(key, "v");
+  await writer.get(key);
+  // Traffic of its own to count, whatever ran before: refused commands (400s, command errors)
+  // and two pipelines of reads.
+  for (let i = 0; i < 10; i++) await send(readonlyToken, "/", ["SET", key, "x"]);
+  for (let i = 0; i < 2; i++) {
+    await send(token, "/pipeline", Array.from({ length: 5 }, () => ["GET", key]));
+  }
+  const res = await fetch(`${bridge.url}/metrics`);
+  assert.equal(res.status, 200);
+  assert.match(res.headers.get("content-type")!, /^text\/plain; version=0\.0\.4/);
+  const text = await res.text();
+  const value = (series: string) => {
+    const line = text.split("\n").find((l) => l.startsWith(`${series} `));
+    assert.ok(line, `${series} in\n${text}`);
+    return Number(line.split(" ")[1]);
+  };
+  assert.ok(value('edgelock_bridge_requests_total{route="pipeline",status="200"}') >= 2);
+  assert.ok(value('edgelock_bridge_requests_total{route="command",status="400"}') >= 5);
+  assert.ok(value("edgelock_bridge_command_errors_total") >= 10);
+  assert.ok(value("edgelock_bridge_commands_total") >= 20);
+  const count = value('edgelock_bridge_request_duration_seconds_count{route="pipeline"}');
+  assert.equal(
+    value('edgelock_bridge_request_duration_seconds_bucket{route="pipeline",le="+Inf"}'),
+    count,
+  );
+  assert.equal(value('edgelock_bridge_pool_size{pool="shared"}'), 4);
+  assert.equal(value('edgelock_bridge_pool_in_use{pool="blocking"}'), 0);
+  assert.ok(!text.includes(key) && !text.includes(token), "no key or token in the metrics");
+});
+
+Deno.test("the request log names route, command and status, never a key", async () => {
+  const { token, readonlyToken, log, send } = await fixture();
+  log.length = 0;
+  const key = keygen("secret-key");
+  await send(token, "/", ["SET", key, "secret-value"]);
+  await send(readonlyToken, "/", ["DEL", key]);
+  await send("wrong", "/", ["GET", key]);
+  assert.equal(log.length, 3);
+  assert.deepEqual(
+    log.map(({ route, command, status, role, commands }) => ({
+      route,
+      command,
+      status,
+      role,
+      commands,
+    })),
+    [
+      { route: "command", command: "set", status: 200, role: "readwrite", commands: 1 },
+      { route: "command", command: "del", status: 400, role: "readonly", commands: 1 },
+      { route: "command", command: undefined, status: 401, role: undefined, commands: 0 },
+    ],
+  );
+  const text = JSON.stringify(log);
+  assert.ok(!/secret|wrong/.test(text), text);
+  assert.ok(log.every((entry) => entry.seconds >= 0 && !isNaN(Date.parse(entry.time))));
 });
 
 Deno.test("the bridge serves HTTPS with a given certificate", async () => {
