@@ -8,7 +8,7 @@ import { runScript } from "../src/core/_runner.ts";
 import { FENCE_GRACE_MS } from "../src/core/_validate.ts";
 import { Q_ACQUIRE, Q_COMMIT, Q_RELEASE } from "../src/quorum/scripts.ts";
 import { type ShiftedRedisServer, startShiftedRedisServer } from "../dev/clock_shift.ts";
-import { acquired, type Backend, keygen, startBackend } from "./_backend.ts";
+import { acquired, type Backend, keygen, shared, startBackend } from "./_backend.ts";
 import type { RedisLike } from "@edgelock/edgelock";
 
 // Holds `name` on database `db` for another token, as a competing acquire would.
@@ -47,92 +47,95 @@ async function startFive(): Promise<{ dbs: Backend[]; shifted: ShiftedRedisServe
   return { dbs, shifted };
 }
 
-Deno.test("quorum locks over 5 databases", async (t) => {
+// Five databases the tests share; a test that stops some starts five of its own.
+const fixture = shared(async () => {
   const { dbs, shifted } = await startFive();
   const locks = new QuorumLocks(dbs.map((db) => db.redis), { timeoutMs: 300 });
+  return { dbs, shifted, locks };
+}, async ({ dbs }) => {
+  await Promise.all(dbs.map((db) => db.stop()));
+});
 
+Deno.test("a majority grants the lease; a second caller is busy; fences increase", async () => {
+  const { locks } = await fixture();
+  assert.equal(locks.quorum, 3);
+  const name = keygen("q");
+  const first = acquired(await locks.acquire(name, { ttlMs: 5000 }));
+  assert.ok(first.expiresAt - Date.now() <= 5000 - 50, "validity is less than the TTL");
+  assert.equal((await locks.acquire(name)).acquired, false);
+  const info = await locks.inspect(name);
+  assert.ok(info.held && info.fence === first.fence);
+  assert.ok((await locks.renew(first)).renewed);
+  assert.equal(await locks.release(first), true);
+  const second = acquired(await locks.acquire(name));
+  assert.ok(second.fence > first.fence);
+  await locks.release(second);
+  const ran = await locks.withLock(name, { ttlMs: 600 }, async (lease) => {
+    await new Promise((resolve) => setTimeout(resolve, 900)); // renewed on a majority
+    return lease.fence;
+  });
+  assert.ok(ran > second.fence);
+});
+
+Deno.test("a failed acquire frees the databases it held", async () => {
+  const { dbs, locks } = await fixture();
+  const name = keygen("q");
+  for (const db of dbs.slice(0, 3)) await hold(db, name);
+  const result = await locks.acquire(name, { token: "loser-token-0000000001" });
+  assert.equal(result.acquired, false);
+  for (const db of dbs.slice(3)) {
+    const value = await db.redis.get(`edgelock:qlock:{${name}}`);
+    assert.ok(!String(value).includes("loser-token"), `left held: ${value}`);
+  }
+  for (const db of dbs.slice(0, 3)) await unhold(db, name);
+  const free = acquired(await locks.acquire(name));
+  await locks.release(free);
+});
+
+Deno.test("two databases down: still a majority; three down: no lease", async () => {
+  const { dbs, shifted } = await startFive();
+  const locks = new QuorumLocks(dbs.map((db) => db.redis), { timeoutMs: 300 });
   try {
-    await t.step(
-      "a majority grants the lease; a second caller is busy; fences increase",
-      async () => {
-        assert.equal(locks.quorum, 3);
-        const name = keygen("q");
-        const first = acquired(await locks.acquire(name, { ttlMs: 5000 }));
-        assert.ok(first.expiresAt - Date.now() <= 5000 - 50, "validity is less than the TTL");
-        assert.equal((await locks.acquire(name)).acquired, false);
-        const info = await locks.inspect(name);
-        assert.ok(info.held && info.fence === first.fence);
-        assert.ok((await locks.renew(first)).renewed);
-        assert.equal(await locks.release(first), true);
-        const second = acquired(await locks.acquire(name));
-        assert.ok(second.fence > first.fence);
-        await locks.release(second);
-        const ran = await locks.withLock(name, { ttlMs: 600 }, async (lease) => {
-          await new Promise((resolve) => setTimeout(resolve, 900)); // renewed on a majority
-          return lease.fence;
-        });
-        assert.ok(ran > second.fence);
-      },
-    );
-
-    await t.step("a failed acquire frees the databases it held", async () => {
-      const name = keygen("q");
-      for (const db of dbs.slice(0, 3)) await hold(db, name);
-      const result = await locks.acquire(name, { token: "loser-token-0000000001" });
-      assert.equal(result.acquired, false);
-      for (const db of dbs.slice(3)) {
-        const value = await db.redis.get(`edgelock:qlock:{${name}}`);
-        assert.ok(!String(value).includes("loser-token"), `left held: ${value}`);
-      }
-      for (const db of dbs.slice(0, 3)) await unhold(db, name);
-      const free = acquired(await locks.acquire(name));
-      await locks.release(free);
-    });
-
-    await t.step("two databases down: still a majority; three down: no lease", async () => {
-      const name = keygen("q");
-      await dbs[0]!.server.stop({ remove: false });
-      await dbs[1]!.server.stop({ remove: false });
-      const lease = acquired(await locks.acquire(name));
-      await locks.release(lease);
-      await shifted[0]!.stop({ remove: false });
-      assert.equal((await locks.acquire(keygen("q"))).acquired, false, "2 of 5 is no majority");
-    });
+    const name = keygen("q");
+    await dbs[0]!.server.stop({ remove: false });
+    await dbs[1]!.server.stop({ remove: false });
+    const lease = acquired(await locks.acquire(name));
+    await locks.release(lease);
+    await shifted[0]!.stop({ remove: false });
+    assert.equal((await locks.acquire(keygen("q"))).acquired, false, "2 of 5 is no majority");
   } finally {
     await Promise.all(dbs.map((db) => db.stop()));
   }
 });
 
-Deno.test("a quorum fence is above every earlier one, even when the majorities share one database", async (t) => {
-  const { dbs, shifted } = await startFive();
-  // A takes {0, 1, 2}; then B takes {2, 3, 4}: they share only database 2, database 1 lost its
-  // data, and B's databases' clocks are 10 minutes behind A's.
-  const scenario = async (locks: QuorumLocks) => {
-    const name = keygen("q");
-    for (const db of dbs.slice(3)) await hold(db, name);
-    const a = acquired(await locks.acquire(name));
-    await locks.release(a);
-    for (const db of dbs.slice(3)) await unhold(db, name);
-    for (const server of shifted) await server.shift(-600_000);
-    await dbs[1]!.redis.flushall();
-    await hold(dbs[0]!, name);
-    await hold(dbs[1]!, name);
-    const b = acquired(await locks.acquire(name));
-    await locks.release(b);
-    for (const server of shifted) await server.shift(0);
-    return { a: a.fence, b: b.fence };
-  };
-  try {
-    await t.step("with the commit, B's fence is above A's", async () => {
-      const { a, b } = await scenario(new QuorumLocks(dbs.map((db) => db.redis)));
-      assert.ok(b > a, `A ${a}, B ${b}`);
-    });
-    await t.step("without it (the broken variant), B's fence falls below A's", async () => {
-      const broken = await Promise.all(dbs.map((db) => withoutCommit(db.redis)));
-      const { a, b } = await scenario(new QuorumLocks(broken));
-      assert.ok(b <= a, `the broken variant went unnoticed: A ${a}, B ${b}`);
-    });
-  } finally {
-    await Promise.all(dbs.map((db) => db.stop()));
-  }
+// A takes {0, 1, 2}; then B takes {2, 3, 4}: they share only database 2, database 1 lost its
+// data, and B's databases' clocks are 10 minutes behind A's.
+async function scenario(locks: QuorumLocks) {
+  const { dbs, shifted } = await fixture();
+  const name = keygen("q");
+  for (const db of dbs.slice(3)) await hold(db, name);
+  const a = acquired(await locks.acquire(name));
+  await locks.release(a);
+  for (const db of dbs.slice(3)) await unhold(db, name);
+  for (const server of shifted) await server.shift(-600_000);
+  await dbs[1]!.redis.flushall();
+  await hold(dbs[0]!, name);
+  await hold(dbs[1]!, name);
+  const b = acquired(await locks.acquire(name));
+  await locks.release(b);
+  for (const server of shifted) await server.shift(0);
+  return { a: a.fence, b: b.fence };
+}
+
+Deno.test("a quorum fence is above every earlier one, even when the majorities share one database: with the commit, B's fence is above A's", async () => {
+  const { dbs } = await fixture();
+  const { a, b } = await scenario(new QuorumLocks(dbs.map((db) => db.redis)));
+  assert.ok(b > a, `A ${a}, B ${b}`);
+});
+
+Deno.test("a quorum fence is above every earlier one, even when the majorities share one database: without it (the broken variant), B's fence falls below A's", async () => {
+  const { dbs } = await fixture();
+  const broken = await Promise.all(dbs.map((db) => withoutCommit(db.redis)));
+  const { a, b } = await scenario(new QuorumLocks(broken));
+  assert.ok(b <= a, `the broken variant went unnoticed: A ${a}, B ${b}`);
 });

@@ -7,7 +7,7 @@ import { type Lease, LockOps, Locks, type RedisLike } from "@edgelock/edgelock";
 import { Jobs, recordId, Records } from "@edgelock/edgelock/uses";
 import { fromIORedis, fromNodeRedis, fromNodeRedisCluster } from "@edgelock/edgelock/tcp";
 import { startRedisCluster } from "../dev/redis_cluster.ts";
-import { acquired, keygen, startBackend } from "./_backend.ts";
+import { acquired, keygen, shared, sharedBackend } from "./_backend.ts";
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -97,74 +97,91 @@ async function scenario(redis: RedisLike, flush: () => Promise<unknown>, stats: 
   return shape(out);
 }
 
-Deno.test("the library over TCP clients answers as over REST", async (t) => {
-  const backend = await startBackend();
-  const cluster = await startRedisCluster().catch(async (error) => {
-    await backend.stop();
-    throw error;
-  });
-  const flushAll = () =>
-    Promise.all(
-      cluster.nodes.map((node) =>
-        new Deno.Command("redis-cli", { args: ["-p", String(node.port), "script", "flush"] })
-          .output()
-      ),
-    );
-  const closers: (() => Promise<unknown> | void)[] = [];
+const backend = sharedBackend();
+const cluster = shared(() => startRedisCluster(), (cluster) => cluster.stop());
+const flushAll = async () => {
+  const { nodes } = await cluster();
+  return await Promise.all(
+    nodes.map((node) =>
+      new Deno.Command("redis-cli", { args: ["-p", String(node.port), "script", "flush"] })
+        .output()
+    ),
+  );
+};
 
+// The answers over REST, which every TCP client must give.
+const reference = shared(async () => {
+  const { redis } = await backend();
+  const rest = await scenario(redis, () => redis.scriptFlush(), true);
+  const restNoStats = await scenario(redis, () => redis.scriptFlush(), false);
+  return { rest, restNoStats };
+});
+
+Deno.test("the library over TCP clients answers as over REST: ioredis", async () => {
+  const { rest } = await reference();
+  const client = new IORedis((await backend()).server.url);
   try {
-    const rest = await scenario(backend.redis, () => backend.redis.scriptFlush(), true);
-    const restNoStats = await scenario(backend.redis, () => backend.redis.scriptFlush(), false);
+    const answers = await scenario(fromIORedis(client), () => client.script("FLUSH"), true);
+    assert.deepEqual(answers, rest);
+  } finally {
+    client.disconnect();
+  }
+});
 
-    await t.step("ioredis", async () => {
-      const client = new IORedis(backend.server.url);
-      closers.push(() => client.disconnect());
-      const answers = await scenario(fromIORedis(client), () => client.script("FLUSH"), true);
-      assert.deepEqual(answers, rest);
-    });
+Deno.test("the library over TCP clients answers as over REST: node-redis", async () => {
+  const { rest } = await reference();
+  const client = createClient({ url: (await backend()).server.url });
+  await client.connect();
+  try {
+    const answers = await scenario(fromNodeRedis(client), () => client.scriptFlush(), true);
+    assert.deepEqual(answers, rest);
+  } finally {
+    client.destroy();
+  }
+});
 
-    await t.step("node-redis", async () => {
-      const client = createClient({ url: backend.server.url });
-      await client.connect();
-      closers.push(() => client.destroy());
-      const answers = await scenario(fromNodeRedis(client), () => client.scriptFlush(), true);
-      assert.deepEqual(answers, rest);
-    });
-
-    await t.step("ioredis Cluster (stats off)", async () => {
-      const [seed] = cluster.nodes;
-      const client = new Cluster([{ host: "127.0.0.1", port: seed!.port }]);
-      closers.push(() => client.disconnect());
+Deno.test(
+  "the library over TCP clients answers as over REST: ioredis Cluster (stats off)",
+  async () => {
+    const { restNoStats } = await reference();
+    const [seed] = (await cluster()).nodes;
+    const client = new Cluster([{ host: "127.0.0.1", port: seed!.port }]);
+    try {
       await new Promise((resolve) => client.once("ready", resolve));
       assert.deepEqual(await scenario(fromIORedis(client), flushAll, false), restNoStats);
-    });
+    } finally {
+      client.disconnect();
+    }
+  },
+);
 
-    await t.step("node-redis cluster (stats off)", async () => {
-      const client = createCluster({ rootNodes: [{ url: cluster.urls[0]! }] });
-      await client.connect();
-      closers.push(() => client.destroy());
+Deno.test(
+  "the library over TCP clients answers as over REST: node-redis cluster (stats off)",
+  async () => {
+    const { restNoStats } = await reference();
+    const client = createCluster({ rootNodes: [{ url: (await cluster()).urls[0]! }] });
+    await client.connect();
+    try {
       assert.deepEqual(await scenario(fromNodeRedisCluster(client), flushAll, false), restNoStats);
-    });
+    } finally {
+      client.destroy();
+    }
+  },
+);
 
-    await t.step(
-      "a reply error fails only its own call of a batch; bad clients are refused",
-      async () => {
-        const client = new IORedis(backend.server.url);
-        closers.push(() => client.disconnect());
-        const pipeline = fromIORedis(client).pipeline!();
-        pipeline.evalsha("0".repeat(40), [], []);
-        pipeline.eval("return 7", [], []);
-        const replies = await pipeline.exec({ keepErrors: true });
-        assert.match(String(replies[0]!.error), /^NOSCRIPT /);
-        assert.deepEqual(replies[1], { result: 7 });
-        assert.throws(() => fromIORedis({} as never), TypeError);
-        assert.throws(() => fromNodeRedis({} as never), TypeError);
-        assert.throws(() => fromNodeRedisCluster({} as never), TypeError);
-      },
-    );
+Deno.test("a reply error fails only its own call of a batch; bad clients are refused", async () => {
+  const client = new IORedis((await backend()).server.url);
+  try {
+    const pipeline = fromIORedis(client).pipeline!();
+    pipeline.evalsha("0".repeat(40), [], []);
+    pipeline.eval("return 7", [], []);
+    const replies = await pipeline.exec({ keepErrors: true });
+    assert.match(String(replies[0]!.error), /^NOSCRIPT /);
+    assert.deepEqual(replies[1], { result: 7 });
+    assert.throws(() => fromIORedis({} as never), TypeError);
+    assert.throws(() => fromNodeRedis({} as never), TypeError);
+    assert.throws(() => fromNodeRedisCluster({} as never), TypeError);
   } finally {
-    for (const close of closers) await close();
-    await cluster.stop();
-    await backend.stop();
+    client.disconnect();
   }
 });
