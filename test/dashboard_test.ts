@@ -6,7 +6,7 @@ import { chromium, type Page } from "playwright-core";
 import { createApp } from "../src/service/app.ts";
 import { parseApiKeys, parseOperatorKeys } from "../src/service/auth.ts";
 import { createClient } from "../src/client/client.ts";
-import { keygen, startBackend } from "./_backend.ts";
+import { keygen, shared, startBackend } from "./_backend.ts";
 import type { Lease } from "../src/core/types.ts";
 
 const A = "tenant-a-secret-0123456789";
@@ -27,7 +27,7 @@ const rowsAre = (page: Page, selector: string, count: number) =>
   );
 const CHROMIUM = Deno.env.get("CHROMIUM_PATH") ?? "/usr/bin/chromium";
 
-Deno.test("the dashboard in headless Chromium", async (t) => {
+const fixture = shared(async () => {
   const backend = await startBackend();
   const app = createApp({
     redis: backend.redis,
@@ -39,6 +39,15 @@ Deno.test("the dashboard in headless Chromium", async (t) => {
   const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, app.fetch);
   const base = `http://127.0.0.1:${server.addr.port}`;
   const client = createClient({ baseUrl: base, apiKey: A });
+  return { backend, server, base, client };
+}, async ({ backend, server }) => {
+  await server.shutdown();
+  await backend.stop();
+});
+
+// One scenario in one page: each step goes on from the page the step before left.
+Deno.test("the dashboard in headless Chromium", async (t) => {
+  const { base, client } = await fixture();
   const browser = await chromium.launch({
     executablePath: CHROMIUM,
     args: ["--no-sandbox", "--disable-dev-shm-usage"],
@@ -167,18 +176,18 @@ Deno.test("the dashboard in headless Chromium", async (t) => {
       },
     );
 
-    await t.step("the page allows only its own script, style and API", async () => {
-      const res = await fetch(`${base}/dashboard`);
-      const csp = res.headers.get("content-security-policy") ?? "";
-      await res.body?.cancel();
-      assert.match(csp, /default-src 'none'/);
-      assert.match(csp, /script-src 'self'/);
-      assert.match(csp, /frame-ancestors 'none'/);
-    });
     for (const lease of leases) await client.release(lease);
   } finally {
     await browser.close();
-    await server.shutdown();
-    await backend.stop();
   }
+});
+
+Deno.test("the page allows only its own script, style and API", async () => {
+  const { base } = await fixture();
+  const res = await fetch(`${base}/dashboard`);
+  const csp = res.headers.get("content-security-policy") ?? "";
+  await res.body?.cancel();
+  assert.match(csp, /default-src 'none'/);
+  assert.match(csp, /script-src 'self'/);
+  assert.match(csp, /frame-ancestors 'none'/);
 });

@@ -4,12 +4,12 @@ import { Redis as IORedis } from "ioredis";
 import { createClient } from "@edgelock/edgelock/client";
 import { EdgelockError } from "@edgelock/edgelock";
 import { freePort } from "../dev/redis_server.ts";
-import { keygen, startBackend } from "./_backend.ts";
+import { keygen, shared, startBackend } from "./_backend.ts";
 import { LISTENING, spawnDeno } from "./_process.ts";
 
 const SECRET = "deno-entry-secret-0123456789";
 
-Deno.test("the Deno entry serves the API to the typed client over real HTTP", async (t) => {
+const fixture = shared(async () => {
   const backend = await startBackend();
   const service = await spawnDeno(["run", "-A", "worker/deno.ts"], {
     PORT: "0", // the service binds a free port itself and prints it: no port to race for
@@ -19,74 +19,77 @@ Deno.test("the Deno entry serves the API to the typed client over real HTTP", as
   }, LISTENING);
   const port = Number(service.ready[1]);
   const locks = createClient({ baseUrl: `http://127.0.0.1:${port}`, apiKey: SECRET });
+  return { backend, service, port, locks };
+}, async ({ backend, service }) => {
+  await service.stop();
+  await backend.stop();
+});
 
-  try {
-    await t.step("the client acquires, renews, inspects and releases", async () => {
-      const name = keygen();
-      const result = await locks.acquire(name, { ttlMs: 2000, meta: { by: "client" } });
-      assert.ok(result.acquired);
-      const busy = await locks.acquire(name);
-      assert.ok(!busy.acquired && busy.retryAfterMs > 0);
-      const renewed = await locks.renew(result.lease, { ttlMs: 3000 });
-      assert.ok(renewed.renewed && renewed.lease.fence === result.lease.fence);
-      const info = await locks.inspect(name);
-      assert.ok(info.held && info.fence === result.lease.fence);
-      assert.deepEqual(info.meta, { by: "client" });
-      assert.equal(await locks.release(result.lease), true);
-      assert.equal(await locks.release(result.lease), true, "a retried release answers the same");
-      assert.deepEqual(await locks.renew(result.lease), { renewed: false });
-    });
+Deno.test("the client acquires, renews, inspects and releases", async () => {
+  const { locks } = await fixture();
+  const name = keygen();
+  const result = await locks.acquire(name, { ttlMs: 2000, meta: { by: "client" } });
+  assert.ok(result.acquired);
+  const busy = await locks.acquire(name);
+  assert.ok(!busy.acquired && busy.retryAfterMs > 0);
+  const renewed = await locks.renew(result.lease, { ttlMs: 3000 });
+  assert.ok(renewed.renewed && renewed.lease.fence === result.lease.fence);
+  const info = await locks.inspect(name);
+  assert.ok(info.held && info.fence === result.lease.fence);
+  assert.deepEqual(info.meta, { by: "client" });
+  assert.equal(await locks.release(result.lease), true);
+  assert.equal(await locks.release(result.lease), true, "a retried release answers the same");
+  assert.deepEqual(await locks.renew(result.lease), { renewed: false });
+});
 
-    await t.step("withLock() through the service renews across several TTLs", async () => {
-      const name = keygen();
-      const fences = await locks.withLock(name, { ttlMs: 600 }, async (lease, signal) => {
-        await new Promise((resolve) => setTimeout(resolve, 2000)); // over three TTLs
-        assert.equal(signal.aborted, false);
-        const info = await locks.inspect(name);
-        assert.ok(info.held);
-        return [lease.fence, info.fence];
+Deno.test("withLock() through the service renews across several TTLs", async () => {
+  const { locks } = await fixture();
+  const name = keygen();
+  const fences = await locks.withLock(name, { ttlMs: 600 }, async (lease, signal) => {
+    await new Promise((resolve) => setTimeout(resolve, 2000)); // over three TTLs
+    assert.equal(signal.aborted, false);
+    const info = await locks.inspect(name);
+    assert.ok(info.held);
+    return [lease.fence, info.fence];
+  });
+  assert.equal(fences[0], fences[1]);
+  assert.deepEqual(await locks.inspect(name), { name, held: false });
+});
+
+Deno.test("withLock() through the service aborts when the lock is stolen", async () => {
+  const { backend, locks } = await fixture();
+  const name = keygen();
+  let aborted = false;
+  await assert.rejects(
+    locks.withLock(name, { ttlMs: 300 }, async (_lease, signal) => {
+      await backend.redis.del(`edgelock:app:lock:{${name}}`);
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, 3000);
+        signal.addEventListener("abort", () => {
+          aborted = true;
+          clearTimeout(timer);
+          resolve();
+        });
       });
-      assert.equal(fences[0], fences[1]);
-      assert.deepEqual(await locks.inspect(name), { name, held: false });
-    });
+    }),
+    (error: unknown) => error instanceof EdgelockError && error.code === "lock_lost",
+  );
+  assert.ok(aborted);
+});
 
-    await t.step("withLock() through the service aborts when the lock is stolen", async () => {
-      const name = keygen();
-      let aborted = false;
-      await assert.rejects(
-        locks.withLock(name, { ttlMs: 300 }, async (_lease, signal) => {
-          await backend.redis.del(`edgelock:app:lock:{${name}}`);
-          await new Promise<void>((resolve) => {
-            const timer = setTimeout(resolve, 3000);
-            signal.addEventListener("abort", () => {
-              aborted = true;
-              clearTimeout(timer);
-              resolve();
-            });
-          });
-        }),
-        (error: unknown) => error instanceof EdgelockError && error.code === "lock_lost",
-      );
-      assert.ok(aborted);
-    });
+Deno.test("the client reports a wrong key as unauthorized", async () => {
+  const { port } = await fixture();
+  const wrong = createClient({ baseUrl: `http://127.0.0.1:${port}`, apiKey: "nope" });
+  await assert.rejects(wrong.inspect(keygen()), { code: "unauthorized" });
+});
 
-    await t.step("the client reports a wrong key as unauthorized", async () => {
-      const wrong = createClient({ baseUrl: `http://127.0.0.1:${port}`, apiKey: "nope" });
-      await assert.rejects(wrong.inspect(keygen()), { code: "unauthorized" });
-    });
-
-    await t.step("the client turns an unreachable service into backend_unavailable", async () => {
-      const closed = createClient({
-        baseUrl: `http://127.0.0.1:${freePort()}`,
-        apiKey: SECRET,
-        retries: 1,
-      });
-      await assert.rejects(closed.acquire(keygen()), { code: "backend_unavailable" });
-    });
-  } finally {
-    await service.stop();
-    await backend.stop();
-  }
+Deno.test("the client turns an unreachable service into backend_unavailable", async () => {
+  const closed = createClient({
+    baseUrl: `http://127.0.0.1:${freePort()}`,
+    apiKey: SECRET,
+    retries: 1,
+  });
+  await assert.rejects(closed.acquire(keygen()), { code: "backend_unavailable" });
 });
 
 Deno.test("deno task dev starts redis-server, bridge and service, and Ctrl-C stops them all", async () => {
@@ -120,79 +123,82 @@ Deno.test("deno task dev starts redis-server, bridge and service, and Ctrl-C sto
   await assert.rejects(Deno.connect({ hostname: "127.0.0.1", port: Number(redisPort) }), "redis");
 });
 
-Deno.test("deno task dev and the Deno entry refuse a bad configuration with one clear line", async (t) => {
-  const run = async (entry: string, env: Record<string, string>, args: string[] = []) => {
-    const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
-      args: ["run", "-A", entry, ...args],
-      env: { PATH: Deno.env.get("PATH") ?? "", NO_COLOR: "1", PORT: "0", BRIDGE_PORT: "0", ...env },
-      clearEnv: true,
-      stdout: "piped",
-      stderr: "piped",
-    }).output();
-    const text = new TextDecoder().decode(stderr) + new TextDecoder().decode(stdout);
-    return { code, text };
-  };
-  const good = {
-    UPSTASH_REDIS_REST_URL: "http://127.0.0.1:1",
-    UPSTASH_REDIS_REST_TOKEN: "token",
-    LOCK_API_KEYS: `app:${SECRET}`,
-  };
-  await t.step("the Deno entry exits 1 naming the variable, never its value", async () => {
-    const cases: [Record<string, string>, RegExp][] = [
-      [{ UPSTASH_REDIS_REST_URL: "" }, /UPSTASH_REDIS_REST_URL is not set/],
-      [{ UPSTASH_REDIS_REST_URL: "rediss://default:pw@x.upstash.io:6379" }, /not its TCP URL/],
-      [{ UPSTASH_REDIS_REST_TOKEN: "" }, /UPSTASH_REDIS_REST_TOKEN is not set/],
-      [{ LOCK_API_KEYS: "" }, /LOCK_API_KEYS is not set/],
-      [{ LOCK_API_KEYS: "app:short-secret" }, /secret of tenant "app" must be 16–256/],
-      [
-        { LOCK_MAX_WAIT: "5" },
-        /LOCK_MAX_WAIT is not an edgelock setting \(did you mean LOCK_MAX_WAITS\?\)/,
-      ],
-    ];
-    for (const [change, message] of cases) {
-      const { code, text } = await run("worker/deno.ts", { ...good, ...change });
-      assert.equal(code, 1, text);
-      assert.match(text, message);
-      assert.equal(text.trim().split("\n").length, 1, text);
-      assert.ok(!text.includes("short-secret") && !text.includes("pw@"), "no values echoed");
-    }
-  });
-  await t.step(
-    "deno task dev exits 1 on a bad LOCK_API_KEYS and stops what it started",
-    async () => {
-      const { code, text } = await run("dev/server.ts", { LOCK_API_KEYS: "nocolon" });
-      assert.equal(code, 1, text);
-      assert.match(text, /edgelock dev: LOCK_API_KEYS: each entry is tenant:secret/);
-      const dir = /data in (\S+)\)/.exec(text)?.[1];
-      if (dir) await assert.rejects(Deno.stat(dir), Deno.errors.NotFound, "its temp dir is gone");
-    },
-  );
-  await t.step("deno task dev explains a port already in use", async () => {
-    const taken = Deno.listen({ hostname: "127.0.0.1", port: 0 });
-    try {
-      const port = String((taken.addr as Deno.NetAddr).port);
-      const { code, text } = await run("dev/server.ts", { PORT: port });
-      assert.equal(code, 1, text);
-      assert.match(text, new RegExp(`port ${port} \\(the service\\) is in use.*--port or PORT`));
-    } finally {
-      taken.close();
-    }
-  });
-  await t.step(
-    "deno task dev answers --help and rejects unknown flags and bad values",
-    async () => {
-      const help = await run("dev/server.ts", {}, ["--help"]);
-      assert.equal(help.code, 0);
-      assert.match(help.text, /--port <number>/);
-      const unknown = await run("dev/server.ts", {}, ["--prot", "1"]);
-      assert.equal(unknown.code, 2);
-      assert.match(unknown.text, /unknown argument --prot/);
-      const bad = await run("dev/server.ts", {}, ["--port", "abc"]);
-      assert.equal(bad.code, 2);
-      assert.match(bad.text, /--port must be a number from 0 to 65535, not "abc"/);
-    },
-  );
+// deno task dev and the Deno entry refuse a bad configuration with one clear line:
+const run = async (entry: string, env: Record<string, string>, args: string[] = []) => {
+  const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", entry, ...args],
+    env: { PATH: Deno.env.get("PATH") ?? "", NO_COLOR: "1", PORT: "0", BRIDGE_PORT: "0", ...env },
+    clearEnv: true,
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const text = new TextDecoder().decode(stderr) + new TextDecoder().decode(stdout);
+  return { code, text };
+};
+const good = {
+  UPSTASH_REDIS_REST_URL: "http://127.0.0.1:1",
+  UPSTASH_REDIS_REST_TOKEN: "token",
+  LOCK_API_KEYS: `app:${SECRET}`,
+};
+
+Deno.test("the Deno entry exits 1 naming the variable, never its value", async () => {
+  const cases: [Record<string, string>, RegExp][] = [
+    [{ UPSTASH_REDIS_REST_URL: "" }, /UPSTASH_REDIS_REST_URL is not set/],
+    [{ UPSTASH_REDIS_REST_URL: "rediss://default:pw@x.upstash.io:6379" }, /not its TCP URL/],
+    [{ UPSTASH_REDIS_REST_TOKEN: "" }, /UPSTASH_REDIS_REST_TOKEN is not set/],
+    [{ LOCK_API_KEYS: "" }, /LOCK_API_KEYS is not set/],
+    [{ LOCK_API_KEYS: "app:short-secret" }, /secret of tenant "app" must be 16–256/],
+    [
+      { LOCK_MAX_WAIT: "5" },
+      /LOCK_MAX_WAIT is not an edgelock setting \(did you mean LOCK_MAX_WAITS\?\)/,
+    ],
+  ];
+  for (const [change, message] of cases) {
+    const { code, text } = await run("worker/deno.ts", { ...good, ...change });
+    assert.equal(code, 1, text);
+    assert.match(text, message);
+    assert.equal(text.trim().split("\n").length, 1, text);
+    assert.ok(!text.includes("short-secret") && !text.includes("pw@"), "no values echoed");
+  }
 });
+
+Deno.test(
+  "deno task dev exits 1 on a bad LOCK_API_KEYS and stops what it started",
+  async () => {
+    const { code, text } = await run("dev/server.ts", { LOCK_API_KEYS: "nocolon" });
+    assert.equal(code, 1, text);
+    assert.match(text, /edgelock dev: LOCK_API_KEYS: each entry is tenant:secret/);
+    const dir = /data in (\S+)\)/.exec(text)?.[1];
+    if (dir) await assert.rejects(Deno.stat(dir), Deno.errors.NotFound, "its temp dir is gone");
+  },
+);
+
+Deno.test("deno task dev explains a port already in use", async () => {
+  const taken = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  try {
+    const port = String((taken.addr as Deno.NetAddr).port);
+    const { code, text } = await run("dev/server.ts", { PORT: port });
+    assert.equal(code, 1, text);
+    assert.match(text, new RegExp(`port ${port} \\(the service\\) is in use.*--port or PORT`));
+  } finally {
+    taken.close();
+  }
+});
+
+Deno.test(
+  "deno task dev answers --help and rejects unknown flags and bad values",
+  async () => {
+    const help = await run("dev/server.ts", {}, ["--help"]);
+    assert.equal(help.code, 0);
+    assert.match(help.text, /--port <number>/);
+    const unknown = await run("dev/server.ts", {}, ["--prot", "1"]);
+    assert.equal(unknown.code, 2);
+    assert.match(unknown.text, /unknown argument --prot/);
+    const bad = await run("dev/server.ts", {}, ["--port", "abc"]);
+    assert.equal(bad.code, 2);
+    assert.match(bad.text, /--port must be a number from 0 to 65535, not "abc"/);
+  },
+);
 
 Deno.test("the Deno entry as Deno Deploy runs it: cron before serve, one run per tick", async () => {
   const backend = await startBackend();

@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { Miniflare } from "miniflare";
 import { pack } from "../dev/pack.ts";
-import { keygen, startBackend } from "./_backend.ts";
+import { keygen, shared, startBackend } from "./_backend.ts";
 
 const config = JSON.parse(await Deno.readTextFile(new URL("../deno.json", import.meta.url)));
 const UPSTASH = config.imports["@upstash/redis"].replace("npm:", "");
@@ -45,7 +45,8 @@ const EXPECTED = {
   heldAfter: false,
 };
 
-Deno.test("the packed npm package installs by name and runs a lock cycle in Node and workerd", async (t) => {
+// The packed npm package, installed by name in a scratch project, and a backend to run it against.
+const fixture = shared(async () => {
   const backend = await startBackend();
   const dir = await Deno.makeTempDir({ prefix: "edgelock-scratch-" });
   try {
@@ -65,11 +66,22 @@ Deno.test("the packed npm package installs by name and runs a lock cycle in Node
       "typescript@5.9.3",
       "esbuild@0.28.2",
     ], dir);
+  } catch (error) {
+    await Deno.remove(dir, { recursive: true });
+    await backend.stop();
+    throw error;
+  }
+  return { backend, dir };
+}, async ({ backend, dir }) => {
+  await Deno.remove(dir, { recursive: true });
+  await backend.stop();
+});
 
-    await t.step("Node 20+: every entry imports by name; Locks runs against Redis", async () => {
-      await Deno.writeTextFile(
-        `${dir}/node.mjs`,
-        `import { Redis } from "@upstash/redis";
+Deno.test("Node 20+: every entry imports by name; Locks runs against Redis", async () => {
+  const { backend, dir } = await fixture();
+  await Deno.writeTextFile(
+    `${dir}/node.mjs`,
+    `import { Redis } from "@upstash/redis";
 import { EdgelockError, Locks, withLock } from "@edgelock/edgelock";
 import { dedupe, Records } from "@edgelock/edgelock/uses";
 import { idempotency } from "@edgelock/edgelock/hono";
@@ -85,25 +97,26 @@ out.health = (await app.request("/healthz")).status;
 out.exports = [typeof EdgelockError, typeof withLock, typeof idempotency, typeof createClient];
 console.log(JSON.stringify(out));
 `,
-      );
-      const out = await run("node", ["node.mjs"], dir, {
-        URL: backend.bridge.url,
-        TOKEN: backend.token,
-        NAME: keygen("npm"),
-        PATH: Deno.env.get("PATH") ?? "",
-      });
-      assert.deepEqual(JSON.parse(out), {
-        ...EXPECTED,
-        dedupe: "claimed",
-        health: 200,
-        exports: ["function", "function", "function", "function"],
-      });
-    });
+  );
+  const out = await run("node", ["node.mjs"], dir, {
+    URL: backend.bridge.url,
+    TOKEN: backend.token,
+    NAME: keygen("npm"),
+    PATH: Deno.env.get("PATH") ?? "",
+  });
+  assert.deepEqual(JSON.parse(out), {
+    ...EXPECTED,
+    dedupe: "claimed",
+    health: 200,
+    exports: ["function", "function", "function", "function"],
+  });
+});
 
-    await t.step("TypeScript (nodenext) resolves the declarations of every entry", async () => {
-      await Deno.writeTextFile(
-        `${dir}/check.ts`,
-        `import { Redis } from "@upstash/redis";
+Deno.test("TypeScript (nodenext) resolves the declarations of every entry", async () => {
+  const { dir } = await fixture();
+  await Deno.writeTextFile(
+    `${dir}/check.ts`,
+    `import { Redis } from "@upstash/redis";
 import { type AcquireResult, Locks } from "@edgelock/edgelock";
 import { type ClaimResult, Records } from "@edgelock/edgelock/uses";
 import type { IdempotencyOptions } from "@edgelock/edgelock/hono";
@@ -119,31 +132,32 @@ const scope: IdempotencyOptions["scope"] = () => "u";
 new Locks(redis).acquire(42);
 export { claim, client, createApp, deps, result, scope };
 `,
-      );
-      await Deno.writeTextFile(
-        `${dir}/tsconfig.json`,
-        JSON.stringify({
-          compilerOptions: {
-            noEmit: true,
-            strict: true,
-            module: "nodenext",
-            moduleResolution: "nodenext",
-            target: "es2022",
-            lib: ["es2023", "dom"],
-            types: [],
-          },
-          files: ["check.ts"],
-        }),
-      );
-      await run("npx", ["tsc", "-p", "tsconfig.json"], dir);
-    });
+  );
+  await Deno.writeTextFile(
+    `${dir}/tsconfig.json`,
+    JSON.stringify({
+      compilerOptions: {
+        noEmit: true,
+        strict: true,
+        module: "nodenext",
+        moduleResolution: "nodenext",
+        target: "es2022",
+        lib: ["es2023", "dom"],
+        types: [],
+      },
+      files: ["check.ts"],
+    }),
+  );
+  await run("npx", ["tsc", "-p", "tsconfig.json"], dir);
+});
 
-    await t.step(
-      "workerd (Miniflare): a Worker bundled from the package runs a cycle",
-      async () => {
-        await Deno.writeTextFile(
-          `${dir}/worker.mjs`,
-          `import { Redis } from "@upstash/redis/cloudflare";
+Deno.test(
+  "workerd (Miniflare): a Worker bundled from the package runs a cycle",
+  async () => {
+    const { backend, dir } = await fixture();
+    await Deno.writeTextFile(
+      `${dir}/worker.mjs`,
+      `import { Redis } from "@upstash/redis/cloudflare";
 import { Locks } from "@edgelock/edgelock";
 export default {
   async fetch(request, env) {
@@ -154,35 +168,30 @@ export default {
   },
 };
 `,
-        );
-        // As wrangler bundles: esbuild with the workerd export conditions.
-        await run("npx", [
-          "esbuild",
-          "worker.mjs",
-          "--bundle",
-          "--format=esm",
-          "--platform=neutral",
-          "--conditions=workerd,worker,browser",
-          "--main-fields=module,main",
-          "--outfile=dist/worker.js",
-          "--log-level=warning",
-        ], dir);
-        const mf = new Miniflare({
-          modules: true,
-          script: await Deno.readTextFile(`${dir}/dist/worker.js`),
-          compatibilityDate: "2026-08-01",
-          bindings: { URL: backend.bridge.url, TOKEN: backend.token },
-        });
-        try {
-          const res = await mf.dispatchFetch(`http://scratch.test/?name=${keygen("wrk")}`);
-          assert.deepEqual(await res.json(), EXPECTED);
-        } finally {
-          await mf.dispose();
-        }
-      },
     );
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-    await backend.stop();
-  }
-});
+    // As wrangler bundles: esbuild with the workerd export conditions.
+    await run("npx", [
+      "esbuild",
+      "worker.mjs",
+      "--bundle",
+      "--format=esm",
+      "--platform=neutral",
+      "--conditions=workerd,worker,browser",
+      "--main-fields=module,main",
+      "--outfile=dist/worker.js",
+      "--log-level=warning",
+    ], dir);
+    const mf = new Miniflare({
+      modules: true,
+      script: await Deno.readTextFile(`${dir}/dist/worker.js`),
+      compatibilityDate: "2026-08-01",
+      bindings: { URL: backend.bridge.url, TOKEN: backend.token },
+    });
+    try {
+      const res = await mf.dispatchFetch(`http://scratch.test/?name=${keygen("wrk")}`);
+      assert.deepEqual(await res.json(), EXPECTED);
+    } finally {
+      await mf.dispose();
+    }
+  },
+);

@@ -2,13 +2,14 @@ import assert from "node:assert/strict";
 import { Miniflare } from "miniflare";
 import { createClient } from "@edgelock/edgelock/client";
 import { freePort } from "../dev/redis_server.ts";
-import { keygen, startBackend } from "./_backend.ts";
+import { keygen, shared, startBackend } from "./_backend.ts";
 import { bundleWorker, spawnDeno } from "./_process.ts";
 
 const SECRET_A = "worker-secret-a-0123456789";
 const SECRET_B = "worker-secret-b-0123456789";
 
-Deno.test("the bundled Worker runs in workerd (Miniflare) against the bridge", async (t) => {
+// The bundled Worker in Miniflare (workerd), against the bridge.
+const fixture = shared(async () => {
   const backend = await startBackend();
   const script = await bundleWorker();
   const bindings = {
@@ -30,152 +31,157 @@ Deno.test("the bundled Worker runs in workerd (Miniflare) against the bridge", a
     });
     return { status: res.status, body: await res.json() as Record<string, unknown> };
   };
+  return { backend, script, bindings, mf, call };
+}, async ({ backend, script, mf }) => {
+  await mf.dispose();
+  await backend.stop();
+  await Deno.remove(script.replace(/\/worker\.js$/, ""), { recursive: true });
+});
+
+Deno.test("acquire, renew and release through the Worker", async () => {
+  const { call } = await fixture();
+  const name = keygen("w");
+  const acquired = await call(`/v1/locks/${name}/acquire`, SECRET_A, { ttlMs: 2000 });
+  assert.equal(acquired.status, 200);
+  const { token, fence } = acquired.body;
+  const renewed = await call(`/v1/locks/${name}/renew`, SECRET_A, { token, ttlMs: 4000 });
+  assert.equal(renewed.status, 200);
+  assert.equal(renewed.body.fence, fence);
+  assert.equal(renewed.body.ttlMs, 4000);
+  const released = await call(`/v1/locks/${name}/release`, SECRET_A, { token });
+  assert.deepEqual(released, { status: 200, body: { released: true } });
+});
+
+Deno.test("two clients contend: one acquires, the other gets 409 lock_busy", async () => {
+  const { call } = await fixture();
+  const name = keygen("w");
+  const [first, second] = await Promise.all([
+    call(`/v1/locks/${name}/acquire`, SECRET_A, {
+      ttlMs: 3000,
+      token: "client-one-token-0001",
+    }),
+    call(`/v1/locks/${name}/acquire`, SECRET_A, {
+      ttlMs: 3000,
+      token: "client-two-token-0002",
+    }),
+  ]);
+  assert.deepEqual([first.status, second.status].sort(), [200, 409]);
+  const busy = first.status === 409 ? first : second;
+  assert.equal(busy.body.code, "lock_busy");
+  assert.ok(Number(busy.body.retryAfterMs) > 0);
+});
+
+Deno.test("readers, a semaphore and a multi-name lock through the Worker", async () => {
+  const { call } = await fixture();
+  const rw = keygen("w");
+  const readers = await Promise.all(
+    [1, 2].map(() => call(`/v1/locks/${rw}/acquire`, SECRET_A, { mode: "shared" })),
+  );
+  assert.deepEqual(readers.map((r) => [r.status, r.body.mode]), [[200, "shared"], [
+    200,
+    "shared",
+  ]]);
+  const writer = await call(`/v1/locks/${rw}/acquire`, SECRET_A, {});
+  assert.equal(writer.body.code, "lock_busy");
+  const sem = await call(`/v1/locks/${rw}/acquire`, SECRET_A, { limit: 2 });
+  assert.deepEqual([sem.status, sem.body.code], [409, "mode_mismatch"]);
+  const tag = `{${keygen("w")}}`;
+  const both = await call("/v1/locks/acquire", SECRET_A, { names: [`${tag}a`, `${tag}b`] });
+  assert.equal(both.status, 200);
+  assert.equal((both.body.leases as unknown[]).length, 2);
+});
+
+Deno.test("another tenant's key neither sees nor takes the lock", async () => {
+  const { call } = await fixture();
+  const name = keygen("w");
+  const held = await call(`/v1/locks/${name}/acquire`, SECRET_A, { ttlMs: 3000 });
+  assert.equal(held.status, 200, "tenant a holds it");
+  const info = await call(`/v1/locks/${name}`, SECRET_B);
+  assert.deepEqual(info.body, { name, held: false });
+  assert.equal((await call(`/v1/locks/${name}/acquire`, SECRET_B, {})).status, 200);
+});
+
+Deno.test("the scheduled handler runs each tick once, even when triggered twice", async () => {
+  const { backend, mf } = await fixture();
+  // Miniflare's Fetcher typing lacks scheduled(); the method is there at run time.
+  const worker = await mf.getWorker() as unknown as {
+    scheduled(event: { cron: string; scheduledTime: Date }): Promise<unknown>;
+  };
+  const scheduledTime = new Date(Date.UTC(2026, 0, 1, 0, 5));
+  await Promise.all([
+    worker.scheduled({ cron: "*/5 * * * *", scheduledTime }),
+    worker.scheduled({ cron: "*/5 * * * *", scheduledTime }),
+  ]);
+  await worker.scheduled({ cron: "*/5 * * * *", scheduledTime });
+  const runs = await backend.redis.lrange("edgelock.worker:example-heartbeat:runs", 0, -1);
+  assert.equal(runs.length, 1);
+  assert.equal((runs[0] as unknown as { tick: number }).tick, scheduledTime.getTime());
+});
+
+Deno.test("a wrong key gets 401 problem+json", async () => {
+  const { call } = await fixture();
+  const name = keygen("w");
+  const res = await call(`/v1/locks/${name}`, "not-a-key");
+  assert.equal(res.status, 401);
+  assert.equal(res.body.code, "unauthorized");
+});
+
+Deno.test("a misconfigured Worker answers 500 config_error naming the variable, not its value", async () => {
+  const { script, bindings } = await fixture();
+  const cases: [Record<string, string>, RegExp][] = [
+    [{ LOCK_API_KEYS: "" }, /LOCK_API_KEYS is not set/],
+    [{ LOCK_API_KEYS: "a:too-short" }, /secret of tenant "a" must be 16–256/],
+    [
+      { UPSTASH_REDIS_REST_URL: "not a url" },
+      /UPSTASH_REDIS_REST_URL is not an http\(s\) URL/,
+    ],
+    [{ UPSTASH_REDIS_REST_TOKEN: "" }, /UPSTASH_REDIS_REST_TOKEN is not set/],
+  ];
+  for (const [change, message] of cases) {
+    const bad = new Miniflare({
+      modules: true,
+      script: await Deno.readTextFile(script),
+      compatibilityDate: "2026-08-01",
+      bindings: { ...bindings, ...change },
+    });
+    try {
+      const res = await bad.dispatchFetch("http://edgelock.test/v1/locks/x");
+      const body = await res.json() as Record<string, unknown>;
+      assert.equal(res.status, 500);
+      assert.equal(res.headers.get("content-type"), "application/problem+json");
+      assert.equal(body.code, "config_error");
+      assert.match(String(body.detail), message);
+      assert.equal(res.headers.get("cache-control"), "no-store");
+      assert.equal(res.headers.get("x-request-id"), body.requestId);
+      assert.ok(!JSON.stringify(body).includes("too-short"), "never the value");
+    } finally {
+      await bad.dispose();
+    }
+  }
+});
+
+Deno.test("a refused Upstash token is 500 config_error, not a retryable 503", async () => {
+  const { script, bindings } = await fixture();
+  const name = keygen("w");
+  const bad = new Miniflare({
+    modules: true,
+    script: await Deno.readTextFile(script),
+    compatibilityDate: "2026-08-01",
+    bindings: { ...bindings, UPSTASH_REDIS_REST_TOKEN: "wrong-token" },
+  });
   try {
-    const name = keygen("w");
-    await t.step("acquire, renew and release through the Worker", async () => {
-      const acquired = await call(`/v1/locks/${name}/acquire`, SECRET_A, { ttlMs: 2000 });
-      assert.equal(acquired.status, 200);
-      const { token, fence } = acquired.body;
-      const renewed = await call(`/v1/locks/${name}/renew`, SECRET_A, { token, ttlMs: 4000 });
-      assert.equal(renewed.status, 200);
-      assert.equal(renewed.body.fence, fence);
-      assert.equal(renewed.body.ttlMs, 4000);
-      const released = await call(`/v1/locks/${name}/release`, SECRET_A, { token });
-      assert.deepEqual(released, { status: 200, body: { released: true } });
-    });
-
-    await t.step("two clients contend: one acquires, the other gets 409 lock_busy", async () => {
-      const [first, second] = await Promise.all([
-        call(`/v1/locks/${name}/acquire`, SECRET_A, {
-          ttlMs: 3000,
-          token: "client-one-token-0001",
-        }),
-        call(`/v1/locks/${name}/acquire`, SECRET_A, {
-          ttlMs: 3000,
-          token: "client-two-token-0002",
-        }),
-      ]);
-      assert.deepEqual([first.status, second.status].sort(), [200, 409]);
-      const busy = first.status === 409 ? first : second;
-      assert.equal(busy.body.code, "lock_busy");
-      assert.ok(Number(busy.body.retryAfterMs) > 0);
-    });
-
-    await t.step("readers, a semaphore and a multi-name lock through the Worker", async () => {
-      const rw = keygen("w");
-      const readers = await Promise.all(
-        [1, 2].map(() => call(`/v1/locks/${rw}/acquire`, SECRET_A, { mode: "shared" })),
-      );
-      assert.deepEqual(readers.map((r) => [r.status, r.body.mode]), [[200, "shared"], [
-        200,
-        "shared",
-      ]]);
-      const writer = await call(`/v1/locks/${rw}/acquire`, SECRET_A, {});
-      assert.equal(writer.body.code, "lock_busy");
-      const sem = await call(`/v1/locks/${rw}/acquire`, SECRET_A, { limit: 2 });
-      assert.deepEqual([sem.status, sem.body.code], [409, "mode_mismatch"]);
-      const tag = `{${keygen("w")}}`;
-      const both = await call("/v1/locks/acquire", SECRET_A, { names: [`${tag}a`, `${tag}b`] });
-      assert.equal(both.status, 200);
-      assert.equal((both.body.leases as unknown[]).length, 2);
-    });
-
-    await t.step("another tenant's key neither sees nor takes the lock", async () => {
-      const info = await call(`/v1/locks/${name}`, SECRET_B);
-      assert.deepEqual(info.body, { name, held: false });
-      assert.equal((await call(`/v1/locks/${name}/acquire`, SECRET_B, {})).status, 200);
-    });
-
-    await t.step(
-      "the scheduled handler runs each tick once, even when triggered twice",
-      async () => {
-        // Miniflare's Fetcher typing lacks scheduled(); the method is there at run time.
-        const worker = await mf.getWorker() as unknown as {
-          scheduled(event: { cron: string; scheduledTime: Date }): Promise<unknown>;
-        };
-        const scheduledTime = new Date(Date.UTC(2026, 0, 1, 0, 5));
-        await Promise.all([
-          worker.scheduled({ cron: "*/5 * * * *", scheduledTime }),
-          worker.scheduled({ cron: "*/5 * * * *", scheduledTime }),
-        ]);
-        await worker.scheduled({ cron: "*/5 * * * *", scheduledTime });
-        const runs = await backend.redis.lrange("edgelock.worker:example-heartbeat:runs", 0, -1);
-        assert.equal(runs.length, 1);
-        assert.equal((runs[0] as unknown as { tick: number }).tick, scheduledTime.getTime());
-      },
-    );
-
-    await t.step("a wrong key gets 401 problem+json", async () => {
-      const res = await call(`/v1/locks/${name}`, "not-a-key");
-      assert.equal(res.status, 401);
-      assert.equal(res.body.code, "unauthorized");
-    });
-
-    await t.step(
-      "a misconfigured Worker answers 500 config_error naming the variable, not its value",
-      async () => {
-        const cases: [Record<string, string>, RegExp][] = [
-          [{ LOCK_API_KEYS: "" }, /LOCK_API_KEYS is not set/],
-          [{ LOCK_API_KEYS: "a:too-short" }, /secret of tenant "a" must be 16–256/],
-          [
-            { UPSTASH_REDIS_REST_URL: "not a url" },
-            /UPSTASH_REDIS_REST_URL is not an http\(s\) URL/,
-          ],
-          [{ UPSTASH_REDIS_REST_TOKEN: "" }, /UPSTASH_REDIS_REST_TOKEN is not set/],
-        ];
-        for (const [change, message] of cases) {
-          const bad = new Miniflare({
-            modules: true,
-            script: await Deno.readTextFile(script),
-            compatibilityDate: "2026-08-01",
-            bindings: { ...bindings, ...change },
-          });
-          try {
-            const res = await bad.dispatchFetch("http://edgelock.test/v1/locks/x");
-            const body = await res.json() as Record<string, unknown>;
-            assert.equal(res.status, 500);
-            assert.equal(res.headers.get("content-type"), "application/problem+json");
-            assert.equal(body.code, "config_error");
-            assert.match(String(body.detail), message);
-            assert.equal(res.headers.get("cache-control"), "no-store");
-            assert.equal(res.headers.get("x-request-id"), body.requestId);
-            assert.ok(!JSON.stringify(body).includes("too-short"), "never the value");
-          } finally {
-            await bad.dispose();
-          }
-        }
-      },
-    );
-
-    await t.step(
-      "a refused Upstash token is 500 config_error, not a retryable 503",
-      async () => {
-        const bad = new Miniflare({
-          modules: true,
-          script: await Deno.readTextFile(script),
-          compatibilityDate: "2026-08-01",
-          bindings: { ...bindings, UPSTASH_REDIS_REST_TOKEN: "wrong-token" },
-        });
-        try {
-          for (const path of ["/healthz", `/v1/locks/${name}`]) {
-            const res = await bad.dispatchFetch(`http://edgelock.test${path}`, {
-              headers: { authorization: `Bearer ${SECRET_A}` },
-            });
-            const body = await res.json() as Record<string, unknown>;
-            assert.equal(res.status, 500, path);
-            assert.equal(body.code, "config_error");
-            assert.equal(res.headers.get("retry-after"), null);
-            assert.doesNotMatch(JSON.stringify(body), /Unauthorized|WRONGPASS|command was/);
-          }
-        } finally {
-          await bad.dispose();
-        }
-      },
-    );
+    for (const path of ["/healthz", `/v1/locks/${name}`]) {
+      const res = await bad.dispatchFetch(`http://edgelock.test${path}`, {
+        headers: { authorization: `Bearer ${SECRET_A}` },
+      });
+      const body = await res.json() as Record<string, unknown>;
+      assert.equal(res.status, 500, path);
+      assert.equal(body.code, "config_error");
+      assert.equal(res.headers.get("retry-after"), null);
+      assert.doesNotMatch(JSON.stringify(body), /Unauthorized|WRONGPASS|command was/);
+    }
   } finally {
-    await mf.dispose();
-    await backend.stop();
-    await Deno.remove(script.replace(/\/worker\.js$/, ""), { recursive: true });
+    await bad.dispose();
   }
 });
 
