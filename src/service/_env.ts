@@ -16,13 +16,17 @@ export interface TenantStores {
   jobs: Jobs;
   /** Runs a server-side wait within the tenant's cap on concurrent waits. */
   wait: <T>(fn: () => Promise<T>) => Promise<T>;
-  /** Counts `requests` more against the tenant's request rate (throws `too_many_requests`). */
+  /**
+   * Counts `requests` more against the tenant's request rate (throws `too_many_requests`), for a
+   * request that makes that much Redis work (a list page).
+   */
   charge: (requests: number) => void;
 }
 
 /** What the service's middleware sets for each request: the tenant and its own stores. */
 export type AppEnv = {
-  Variables: {
+  /** The tenant's stores (the operator's charge counts nothing), and the request's own. */
+  Variables: TenantStores & {
     /** This request's id: the caller's `x-request-id`, or a new one. */
     requestId: string;
     /** `tenant` for a tenant's key (LOCK_API_KEYS), `operator` for an operator's (OPERATOR_API_KEYS). */
@@ -33,21 +37,6 @@ export type AppEnv = {
     tenants: ReadonlyMap<string, TenantStores>;
     /** The tenant the API key belongs to (or, for an operator, the one it chose). */
     tenant: string;
-    /** The tenant's locks. */
-    locks: Locks;
-    /** The operator's acts on the tenant's locks (list and stats need the service's stats). */
-    ops: LockOps;
-    /** The tenant's idempotency and deduplication records. */
-    records: Records;
-    /** The tenant's cron jobs. */
-    jobs: Jobs;
-    /** Runs a server-side wait within the tenant's cap on concurrent waits. */
-    wait: <T>(fn: () => Promise<T>) => Promise<T>;
-    /**
-     * Counts `requests` more against the tenant's request rate, for a request that makes that
-     * much Redis work (a list page); nothing for an operator's key.
-     */
-    charge: (requests: number) => void;
     /** Why the request failed, for the request log. */
     failure?: EdgelockError;
   };

@@ -1,8 +1,8 @@
 import { createRoute, OpenAPIHono, z } from "@hono/zod-openapi";
 import { bodyLimit } from "hono/body-limit";
 import { matchedRoutes } from "hono/route";
-import { type ApiKey, findTenant } from "./auth.ts";
-import { sha256 } from "../core/_crypto.ts";
+import { type ApiKey, authenticator } from "./auth.ts";
+import { DEFAULT_PREFIX } from "../core/_validate.ts";
 import { EdgelockError } from "../core/errors.ts";
 import { Locks } from "../core/locks.ts";
 import { LockOps } from "../core/ops.ts";
@@ -12,12 +12,12 @@ import { Jobs } from "../uses/jobs.ts";
 import { Records } from "../uses/records.ts";
 import type { AppEnv, TenantStores } from "./_env.ts";
 import { problemResponse, toEdgelockError } from "./_errors.ts";
-import { tenantLimiter, type TenantLimits } from "./_limits.ts";
+import { type TenantLimiter, tenantLimiter, type TenantLimits } from "./_limits.ts";
 import { json, problemDoc } from "./_schemas.ts";
 import { jobRoutes } from "./routes/jobs.ts";
 import { lockRoutes } from "./routes/locks.ts";
 import { recordRoutes } from "./routes/records.ts";
-import { isOperatorRoute, opsRoutes } from "./routes/ops.ts";
+import { opsRoutes } from "./routes/ops.ts";
 import { dashboardRoutes } from "./dashboard.ts";
 import type { MiddlewareHandler } from "hono";
 import type { LockEvent } from "../core/types.ts";
@@ -79,8 +79,6 @@ export interface RequestLog {
   error?: string;
 }
 
-const OPERATOR = "operator:";
-
 /** The largest request body, in bytes. */
 export const MAX_BODY_BYTES = 64 * 1024;
 
@@ -90,8 +88,6 @@ const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 export function requestIdFrom(header: string | null | undefined): string {
   return header && REQUEST_ID.test(header) ? header : crypto.randomUUID();
 }
-// RFC 9110 §11.1: the scheme is case-insensitive; one or more spaces before the credentials.
-const BEARER = /^bearer +([\x21-\x7e]{1,256})$/i;
 
 const healthRoute = createRoute({
   method: "get",
@@ -109,62 +105,75 @@ const healthRoute = createRoute({
 });
 
 /** The edgelock HTTP service as a Hono app; runtime-agnostic. */
-export function createApp(
-  {
-    redis,
-    apiKeys,
-    operatorKeys = [],
-    keyPrefix = "edgelock",
-    redisTimeoutMs,
-    limits,
-    log = logLine,
-    onEvent,
-    stats = true,
-    cluster = false,
-    keyLocking: keyLockingOption,
-  }: AppDeps,
-): OpenAPIHono<AppEnv> {
+export function createApp(deps: AppDeps): OpenAPIHono<AppEnv> {
+  const { redis, apiKeys, operatorKeys = [], log = logLine, stats = true } = deps;
   if (apiKeys.length === 0) throw new RangeError("createApp needs at least one API key");
-  const timeoutMs = checkTimeout(redisTimeoutMs);
-  const keyLocking = keyLockingFor(redis, keyLockingOption);
-  const limiter = tenantLimiter(limits);
-  const known = new Map<string, string>();
-  // Operators are found as `operator:<name>`, which no tenant name can be (no colon).
-  const digests = Promise.all([
-    ...apiKeys.map(async ({ tenant, secret }) => ({ tenant, digest: await sha256(secret) })),
-    ...operatorKeys.map(async ({ tenant, secret }) => ({
-      tenant: `${OPERATOR}${tenant}`,
-      digest: await sha256(secret),
-    })),
-  ]);
-  const byTenant: ReadonlyMap<string, TenantStores> = new Map(apiKeys.map(({ tenant }) => {
-    const options = { prefix: `${keyPrefix}:${tenant}`, timeoutMs, stats, cluster, keyLocking };
+  const timeoutMs = checkTimeout(deps.redisTimeoutMs);
+  const keyLocking = keyLockingFor(redis, deps.keyLocking);
+  const limiter = tenantLimiter(deps.limits);
+  const byTenant = tenantStores(deps, { timeoutMs, keyLocking, stats }, limiter);
+
+  const app = new OpenAPIHono<AppEnv>({ defaultHook: refuseInvalid });
+  app.use("*", requestLogger(log));
+  app.use("/v1/*", bodyLimit({ maxSize: MAX_BODY_BYTES, onError: tooLarge }));
+  const authenticate = authenticator(apiKeys, operatorKeys, byTenant, limiter);
+  app.use("/v1/*", authenticate);
+  app.use("/metrics", authenticate);
+
+  opsRoutes(app, { stats });
+  dashboardRoutes(app);
+  lockRoutes(app);
+  recordRoutes(app);
+  jobRoutes(app);
+  app.openapi(healthRoute, async (c) => {
+    await runScript(redis, PING, [], [], { timeoutMs, keyLocking });
+    return c.json({ ok: true as const }, 200);
+  });
+  documentApi(app);
+  answerProblems(app);
+  return app;
+}
+
+// Each tenant's stores, under `<keyPrefix>:<tenant>`, each with its share of the limits.
+function tenantStores(
+  { redis, apiKeys, keyPrefix = DEFAULT_PREFIX, cluster = false, onEvent }: AppDeps,
+  run: { timeoutMs: number; keyLocking: boolean; stats: boolean },
+  limiter: TenantLimiter,
+): ReadonlyMap<string, TenantStores> {
+  return new Map(apiKeys.map(({ tenant }) => {
+    const { timeoutMs, keyLocking, stats } = run;
+    const where = { prefix: `${keyPrefix}:${tenant}`, cluster, timeoutMs, keyLocking };
     const tell = onEvent && ((event: LockEvent) => onEvent({ ...event, tenant }));
+    const observed = { ...where, ...(tell && { onEvent: tell }) };
     return [tenant, {
-      locks: new Locks(redis, { ...options, ...(tell && { onEvent: tell }) }),
-      ops: new LockOps(redis, { ...options, ...(tell && { onEvent: tell }) }),
-      records: new Records(redis, options),
-      jobs: new Jobs(redis, options),
+      locks: new Locks(redis, { ...observed, stats }),
+      ops: new LockOps(redis, observed),
+      records: new Records(redis, { ...where, stats }),
+      jobs: new Jobs(redis, { ...where, stats }),
       wait: <T>(fn: () => Promise<T>) => limiter.wait(tenant, fn),
       charge: (requests: number) => limiter.charge(tenant, requests),
     }];
   }));
+}
 
-  const app = new OpenAPIHono<AppEnv>({
-    defaultHook(result) {
-      if (!result.success) {
-        throw new EdgelockError("invalid_request", "The request does not match the schema", {
-          cause: result.error.issues.map((issue) => ({
-            path: issue.path.map(String).join(".") || "(body)",
-            message: issue.message,
-          })),
-        });
-      }
-    },
+// A request that does not match its route's schema: 400, with each issue's path and message.
+function refuseInvalid(result: { success: boolean; error?: z.ZodError }): void {
+  if (result.success) return;
+  throw new EdgelockError("invalid_request", "The request does not match the schema", {
+    cause: result.error?.issues.map((issue) => ({
+      path: issue.path.map(String).join(".") || "(body)",
+      message: issue.message,
+    })),
   });
+}
 
-  // Every reply: an x-request-id, no caching, and one log line.
-  app.use("*", async (c, next) => {
+function tooLarge(): never {
+  throw new EdgelockError("payload_too_large", `Bodies are limited to ${MAX_BODY_BYTES} bytes`);
+}
+
+// Every reply: an x-request-id, no caching, and one log line.
+function requestLogger(log: (entry: RequestLog) => void): MiddlewareHandler<AppEnv> {
+  return async (c, next) => {
     const startedAt = performance.now();
     const requestId = requestIdFrom(c.req.header("x-request-id"));
     c.set("requestId", requestId);
@@ -186,78 +195,11 @@ export function createApp(
       ...(failure && { code: failure.code }),
       ...(failure && status >= 500 && { error: describe(failure) }),
     });
-  });
-  app.use(
-    "/v1/*",
-    bodyLimit({
-      maxSize: MAX_BODY_BYTES,
-      onError() {
-        throw new EdgelockError(
-          "payload_too_large",
-          `Bodies are limited to ${MAX_BODY_BYTES} bytes`,
-        );
-      },
-    }),
-  );
-  const authenticate: MiddlewareHandler<AppEnv> = async (c, next) => {
-    const match = BEARER.exec(c.req.header("authorization") ?? "");
-    const presented = match?.[1];
-    // A key that matched once is found again without hashing: the map holds only the service's
-    // own keys, so it cannot grow past them.
-    let principal = presented === undefined ? undefined : known.get(presented);
-    if (presented !== undefined && principal === undefined) {
-      principal = await findTenant(await digests, presented);
-      if (principal !== undefined) known.set(presented, principal);
-    }
-    if (!principal) {
-      throw new EdgelockError("unauthorized", "Send Authorization: Bearer <api key>");
-    }
-    c.set("tenants", byTenant);
-    const asked = c.req.query("tenant");
-    let tenant = principal;
-    if (principal.startsWith(OPERATOR)) {
-      c.set("role", "operator");
-      c.set("operator", principal.slice(OPERATOR.length));
-      if (!isOperatorRoute(c.req.method, c.req.path)) {
-        throw new EdgelockError(
-          "forbidden",
-          "An operator key reads stats, lists and the audit, and breaks locks; lock with a " +
-            "tenant's key",
-        );
-      }
-      if (asked === undefined) return await next();
-      if (!byTenant.has(asked)) throw new EdgelockError("not_found", "No such tenant");
-      tenant = asked;
-    } else {
-      c.set("role", "tenant");
-      if (asked !== undefined && asked !== principal) {
-        throw new EdgelockError("forbidden", "A tenant's key reads only its own tenant");
-      }
-      limiter.admit(tenant);
-    }
-    c.set("tenant", tenant);
-    const { locks, ops, records, jobs, wait, charge } = byTenant.get(tenant)!;
-    c.set("locks", locks);
-    c.set("ops", ops);
-    c.set("records", records);
-    c.set("jobs", jobs);
-    c.set("wait", wait);
-    c.set("charge", c.get("role") === "tenant" ? charge : () => {});
-    await next();
   };
-  app.use("/v1/*", authenticate);
-  app.use("/metrics", authenticate);
+}
 
-  opsRoutes(app, { stats });
-  dashboardRoutes(app);
-  lockRoutes(app);
-  recordRoutes(app);
-  jobRoutes(app);
-  app.openapi(healthRoute, async (c) => {
-    await runScript(redis, PING, [], [], { timeoutMs, keyLocking });
-    return c.json({ ok: true as const }, 200);
-  });
-
+// The OpenAPI document at /openapi.json.
+function documentApi(app: OpenAPIHono<AppEnv>): void {
   app.openAPIRegistry.registerComponent("securitySchemes", "bearer", {
     type: "http",
     scheme: "bearer",
@@ -273,7 +215,10 @@ export function createApp(
       license: { name: "MIT", url: "https://opensource.org/license/mit" },
     },
   });
+}
 
+// Every failure as problem+json: no route (404, or 405 with Allow), and any error thrown.
+function answerProblems(app: OpenAPIHono<AppEnv>): void {
   const allowed = methodsByPath(app);
   app.notFound((c) => {
     const allow = allowed(c.req.path);
@@ -289,7 +234,6 @@ export function createApp(
     c.set("failure", failure);
     return problemResponse(c, failure);
   });
-  return app;
 }
 
 /** For a path no route of its method matches: the methods that routes of that path take. */

@@ -1,4 +1,9 @@
+import type { MiddlewareHandler } from "hono";
 import { sha256 } from "../core/_crypto.ts";
+import { EdgelockError } from "../core/errors.ts";
+import type { AppEnv, TenantStores } from "./_env.ts";
+import type { TenantLimiter } from "./_limits.ts";
+import { isOperatorRoute } from "./routes/ops.ts";
 
 /** One tenant's API key. */
 export interface ApiKey {
@@ -82,4 +87,79 @@ export async function findTenant(
     if (diff === 0) found = key.tenant;
   }
   return found;
+}
+
+// Operators are found as `operator:<name>`, which no tenant name can be (no colon).
+const OPERATOR = "operator:";
+// RFC 9110 §11.1: the scheme is case-insensitive; one or more spaces before the credentials.
+const BEARER = /^bearer +([\x21-\x7e]{1,256})$/i;
+
+/**
+ * The middleware that finds the caller by its Bearer key and sets its role, tenant and stores:
+ * a tenant's key works on its own tenant within its limits; an operator's key on the operator
+ * routes only, of the tenant it names with `?tenant=`.
+ */
+export function authenticator(
+  apiKeys: readonly ApiKey[],
+  operatorKeys: readonly ApiKey[],
+  byTenant: ReadonlyMap<string, TenantStores>,
+  limiter: TenantLimiter,
+): MiddlewareHandler<AppEnv> {
+  const digests = Promise.all([
+    ...apiKeys.map(async ({ tenant, secret }) => ({ tenant, digest: await sha256(secret) })),
+    ...operatorKeys.map(async ({ tenant, secret }) => ({
+      tenant: `${OPERATOR}${tenant}`,
+      digest: await sha256(secret),
+    })),
+  ]);
+  // A key that matched once is found again without hashing: the map holds only the service's
+  // own keys, so it cannot grow past them.
+  const known = new Map<string, string>();
+  const principalOf = async (presented: string | undefined) => {
+    if (presented === undefined) return undefined;
+    let principal = known.get(presented);
+    if (principal === undefined) {
+      principal = await findTenant(await digests, presented);
+      if (principal !== undefined) known.set(presented, principal);
+    }
+    return principal;
+  };
+  return async (c, next) => {
+    const principal = await principalOf(BEARER.exec(c.req.header("authorization") ?? "")?.[1]);
+    if (!principal) {
+      throw new EdgelockError("unauthorized", "Send Authorization: Bearer <api key>");
+    }
+    c.set("tenants", byTenant);
+    const asked = c.req.query("tenant");
+    let tenant = principal;
+    if (principal.startsWith(OPERATOR)) {
+      c.set("role", "operator");
+      c.set("operator", principal.slice(OPERATOR.length));
+      if (!isOperatorRoute(c.req.method, c.req.path)) {
+        throw new EdgelockError(
+          "forbidden",
+          "An operator key reads stats, lists and the audit, and breaks locks; lock with a " +
+            "tenant's key",
+        );
+      }
+      if (asked === undefined) return await next();
+      if (!byTenant.has(asked)) throw new EdgelockError("not_found", "No such tenant");
+      tenant = asked;
+    } else {
+      c.set("role", "tenant");
+      if (asked !== undefined && asked !== principal) {
+        throw new EdgelockError("forbidden", "A tenant's key reads only its own tenant");
+      }
+      limiter.admit(tenant);
+    }
+    c.set("tenant", tenant);
+    const { locks, ops, records, jobs, wait, charge } = byTenant.get(tenant)!;
+    c.set("locks", locks);
+    c.set("ops", ops);
+    c.set("records", records);
+    c.set("jobs", jobs);
+    c.set("wait", wait);
+    c.set("charge", c.get("role") === "tenant" ? charge : () => {});
+    await next();
+  };
 }

@@ -141,15 +141,7 @@ function checkRestUrl(value: string | undefined): string {
 /** The parts of a {@linkcode ServiceConfig} that `createApp` takes besides the Redis client. */
 export function appSettings(
   { apiKeys, operatorKeys, keyPrefix, redisTimeoutMs, limits, cluster, keyLocking }: ServiceConfig,
-): {
-  apiKeys: ApiKey[];
-  operatorKeys: ApiKey[];
-  keyPrefix: string;
-  redisTimeoutMs?: number;
-  limits: TenantLimits;
-  cluster: boolean;
-  keyLocking?: boolean;
-} {
+): Omit<ServiceConfig, "redisUrl" | "redisToken"> {
   return {
     apiKeys,
     operatorKeys,

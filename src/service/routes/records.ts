@@ -75,20 +75,41 @@ export function recordRoutes(app: OpenAPIHono<AppEnv>): void {
   for (const spec of KINDS) register(app, spec);
 }
 
+// One kind's names and schemas, for its routes.
+function kindOf(spec: (typeof KINDS)[number]) {
+  const { kind, params: [a, b], doneState } = spec;
+  const Done = z.object({ state: z.literal(doneState), response: StoredResponse.optional() });
+  return {
+    ...spec,
+    b,
+    recordKind: kind as RecordKind,
+    base: `/v1/${kind}/{${a}}/{${b}}`,
+    Params: z.object({ [a]: segment(a), [b]: segment(b) }),
+    idOf: (param: Record<string, string>) => recordId(param[a]!, param[b]!),
+    Done,
+  };
+}
+
+type Kind = ReturnType<typeof kindOf>;
+
 function register(app: OpenAPIHono<AppEnv>, spec: (typeof KINDS)[number]): void {
-  const { kind, tag, params: [a, b], done, doneState, name, retention } = spec;
-  const base = `/v1/${kind}/{${a}}/{${b}}`;
-  const Params = z.object({ [a]: segment(a), [b]: segment(b) });
-  const idOf = (param: Record<string, string>) => recordId(param[a]!, param[b]!);
-  const recordKind: RecordKind = kind;
+  const kind = kindOf(spec);
+  claimRoute(app, kind);
+  renewRoute(app, kind);
+  completeRoute(app, kind);
+  releaseRoute(app, kind);
+  stateRoute(app, kind);
+}
+
+// Claim: the first caller gets the work; later ones learn it is done, in flight, or mismatched.
+function claimRoute(app: OpenAPIHono<AppEnv>, kind: Kind): void {
+  const { tag, name, base, Params, idOf, recordKind, done, doneState, retention, b, Done } = kind;
   const ClaimBody = z.strictObject({
     leaseMs,
     retentionMs: retentionMs(String(retention)),
     token: Token.optional().openapi({ description: "Choose it to make retries safe" }),
     fingerprint: z.string().max(128).optional().openapi({ description: "Identifies the payload" }),
   }).openapi(`${name}ClaimRequest`);
-  const Done = z.object({ state: z.literal(doneState), response: StoredResponse.optional() });
-
   app.openapi(
     createRoute({
       ...post(tag, `claim${name}`, `${base}/claim`, Params, ClaimBody),
@@ -125,6 +146,9 @@ function register(app: OpenAPIHono<AppEnv>, spec: (typeof KINDS)[number]): void 
       });
     },
   );
+}
+
+function renewRoute(app: OpenAPIHono<AppEnv>, { tag, name, base, Params, idOf, recordKind }: Kind) {
   app.openapi(
     createRoute({
       ...post(tag, `renew${name}`, `${base}/renew`, Params, RenewBody),
@@ -137,6 +161,10 @@ function register(app: OpenAPIHono<AppEnv>, spec: (typeof KINDS)[number]): void 
       return c.json(await c.var.records.renew(recordKind, id, token, leaseMs), 200);
     },
   );
+}
+
+function completeRoute(app: OpenAPIHono<AppEnv>, kind: Kind): void {
+  const { tag, name, base, Params, idOf, recordKind, done, doneState } = kind;
   app.openapi(
     createRoute({
       ...post(tag, `${done}${name}`, `${base}/${done}`, Params, CompleteBody),
@@ -157,6 +185,12 @@ function register(app: OpenAPIHono<AppEnv>, spec: (typeof KINDS)[number]): void 
       return c.json({ state: doneState }, 200);
     },
   );
+}
+
+function releaseRoute(
+  app: OpenAPIHono<AppEnv>,
+  { tag, name, base, Params, idOf, recordKind }: Kind,
+) {
   app.openapi(
     createRoute({
       ...post(tag, `release${name}`, `${base}/release`, Params, TokenBody),
@@ -169,6 +203,10 @@ function register(app: OpenAPIHono<AppEnv>, spec: (typeof KINDS)[number]): void 
       return c.json({ released }, 200);
     },
   );
+}
+
+function stateRoute(app: OpenAPIHono<AppEnv>, kind: Kind): void {
+  const { tag, name, base, Params, idOf, recordKind, doneState, Done } = kind;
   app.openapi(
     createRoute({
       ...secured(tag),
