@@ -7,7 +7,7 @@
  * @module
  */
 import { plainScript } from "../core/lua/_define.ts";
-import { NOW } from "../core/lua/lib.ts";
+import { NOW } from "../core/lua/now.ts";
 
 const RECORD = `
 local function read(key)

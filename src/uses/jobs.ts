@@ -1,24 +1,15 @@
-import {
-  checkRedis,
-  checkTimeout,
-  integers,
-  keyLockingFor,
-  type RedisLike,
-  type RunOptions,
-  runScript,
-} from "../core/_runner.ts";
+import { LockContext } from "../core/_context.ts";
+import { integers, type RedisLike } from "../core/_runner.ts";
 import { EdgelockError } from "../core/errors.ts";
 import {
   checkDuration,
   checkName,
-  checkPrefix,
   checkToken,
   FENCE_GRACE_MS,
   newToken,
 } from "../core/_validate.ts";
 import type { Script } from "../core/lua/_define.ts";
 import type { StoreOptions } from "./records.ts";
-import { KeySpace } from "../core/_keys.ts";
 import { EXTEND_JOB, FINISH_JOB, START_JOB } from "./scripts.ts";
 
 /** Options for {@linkcode Jobs.start}. */
@@ -64,22 +55,11 @@ export type JobExtension = { extended: true; expiresAt: number } | { extended: f
  * `atLeastMs` ago, or one ran for the same tick; `atMostMs` frees the lock after a crash.
  */
 export class Jobs implements JobStore {
-  readonly #redis: RedisLike;
-  readonly #keySpace: KeySpace;
-  readonly #options: RunOptions;
+  readonly #context: LockContext;
 
   /** Jobs on `redis` (an `@upstash/redis` client), its keys under `prefix`. */
-  constructor(
-    redis: RedisLike,
-    { prefix = "edgelock", timeoutMs, stats, cluster, keyLocking }: StoreOptions = {},
-  ) {
-    checkRedis(redis, "Jobs");
-    this.#keySpace = new KeySpace(checkPrefix(prefix), stats, cluster);
-    this.#redis = redis;
-    this.#options = {
-      timeoutMs: checkTimeout(timeoutMs),
-      keyLocking: keyLockingFor(redis, keyLocking),
-    };
+  constructor(redis: RedisLike, options: StoreOptions = {}) {
+    this.#context = new LockContext(redis, "Jobs", options, options.stats ?? true);
   }
 
   /** Starts a run of `job` unless it runs elsewhere, ran too recently, or ran for this tick. */
@@ -100,7 +80,7 @@ export class Jobs implements JobStore {
     const [jobKey, fenceKey] = this.#jobKeys(job);
     const reply = await this.#run(
       START_JOB,
-      [jobKey, fenceKey, `${jobKey}:tick:${tick ?? ""}`, ...this.#keySpace.statsHash(job)],
+      [jobKey, fenceKey, `${jobKey}:tick:${tick ?? ""}`, ...this.#context.keys.statsHash(job)],
       [token, atMostMs, atLeastMs, tickRetentionMs, FENCE_GRACE_MS, tick === undefined ? 0 : 1],
     );
     const [run, a, b, c] = integers(START_JOB, reply, 4) as number[];
@@ -136,11 +116,11 @@ export class Jobs implements JobStore {
   }
 
   #run(script: Script, keys: string[], args: (string | number)[]): Promise<unknown> {
-    return runScript(this.#redis, script, keys, args, this.#options);
+    return this.#context.run(script, { keys, args });
   }
 
   #jobKeys(job: string): [string, string] {
-    const base = `${this.#keySpace.base(job)}:job:{${job}}`;
+    const base = `${this.#context.keys.base(job)}:job:{${job}}`;
     return [base, `${base}:fence`];
   }
 }

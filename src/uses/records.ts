@@ -1,17 +1,8 @@
-import {
-  checkRedis,
-  checkTimeout,
-  integers,
-  keyLockingFor,
-  parseJsonText,
-  type RedisLike,
-  type RunOptions,
-  runScript,
-} from "../core/_runner.ts";
+import { LockContext } from "../core/_context.ts";
+import { integers, parseJsonText, type RedisLike } from "../core/_runner.ts";
 import {
   checkDuration,
   checkName,
-  checkPrefix,
   checkToken,
   DEFAULT_LEASE_MS,
   DEFAULT_RETENTION_MS,
@@ -24,7 +15,6 @@ import {
 import { sha256Hex } from "../core/_crypto.ts";
 import type { Script } from "../core/lua/_define.ts";
 import { CLAIM, COMPLETE, GET_RECORD, NOTE, RELEASE_CLAIM, RENEW_CLAIM } from "./scripts.ts";
-import { KeySpace } from "../core/_keys.ts";
 
 /** Options for {@linkcode Records} and {@linkcode Jobs}. */
 export interface StoreOptions {
@@ -137,22 +127,11 @@ export type ClaimRenewal = { renewed: true; leaseExpiresAt: number } | { renewed
  * token, so a late worker can never overwrite a newer result.
  */
 export class Records implements RecordStore {
-  readonly #redis: RedisLike;
-  readonly #keySpace: KeySpace;
-  readonly #options: RunOptions;
+  readonly #context: LockContext;
 
   /** Records on `redis` (an `@upstash/redis` client), its keys under `prefix`. */
-  constructor(
-    redis: RedisLike,
-    { prefix = "edgelock", timeoutMs, stats, cluster, keyLocking }: StoreOptions = {},
-  ) {
-    checkRedis(redis, "Records");
-    this.#keySpace = new KeySpace(checkPrefix(prefix), stats, cluster);
-    this.#redis = redis;
-    this.#options = {
-      timeoutMs: checkTimeout(timeoutMs),
-      keyLocking: keyLockingFor(redis, keyLocking),
-    };
+  constructor(redis: RedisLike, options: StoreOptions = {}) {
+    this.#context = new LockContext(redis, "Records", options, options.stats ?? true);
   }
 
   /**
@@ -160,8 +139,8 @@ export class Records implements RecordStore {
    * script sees it. Never throws; nothing with stats off.
    */
   async noteSignatureFailure(): Promise<void> {
-    if (!this.#keySpace.stats) return;
-    const keys = this.#keySpace.statsHash(""); // one bucket's, in the cluster layout
+    if (!this.#context.keys.stats) return;
+    const keys = this.#context.keys.statsHash(""); // one bucket's, in the cluster layout
     await this.#run(NOTE, keys, ["dedupe.signature_failed"]).catch(() => {});
   }
 
@@ -175,7 +154,7 @@ export class Records implements RecordStore {
     if (typeof fingerprint !== "string" || fingerprint.length > MAX_FINGERPRINT) {
       throw new RangeError(`fingerprint must be a string of at most ${MAX_FINGERPRINT} characters`);
     }
-    const reply = await this.#run(CLAIM, [...keys, ...this.#keySpace.statsHash(id)], [
+    const reply = await this.#run(CLAIM, [...keys, ...this.#context.keys.statsHash(id)], [
       token,
       leaseMs,
       retentionMs,
@@ -257,7 +236,7 @@ export class Records implements RecordStore {
   }
 
   #run(script: Script, keys: string[], args: (string | number)[]): Promise<unknown> {
-    return runScript(this.#redis, script, keys, args, this.#options);
+    return this.#context.run(script, { keys, args });
   }
 
   // The id sits in a hash tag so a record's keys share a cluster slot.
@@ -265,7 +244,7 @@ export class Records implements RecordStore {
     if (typeof id !== "string" || !RECORD_ID.test(id)) {
       throw new RangeError(`The ${kind} id must be a name or scope/key, from recordId()`);
     }
-    const base = `${this.#keySpace.base(id)}:${kind}:{${id}}`;
+    const base = `${this.#context.keys.base(id)}:${kind}:{${id}}`;
     return [base, `${base}:fence`];
   }
 }

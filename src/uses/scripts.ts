@@ -5,9 +5,22 @@
  * @module
  */
 import { plainScript } from "../core/lua/_define.ts";
-import { NOW } from "../core/lua/lib.ts";
+import { NOW } from "../core/lua/now.ts";
 import { LIMITS } from "../core/_validate.ts";
 import { STATS_LUA } from "../core/stats.ts";
+
+// A claim's or a run's fence: above the floor its fence key keeps (and the clock in µs), and
+// kept with the record or job, the floor graceMs longer, so fences keep increasing.
+const FENCE_LUA = `
+local function nextFence(fenceKey)
+  local floor = tonumber(redis.call('GET', fenceKey) or '0') or 0
+  return string.format('%.0f', math.max(nowUs, floor + 1))
+end
+local function keepFor(key, fenceKey, fence, ms, graceMs)
+  redis.call('PEXPIRE', key, ms)
+  redis.call('SET', fenceKey, fence, 'PX', ms + graceMs)
+end
+`;
 
 // ---- Records: absent → claimed (short lease, owner token, fence) → completed (retention) ----
 // KEYS[1] the record hash (state, token, fence, fingerprint, retentionMs, response), whose TTL
@@ -31,7 +44,7 @@ local fingerprint = ARGV[4]           -- '' for none
 local graceMs     = tonumber(ARGV[5])
 local label       = ARGV[6]           -- 'idempotency' or 'dedupe', for the stats
 local statsKey    = KEYS[3]
-${NOW}${STATS_LUA}
+${NOW}${FENCE_LUA}${STATS_LUA}
 local record = redis.call('HMGET', recordKey, 'state', 'token', 'fence', 'fingerprint', 'response')
 local state, holder, fence, known = record[1], record[2], record[3], record[4]
 if state then
@@ -49,16 +62,13 @@ if state then
     count(statsKey, nowMs, label .. '.conflict')
     return {0, ttlOrSet(recordKey, leaseMs), nowMs}
   end
-  redis.call('PEXPIRE', recordKey, leaseMs)
-  redis.call('SET', fenceKey, fence, 'PX', leaseMs + graceMs)
+  keepFor(recordKey, fenceKey, fence, leaseMs, graceMs)
   return {1, tonumber(fence), leaseMs, nowMs}
 end
-local floor = tonumber(redis.call('GET', fenceKey) or '0') or 0
-fence = string.format('%.0f', math.max(nowUs, floor + 1))
+fence = nextFence(fenceKey)
 redis.call('HSET', recordKey, 'state', 'claimed', 'token', token, 'fence', fence,
   'fingerprint', fingerprint, 'retentionMs', retentionMs)
-redis.call('PEXPIRE', recordKey, leaseMs)
-redis.call('SET', fenceKey, fence, 'PX', leaseMs + graceMs)
+keepFor(recordKey, fenceKey, fence, leaseMs, graceMs)
 count(statsKey, nowMs, label .. '.first')
 return {1, tonumber(fence), leaseMs, nowMs}
 `,
@@ -76,13 +86,12 @@ local fenceKey  = KEYS[2]
 local token     = ARGV[1]
 local leaseMs   = tonumber(ARGV[2]) -- milliseconds
 local graceMs   = tonumber(ARGV[3])
-${NOW}
+${NOW}${FENCE_LUA}
 local record = redis.call('HMGET', recordKey, 'state', 'token', 'fence')
 if record[1] ~= 'claimed' or record[2] ~= token then
   return {0, nowMs}
 end
-redis.call('PEXPIRE', recordKey, leaseMs)
-redis.call('SET', fenceKey, record[3], 'PX', leaseMs + graceMs)
+keepFor(recordKey, fenceKey, record[3], leaseMs, graceMs)
 return {1, tonumber(record[3]), leaseMs, nowMs}
 `,
 );
@@ -173,7 +182,7 @@ local tickKeepMs   = tonumber(ARGV[4]) -- milliseconds a tick marker is kept
 local graceMs      = tonumber(ARGV[5])
 local hasTick      = ARGV[6] == '1'
 local statsKey     = KEYS[4]
-${NOW}${STATS_LUA}
+${NOW}${FENCE_LUA}${STATS_LUA}
 if hasTick and redis.call('EXISTS', tickKey) == 1 then
   count(statsKey, nowMs, 'cron.tick_done')
   return {0, 3, math.max(1, ttlOrSet(tickKey, tickKeepMs)), nowMs}
@@ -185,12 +194,10 @@ if job[1] then
   count(statsKey, nowMs, reason == 1 and 'cron.running' or 'cron.too_soon')
   return {0, reason, math.max(1, ttlOrSet(jobKey, math.max(atMostMs, atLeastMs))), nowMs}
 end
-local floor = tonumber(redis.call('GET', fenceKey) or '0') or 0
-local fence = string.format('%.0f', math.max(nowUs, floor + 1))
+local fence = nextFence(fenceKey)
 redis.call('HSET', jobKey, 'token', token, 'fence', fence, 'finished', '0',
   'notBefore', string.format('%.0f', nowMs + atLeastMs))
-redis.call('PEXPIRE', jobKey, math.max(atMostMs, atLeastMs))
-redis.call('SET', fenceKey, fence, 'PX', math.max(atMostMs, atLeastMs) + graceMs)
+keepFor(jobKey, fenceKey, fence, math.max(atMostMs, atLeastMs), graceMs)
 if hasTick then
   redis.call('SET', tickKey, fence, 'PX', tickKeepMs)
 end
@@ -208,14 +215,13 @@ local fenceKey = KEYS[2]
 local token    = ARGV[1]
 local atMostMs = tonumber(ARGV[2]) -- milliseconds from now
 local graceMs  = tonumber(ARGV[3])
-${NOW}
+${NOW}${FENCE_LUA}
 local job = redis.call('HMGET', jobKey, 'token', 'finished', 'fence', 'notBefore')
 if job[1] ~= token or job[2] ~= '0' or not tonumber(job[3]) or not tonumber(job[4]) then
   return {0, nowMs} -- not this token's run, or not a run this script wrote: not held
 end
 local ttl = math.max(atMostMs, tonumber(job[4]) - nowMs)
-redis.call('PEXPIRE', jobKey, ttl)
-redis.call('SET', fenceKey, job[3], 'PX', ttl + graceMs)
+keepFor(jobKey, fenceKey, job[3], ttl, graceMs)
 return {1, tonumber(job[3]), atMostMs, nowMs}
 `,
 );
