@@ -38,6 +38,8 @@ import {
   checkLockName,
   checkSignal,
   checkToken,
+  DEFAULT_PREFIX,
+  DEFAULT_TTL_MS,
   FENCE_GRACE_MS,
   newToken,
 } from "../core/_validate.ts";
@@ -74,8 +76,6 @@ export interface QuorumLocksOptions {
   keyLocking?: boolean;
 }
 
-const DEFAULT_TTL_MS = 10_000;
-
 /** Fenced quorum locks: the surface of `Locks` (exclusive leases, one name at a time). */
 export class QuorumLocks implements LockClient {
   readonly #databases: RedisLike[];
@@ -92,7 +92,7 @@ export class QuorumLocks implements LockClient {
     }
     this.#databases = databases.map((db) => checkRedis(db, "QuorumLocks"));
     this.#majority = Math.floor(databases.length / 2) + 1;
-    this.#prefix = options.prefix ?? "edgelock";
+    this.#prefix = options.prefix ?? DEFAULT_PREFIX;
     const timeoutMs = checkTimeout(options.timeoutMs ?? 500);
     this.#options = databases.map((db) => ({
       timeoutMs,
