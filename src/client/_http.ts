@@ -2,7 +2,7 @@
 // and the paths the resource modules share.
 import { backoffDelay, sleep } from "../core/_backoff.ts";
 import { EdgelockError, type ErrorCode } from "../core/errors.ts";
-import type { ClientOptions } from "./client.ts";
+import type { ClientOptions } from "./types.ts";
 
 /** What the HTTP core needs from `ClientOptions`. */
 export type HttpOptions = Pick<ClientOptions, "baseUrl" | "apiKey" | "fetch" | "retries">;

@@ -1,7 +1,7 @@
 // The operator's calls over HTTP: list, stats, audit and break, for the chosen tenant.
 import { checkLockName, newHoldId } from "../core/_validate.ts";
 import type { AuditEntry } from "../core/types.ts";
-import type { EdgelockClient } from "./client.ts";
+import type { EdgelockClient } from "./types.ts";
 import { type Http, lockPath } from "./_http.ts";
 
 /** The operator's calls: the tenant's held locks, stats and audit, and breaking a lease. */

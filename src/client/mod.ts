@@ -12,4 +12,5 @@
  *
  * @module
  */
-export { type ClientOptions, createClient, type EdgelockClient } from "./client.ts";
+export { createClient } from "./client.ts";
+export type { ClientOptions, EdgelockClient } from "./types.ts";
