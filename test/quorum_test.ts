@@ -7,6 +7,7 @@ import { QuorumLocks } from "@edgelock/edgelock/quorum";
 import { runScript } from "../src/core/_runner.ts";
 import { FENCE_GRACE_MS } from "../src/core/_validate.ts";
 import { Q_ACQUIRE, Q_COMMIT, Q_RELEASE } from "../src/quorum/scripts.ts";
+import type { Script, ScriptCall } from "../src/core/lua/_define.ts";
 import { type ShiftedRedisServer, startShiftedRedisServer } from "../dev/clock_shift.ts";
 import { acquired, type Backend, keygen, shared, startBackend } from "./_backend.ts";
 import type { RedisLike } from "@edgelock/edgelock";
@@ -14,9 +15,25 @@ import type { RedisLike } from "@edgelock/edgelock";
 // Holds `name` on database `db` for another token, as a competing acquire would.
 const FOREIGN = "foreign-holder-token-01";
 const hold = (db: Backend, name: string, ttlMs = 30_000) =>
-  runScript(db.redis, Q_ACQUIRE, [`edgelock:qlock:{${name}}`], [FOREIGN, ttlMs, FENCE_GRACE_MS]);
+  runCall(
+    db,
+    Q_ACQUIRE,
+    Q_ACQUIRE.call({
+      keys: { key: `edgelock:qlock:{${name}}` },
+      args: { token: FOREIGN, ttlMs, graceMs: FENCE_GRACE_MS },
+    }),
+  );
 const unhold = (db: Backend, name: string) =>
-  runScript(db.redis, Q_RELEASE, [`edgelock:qlock:{${name}}`], [FOREIGN, FENCE_GRACE_MS]);
+  runCall(
+    db,
+    Q_RELEASE,
+    Q_RELEASE.call({
+      keys: { key: `edgelock:qlock:{${name}}` },
+      args: { token: FOREIGN, graceMs: FENCE_GRACE_MS },
+    }),
+  );
+const runCall = (db: Backend, script: Script, { keys, args }: ScriptCall) =>
+  runScript(db.redis, script, keys, args);
 
 // The broken variant: the commit does nothing, so fences rest on the databases' clocks alone.
 async function withoutCommit(redis: RedisLike): Promise<RedisLike> {

@@ -32,7 +32,7 @@ import {
   type RunOptions,
   runScript,
 } from "../core/_runner.ts";
-import type { Script } from "../core/lua/_define.ts";
+import type { CallOf, Contract, ContractScript } from "../core/lua/_define.ts";
 import {
   checkDuration,
   checkLockName,
@@ -116,10 +116,18 @@ export class QuorumLocks implements LockClient {
 
   // One script on the given databases at once; a database that fails or is slow answers
   // undefined, and is taken for down until it answers again.
-  #run(script: Script, name: string, args: (string | number)[], on = this.#all()) {
+  #run<C extends Contract>(
+    script: ContractScript<C>,
+    name: string,
+    named: CallOf<C>["args"],
+    on = this.#all(),
+  ) {
+    const { keys, args } = script.call(
+      { keys: { key: this.#key(name) }, args: named } as CallOf<C>,
+    );
     return Promise.all(
       on.map((i) =>
-        runScript(this.#databases[i]!, script, [this.#key(name)], args, this.#options[i]).then(
+        runScript(this.#databases[i]!, script, keys, args, this.#options[i]).then(
           (reply) => (this.#down.delete(i), reply),
           () => void this.#down.add(i),
         )
@@ -181,7 +189,7 @@ export class QuorumLocks implements LockClient {
     leaderFirst: boolean,
   ): Promise<AcquireResult> {
     const started = performance.now();
-    const args = [token, ttlMs, FENCE_GRACE_MS];
+    const args = { token, ttlMs, graceMs: FENCE_GRACE_MS };
     let replies: unknown[];
     const leader = this.#leader(name);
     const first = leaderFirst ? (await this.#run(Q_ACQUIRE, name, args, [leader]))[0] : undefined;
@@ -209,7 +217,12 @@ export class QuorumLocks implements LockClient {
       fence = Math.max(fence, floor! + 1, clockUs!);
     });
     if (held.length >= this.quorum && this.#validity(ttlMs, started) > 0) {
-      const commits = await this.#run(Q_COMMIT, name, [token, fence, FENCE_GRACE_MS], held);
+      const commits = await this.#run(
+        Q_COMMIT,
+        name,
+        { token, fence, graceMs: FENCE_GRACE_MS },
+        held,
+      );
       const committed = commits.filter((reply) => reply === 1).length;
       const validMs = Math.floor(this.#validity(ttlMs, started));
       if (committed >= this.quorum && validMs > 0) {
@@ -219,7 +232,7 @@ export class QuorumLocks implements LockClient {
       }
     }
     // Not a majority in time: free what it holds, also where no answer came (it may have held).
-    await this.#run(Q_RELEASE, name, [token, FENCE_GRACE_MS]);
+    await this.#run(Q_RELEASE, name, { token, graceMs: FENCE_GRACE_MS });
     const retryAfterMs = Math.max(5, busyFor.length > 0 ? Math.min(...busyFor) : 50);
     return { acquired: false, retryAfterMs, reason: "busy" };
   }
@@ -229,7 +242,7 @@ export class QuorumLocks implements LockClient {
     const { name, token } = checkRef(lease);
     const ttlMs = checkDuration(options.ttlMs, "ttlMs", lease.ttlMs ?? DEFAULT_TTL_MS);
     const started = performance.now();
-    const replies = await this.#run(Q_RENEW, name, [token, ttlMs, FENCE_GRACE_MS]);
+    const replies = await this.#run(Q_RENEW, name, { token, ttlMs, graceMs: FENCE_GRACE_MS });
     const validMs = Math.floor(this.#validity(ttlMs, started));
     if (replies.filter((reply) => reply === 1).length < this.quorum || validMs <= 0) {
       return { renewed: false };
@@ -256,14 +269,14 @@ export class QuorumLocks implements LockClient {
    */
   async release(lease: LeaseRef): Promise<boolean> {
     const { name, token } = checkRef(lease);
-    const replies = await this.#run(Q_RELEASE, name, [token, FENCE_GRACE_MS]);
+    const replies = await this.#run(Q_RELEASE, name, { token, graceMs: FENCE_GRACE_MS });
     return replies.filter((reply) => reply === 1).length >= this.quorum;
   }
 
   /** Held when a majority says so, with the highest committed fence and the shortest TTL left. */
   async inspect(name: string): Promise<LockInfo> {
     checkLockName(name);
-    const replies = await this.#run(Q_INSPECT, name, []);
+    const replies = await this.#run(Q_INSPECT, name, {});
     const held = replies.filter((reply) => Array.isArray(reply) && reply[0] === 1) as number[][];
     if (held.length < this.quorum) return { name, held: false };
     const fence = Math.max(...held.map((reply) => reply[1]!));

@@ -6,7 +6,7 @@
  *
  * @module
  */
-import { plainScript } from "../core/lua/_define.ts";
+import { defineScript } from "../core/lua/_define.ts";
 import { NOW } from "../core/lua/now.ts";
 
 const RECORD = `
@@ -14,6 +14,8 @@ local function read(key)
   local floor, token, leaseEnd = string.match(redis.call('GET', key) or '', '^(%d+)|([%w_-]*)|(%d+)$')
   return {floor = tonumber(floor) or 0, token = token or '', leaseEnd = tonumber(leaseEnd) or 0}
 end
+-- Whether token holds the name here now.
+local function heldBy(r, token) return r.token == token and nowMs < r.leaseEnd end
 local function write(key, r, nowMs, graceMs)
   redis.call('SET', key, string.format('%.0f', r.floor) .. '|' .. r.token .. '|' ..
     string.format('%.0f', r.leaseEnd), 'PX', math.max(1, r.leaseEnd - nowMs) + graceMs)
@@ -24,67 +26,68 @@ end
  * Takes the name here for `ttlMs` unless another token holds it. Returns `{1, floor, nowUs}`
  * (this database's committed floor and clock) or `{0, pttl}`.
  */
-export const Q_ACQUIRE = plainScript(
+export const Q_ACQUIRE = defineScript(
   "quorum_acquire",
+  { keys: ["key"], args: { token: "string", ttlMs: "number", graceMs: "number" } },
+  [NOW, RECORD],
   `
-local token, ttlMs, graceMs = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-${NOW}${RECORD}
-local r = read(KEYS[1])
+local r = read(key)
 if r.token ~= '' and r.token ~= token and nowMs < r.leaseEnd then return {0, r.leaseEnd - nowMs} end
 r.token, r.leaseEnd = token, nowMs + ttlMs
-write(KEYS[1], r, nowMs, graceMs)
+write(key, r, nowMs, graceMs)
 return {1, r.floor, nowUs}
 `,
 );
 
 /** Raises the floor to `fence` while `token` holds the name here. Returns 1, or 0 when it does not. */
-export const Q_COMMIT = plainScript(
+export const Q_COMMIT = defineScript(
   "quorum_commit",
+  { keys: ["key"], args: { token: "string", fence: "number", graceMs: "number" } },
+  [NOW, RECORD],
   `
-local token, fence, graceMs = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-${NOW}${RECORD}
-local r = read(KEYS[1])
-if r.token ~= token or nowMs >= r.leaseEnd then return 0 end
+local r = read(key)
+if not heldBy(r, token) then return 0 end
 r.floor = math.max(r.floor, fence)
-write(KEYS[1], r, nowMs, graceMs)
+write(key, r, nowMs, graceMs)
 return 1
 `,
 );
 
 /** Extends `token`'s hold here to `ttlMs` from now. Returns 1, or 0 when it does not hold it. */
-export const Q_RENEW = plainScript(
+export const Q_RENEW = defineScript(
   "quorum_renew",
+  { keys: ["key"], args: { token: "string", ttlMs: "number", graceMs: "number" } },
+  [NOW, RECORD],
   `
-local token, ttlMs, graceMs = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-${NOW}${RECORD}
-local r = read(KEYS[1])
-if r.token ~= token or nowMs >= r.leaseEnd then return 0 end
+local r = read(key)
+if not heldBy(r, token) then return 0 end
 r.leaseEnd = nowMs + ttlMs
-write(KEYS[1], r, nowMs, graceMs)
+write(key, r, nowMs, graceMs)
 return 1
 `,
 );
 
 /** Frees `token`'s hold here, keeping the floor. Returns 1 when it held it, else 0. */
-export const Q_RELEASE = plainScript(
+export const Q_RELEASE = defineScript(
   "quorum_release",
+  { keys: ["key"], args: { token: "string", graceMs: "number" } },
+  [NOW, RECORD],
   `
-local token, graceMs = ARGV[1], tonumber(ARGV[2])
-${NOW}${RECORD}
-local r = read(KEYS[1])
-if r.token ~= token or nowMs >= r.leaseEnd then return 0 end
+local r = read(key)
+if not heldBy(r, token) then return 0 end
 r.token, r.leaseEnd = '', nowMs
-write(KEYS[1], r, nowMs, graceMs)
+write(key, r, nowMs, graceMs)
 return 1
 `,
 );
 
 /** This database's view: `{1, floor, pttl}` while held, `{0, floor}` when free. Read-only. */
-export const Q_INSPECT = plainScript(
+export const Q_INSPECT = defineScript(
   "quorum_inspect",
+  { keys: ["key"], args: {} },
+  [NOW, RECORD],
   `
-${NOW}${RECORD}
-local r = read(KEYS[1])
+local r = read(key)
 if r.token ~= '' and nowMs < r.leaseEnd then return {1, r.floor, r.leaseEnd - nowMs} end
 return {0, r.floor}
 `,

@@ -8,7 +8,6 @@ import {
   FENCE_GRACE_MS,
   newToken,
 } from "../core/_validate.ts";
-import type { Script } from "../core/lua/_define.ts";
 import type { StoreOptions } from "./records.ts";
 import { EXTEND_JOB, FINISH_JOB, START_JOB } from "./scripts.ts";
 
@@ -77,12 +76,24 @@ export class Jobs implements JobStore {
     );
     const tick = options.tick === undefined ? undefined : checkName(String(options.tick), "tick");
     const token = options.token === undefined ? newToken() : checkToken(options.token);
-    const [jobKey, fenceKey] = this.#jobKeys(job);
-    const reply = await this.#run(
-      START_JOB,
-      [jobKey, fenceKey, `${jobKey}:tick:${tick ?? ""}`, ...this.#context.keys.statsHash(job)],
-      [token, atMostMs, atLeastMs, tickRetentionMs, FENCE_GRACE_MS, tick === undefined ? 0 : 1],
-    );
+    const { jobKey, fenceKey } = this.#jobKeys(job);
+    const call = START_JOB.call({
+      keys: {
+        jobKey,
+        fenceKey,
+        tickKey: `${jobKey}:tick:${tick ?? ""}`,
+        statsKey: this.#context.keys.statsKeys(job).statsKey,
+      },
+      args: {
+        token,
+        atMostMs,
+        atLeastMs,
+        tickKeepMs: tickRetentionMs,
+        graceMs: FENCE_GRACE_MS,
+        hasTick: tick !== undefined,
+      },
+    });
+    const reply = await this.#context.run(START_JOB, call);
     const [run, a, b, c] = integers(START_JOB, reply, 4) as number[];
     if (run === 1) return { run: true, token, fence: a!, expiresAt: c! + b! };
     const reason = JOB_REASONS[a as 1 | 2 | 3];
@@ -99,8 +110,13 @@ export class Jobs implements JobStore {
     atMostMs: number,
   ): Promise<JobExtension> {
     checkName(job, "job name");
-    const args = [checkToken(token), checkDuration(atMostMs, "atMostMs", 0), FENCE_GRACE_MS];
-    const reply = await this.#run(EXTEND_JOB, this.#jobKeys(job), args);
+    const args = {
+      token: checkToken(token),
+      atMostMs: checkDuration(atMostMs, "atMostMs", 0),
+      graceMs: FENCE_GRACE_MS,
+    };
+    const call = EXTEND_JOB.call({ keys: this.#jobKeys(job), args });
+    const reply = await this.#context.run(EXTEND_JOB, call);
     if (integers(EXTEND_JOB, reply, 2)[0] !== 1) return { extended: false };
     const [, , granted, now] = integers(EXTEND_JOB, reply, 4) as number[];
     return { extended: true, expiresAt: now! + granted! };
@@ -109,18 +125,14 @@ export class Jobs implements JobStore {
   /** Finishes `token`'s run; the lock stays until `atLeastMs` after its start. */
   async finish(job: string, token: string): Promise<boolean> {
     checkName(job, "job name");
-    const reply = await this.#run(FINISH_JOB, this.#jobKeys(job), [
-      checkToken(token),
-    ]);
+    const { jobKey } = this.#jobKeys(job);
+    const call = FINISH_JOB.call({ keys: { jobKey }, args: { token: checkToken(token) } });
+    const reply = await this.#context.run(FINISH_JOB, call);
     return integers(FINISH_JOB, [reply], 1)[0] === 1;
   }
 
-  #run(script: Script, keys: string[], args: (string | number)[]): Promise<unknown> {
-    return this.#context.run(script, { keys, args });
-  }
-
-  #jobKeys(job: string): [string, string] {
+  #jobKeys(job: string): { jobKey: string; fenceKey: string } {
     const base = `${this.#context.keys.base(job)}:job:{${job}}`;
-    return [base, `${base}:fence`];
+    return { jobKey: base, fenceKey: `${base}:fence` };
   }
 }

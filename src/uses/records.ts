@@ -13,7 +13,6 @@ import {
   SEGMENT_PATTERN,
 } from "../core/_validate.ts";
 import { sha256Hex } from "../core/_crypto.ts";
-import type { Script } from "../core/lua/_define.ts";
 import { CLAIM, COMPLETE, GET_RECORD, NOTE, RELEASE_CLAIM, RENEW_CLAIM } from "./scripts.ts";
 
 /** Options for {@linkcode Records} and {@linkcode Jobs}. */
@@ -140,8 +139,12 @@ export class Records implements RecordStore {
    */
   async noteSignatureFailure(): Promise<void> {
     if (!this.#context.keys.stats) return;
-    const keys = this.#context.keys.statsHash(""); // one bucket's, in the cluster layout
-    await this.#run(NOTE, keys, ["dedupe.signature_failed"]).catch(() => {});
+    const { statsKey } = this.#context.keys.statsKeys(""); // one bucket's, in the cluster layout
+    const call = NOTE.call({
+      keys: { statsKey: statsKey! },
+      args: { field: "dedupe.signature_failed" },
+    });
+    await this.#context.run(NOTE, call).catch(() => {});
   }
 
   /** Claims `kind`/`id` for one worker, or says why not. */
@@ -154,14 +157,21 @@ export class Records implements RecordStore {
     if (typeof fingerprint !== "string" || fingerprint.length > MAX_FINGERPRINT) {
       throw new RangeError(`fingerprint must be a string of at most ${MAX_FINGERPRINT} characters`);
     }
-    const reply = await this.#run(CLAIM, [...keys, ...this.#context.keys.statsHash(id)], [
-      token,
-      leaseMs,
-      retentionMs,
-      fingerprint,
-      FENCE_GRACE_MS,
-      kind,
-    ]);
+    const { statsKey } = this.#context.keys.statsKeys(id);
+    const reply = await this.#context.run(
+      CLAIM,
+      CLAIM.call({
+        keys: { ...keys, statsKey },
+        args: {
+          token,
+          leaseMs,
+          retentionMs: String(retentionMs),
+          fingerprint,
+          graceMs: FENCE_GRACE_MS,
+          label: kind,
+        },
+      }),
+    );
     const [outcome] = integers(CLAIM, reply, 2);
     if (outcome === 1) {
       const [, fence, granted, now] = integers(CLAIM, reply, 4) as number[];
@@ -185,8 +195,12 @@ export class Records implements RecordStore {
     leaseMs = DEFAULT_LEASE_MS,
   ): Promise<ClaimRenewal> {
     const keys = this.#recordKeys(kind, id);
-    const args = [checkToken(token), checkDuration(leaseMs, "leaseMs", 0), FENCE_GRACE_MS];
-    const reply = await this.#run(RENEW_CLAIM, keys, args);
+    const args = {
+      token: checkToken(token),
+      leaseMs: checkDuration(leaseMs, "leaseMs", 0),
+      graceMs: FENCE_GRACE_MS,
+    };
+    const reply = await this.#context.run(RENEW_CLAIM, RENEW_CLAIM.call({ keys, args }));
     if (integers(RENEW_CLAIM, reply, 2)[0] !== 1) return { renewed: false };
     const [, , granted, now] = integers(RENEW_CLAIM, reply, 4) as number[];
     return { renewed: true, leaseExpiresAt: now! + granted! };
@@ -210,20 +224,27 @@ export class Records implements RecordStore {
     if (new TextEncoder().encode(text).length > MAX_RESPONSE_BYTES) {
       throw new RangeError(`response must be at most ${MAX_RESPONSE_BYTES} bytes as JSON`);
     }
-    const reply = await this.#run(COMPLETE, keys, [checkToken(token), text]);
+    const { recordKey } = keys;
+    const args = { token: checkToken(token), response: text };
+    const reply = await this.#context.run(COMPLETE, COMPLETE.call({ keys: { recordKey }, args }));
     return integers(COMPLETE, [reply], 1)[0] === 1;
   }
 
   /** Gives up `token`'s claim (the work failed cleanly, so a retry may redo it). */
   async release(kind: RecordKind, id: string, token: string): Promise<boolean> {
-    const keys = this.#recordKeys(kind, id);
-    const reply = await this.#run(RELEASE_CLAIM, keys, [checkToken(token)]);
+    const { recordKey } = this.#recordKeys(kind, id);
+    const call = RELEASE_CLAIM.call({ keys: { recordKey }, args: { token: checkToken(token) } });
+    const reply = await this.#context.run(RELEASE_CLAIM, call);
     return integers(RELEASE_CLAIM, [reply], 1)[0] === 1;
   }
 
   /** Reads a record's state on the primary; never its token. */
   async get(kind: RecordKind, id: string): Promise<RecordState> {
-    const reply = await this.#run(GET_RECORD, this.#recordKeys(kind, id), []);
+    const { recordKey } = this.#recordKeys(kind, id);
+    const reply = await this.#context.run(
+      GET_RECORD,
+      GET_RECORD.call({ keys: { recordKey }, args: {} }),
+    );
     const [outcome] = integers(GET_RECORD, reply, 2);
     if (outcome === 0) return { state: "absent" };
     const [, now, pttl] = integers(GET_RECORD, reply, 3) as number[];
@@ -235,16 +256,12 @@ export class Records implements RecordStore {
     return { state: "completed", expiresAt: now! + pttl!, ...(response && { response }) };
   }
 
-  #run(script: Script, keys: string[], args: (string | number)[]): Promise<unknown> {
-    return this.#context.run(script, { keys, args });
-  }
-
   // The id sits in a hash tag so a record's keys share a cluster slot.
-  #recordKeys(kind: RecordKind, id: string): [string, string] {
+  #recordKeys(kind: RecordKind, id: string): { recordKey: string; fenceKey: string } {
     if (typeof id !== "string" || !RECORD_ID.test(id)) {
       throw new RangeError(`The ${kind} id must be a name or scope/key, from recordId()`);
     }
     const base = `${this.#context.keys.base(id)}:${kind}:{${id}}`;
-    return [base, `${base}:fence`];
+    return { recordKey: base, fenceKey: `${base}:fence` };
   }
 }

@@ -1,10 +1,11 @@
 /**
  * The scripts of the three uses, one atomic decision each, in the style of the lock scripts
- * (`../core/scripts.ts`): the server clock from TIME, every key in `KEYS`, a TTL on every write.
+ * (`../core/lua/`): each declares its KEYS and ARGV by name, reads the server clock from TIME,
+ * passes every key in `KEYS` and puts a TTL on every write.
  *
  * @module
  */
-import { plainScript } from "../core/lua/_define.ts";
+import { defineScript } from "../core/lua/_define.ts";
 import { NOW } from "../core/lua/now.ts";
 import { LIMITS } from "../core/_validate.ts";
 import { STATS_LUA } from "../core/stats.ts";
@@ -23,28 +24,30 @@ end
 `;
 
 // ---- Records: absent → claimed (short lease, owner token, fence) → completed (retention) ----
-// KEYS[1] the record hash (state, token, fence, fingerprint, retentionMs, response), whose TTL
-// is the lease while claimed and the retention once completed; KEYS[2] the fence floor; KEYS[3]
-// the prefix's stats hash (absent with stats off), counted under ARGV's label.
+// recordKey: the record hash (state, token, fence, fingerprint, retentionMs, response), whose TTL
+// is the lease while claimed and the retention once completed; fenceKey: the fence floor;
+// statsKey: the prefix's stats hash (absent with stats off), counted under the label.
 
 /**
  * Claim. Returns `{1, fence, leaseMs, nowMs}` when claimed (again, for the same token),
  * `{0, pttl, nowMs}` while another token's claim is in progress, `{2, nowMs, response}` when
  * completed, `{3, nowMs}` when the fingerprint differs from the first claim's.
  */
-export const CLAIM = plainScript(
+export const CLAIM = defineScript(
   "claim",
+  {
+    keys: ["recordKey", "fenceKey", "statsKey?"],
+    args: {
+      token: "string",
+      leaseMs: "number",
+      retentionMs: "string", // applied on complete
+      fingerprint: "string", // '' for none
+      graceMs: "number",
+      label: "string", // 'idempotency' or 'dedupe', for the stats
+    },
+  },
+  [NOW, FENCE_LUA, STATS_LUA],
   `
-local recordKey   = KEYS[1]
-local fenceKey    = KEYS[2]
-local token       = ARGV[1]
-local leaseMs     = tonumber(ARGV[2]) -- milliseconds
-local retentionMs = ARGV[3]           -- milliseconds, applied on complete
-local fingerprint = ARGV[4]           -- '' for none
-local graceMs     = tonumber(ARGV[5])
-local label       = ARGV[6]           -- 'idempotency' or 'dedupe', for the stats
-local statsKey    = KEYS[3]
-${NOW}${FENCE_LUA}${STATS_LUA}
 local record = redis.call('HMGET', recordKey, 'state', 'token', 'fence', 'fingerprint', 'response')
 local state, holder, fence, known = record[1], record[2], record[3], record[4]
 if state then
@@ -78,15 +81,14 @@ return {1, tonumber(fence), leaseMs, nowMs}
  * Renew a claim. Returns `{1, fence, leaseMs, nowMs}`, or `{0, nowMs}` when the token's claim
  * is gone (expired, released, taken over or completed).
  */
-export const RENEW_CLAIM = plainScript(
+export const RENEW_CLAIM = defineScript(
   "renew_claim",
+  {
+    keys: ["recordKey", "fenceKey"],
+    args: { token: "string", leaseMs: "number", graceMs: "number" },
+  },
+  [NOW, FENCE_LUA],
   `
-local recordKey = KEYS[1]
-local fenceKey  = KEYS[2]
-local token     = ARGV[1]
-local leaseMs   = tonumber(ARGV[2]) -- milliseconds
-local graceMs   = tonumber(ARGV[3])
-${NOW}${FENCE_LUA}
 local record = redis.call('HMGET', recordKey, 'state', 'token', 'fence')
 if record[1] ~= 'claimed' or record[2] ~= token then
   return {0, nowMs}
@@ -100,12 +102,14 @@ return {1, tonumber(record[3]), leaseMs, nowMs}
  * Complete a claim: keeps the response for the claim's retention. Returns 1, also when this
  * token already completed it (a retry), else 0: a late worker never overwrites a newer result.
  */
-export const COMPLETE = plainScript(
+export const COMPLETE = defineScript(
   "complete",
+  {
+    keys: ["recordKey"],
+    args: { token: "string", response: "string" /* JSON text, or '' */ },
+  },
+  [],
   `
-local recordKey = KEYS[1]
-local token     = ARGV[1]
-local response  = ARGV[2] -- JSON text, or ''
 local record = redis.call('HMGET', recordKey, 'state', 'token', 'retentionMs')
 if record[2] ~= token then
   return 0
@@ -124,11 +128,14 @@ return 1
 );
 
 /** Release a claim (the work failed cleanly). Returns 1 when this token's claim was removed. */
-export const RELEASE_CLAIM = plainScript(
+export const RELEASE_CLAIM = defineScript(
   "release_claim",
+  {
+    keys: ["recordKey"],
+    args: { token: "string" },
+  },
+  [],
   `
-local recordKey = KEYS[1]
-local token     = ARGV[1]
 local record = redis.call('HMGET', recordKey, 'state', 'token')
 if record[1] ~= 'claimed' or record[2] ~= token then
   return 0
@@ -142,11 +149,14 @@ return 1
  * Read a record, never its token. Returns `{0, nowMs}` when absent, `{1, nowMs, pttl, fence}`
  * while claimed, `{2, nowMs, pttl, response}` when completed.
  */
-export const GET_RECORD = plainScript(
+export const GET_RECORD = defineScript(
   "get_record",
+  {
+    keys: ["recordKey"],
+    args: {},
+  },
+  [NOW],
   `
-local recordKey = KEYS[1]
-${NOW}
 local record = redis.call('HMGET', recordKey, 'state', 'fence', 'response')
 if not record[1] then
   return {0, nowMs}
@@ -160,29 +170,30 @@ return {2, nowMs, pttl, record[3] or ''}
 );
 
 // ---- Cron jobs, ShedLock semantics ----
-// KEYS[1] the job lock (token, fence, finished, notBefore), TTL atMostMs while running and the rest
-// of atLeastMs after finish; KEYS[2] the fence floor; KEYS[3] the tick marker (used with a tick);
-// KEYS[4] the prefix's stats hash (absent with stats off).
+// jobKey: the job lock (token, fence, finished, notBefore), TTL atMostMs while running and the
+// rest of atLeastMs after finish; fenceKey: the fence floor; tickKey: the tick marker (used with
+// a tick); statsKey: the prefix's stats hash (absent with stats off).
 
 /**
  * Start a run. Returns `{1, fence, atMostMs, nowMs}` when this caller should run the job,
  * `{0, reason, retryAfterMs, nowMs}` when not: 1 running elsewhere, 2 too soon after the
  * last start, 3 this tick already ran.
  */
-export const START_JOB = plainScript(
+export const START_JOB = defineScript(
   "start_job",
+  {
+    keys: ["jobKey", "fenceKey", "tickKey", "statsKey?"],
+    args: {
+      token: "string",
+      atMostMs: "number", // the crash safety net
+      atLeastMs: "number", // held at least this long after the start
+      tickKeepMs: "number", // how long a tick marker is kept
+      graceMs: "number",
+      hasTick: "flag",
+    },
+  },
+  [NOW, FENCE_LUA, STATS_LUA],
   `
-local jobKey       = KEYS[1]
-local fenceKey     = KEYS[2]
-local tickKey      = KEYS[3]
-local token        = ARGV[1]
-local atMostMs     = tonumber(ARGV[2]) -- milliseconds: the crash safety net
-local atLeastMs    = tonumber(ARGV[3]) -- milliseconds: held at least this long after start
-local tickKeepMs   = tonumber(ARGV[4]) -- milliseconds a tick marker is kept
-local graceMs      = tonumber(ARGV[5])
-local hasTick      = ARGV[6] == '1'
-local statsKey     = KEYS[4]
-${NOW}${FENCE_LUA}${STATS_LUA}
 if hasTick and redis.call('EXISTS', tickKey) == 1 then
   count(statsKey, nowMs, 'cron.tick_done')
   return {0, 3, math.max(1, ttlOrSet(tickKey, tickKeepMs)), nowMs}
@@ -207,15 +218,14 @@ return {1, tonumber(fence), atMostMs, nowMs}
 );
 
 /** Extend a running job's safety net. Returns `{1, fence, atMostMs, nowMs}` or `{0, nowMs}`. */
-export const EXTEND_JOB = plainScript(
+export const EXTEND_JOB = defineScript(
   "extend_job",
+  {
+    keys: ["jobKey", "fenceKey"],
+    args: { token: "string", atMostMs: "number", graceMs: "number" },
+  },
+  [NOW, FENCE_LUA],
   `
-local jobKey   = KEYS[1]
-local fenceKey = KEYS[2]
-local token    = ARGV[1]
-local atMostMs = tonumber(ARGV[2]) -- milliseconds from now
-local graceMs  = tonumber(ARGV[3])
-${NOW}${FENCE_LUA}
 local job = redis.call('HMGET', jobKey, 'token', 'finished', 'fence', 'notBefore')
 if job[1] ~= token or job[2] ~= '0' or not tonumber(job[3]) or not tonumber(job[4]) then
   return {0, nowMs} -- not this token's run, or not a run this script wrote: not held
@@ -230,12 +240,14 @@ return {1, tonumber(job[3]), atMostMs, nowMs}
  * Finish a run: the lock stays until atLeastMs after the start, so a trigger on a skewed clock
  * cannot re-run the job. Returns 1 when this token's run was finished (or already was), else 0.
  */
-export const FINISH_JOB = plainScript(
+export const FINISH_JOB = defineScript(
   "finish_job",
+  {
+    keys: ["jobKey"],
+    args: { token: "string" },
+  },
+  [NOW],
   `
-local jobKey = KEYS[1]
-local token  = ARGV[1]
-${NOW}
 local job = redis.call('HMGET', jobKey, 'token', 'finished', 'notBefore')
 if job[1] ~= token then
   return 0
@@ -258,12 +270,15 @@ return 1
 );
 
 /** Count one event that no decision script sees, e.g. a webhook's bad signature. Returns 1. */
-export const NOTE = plainScript(
+export const NOTE = defineScript(
   "note",
+  {
+    keys: ["statsKey"],
+    args: { field: "string" },
+  },
+  [NOW, STATS_LUA],
   `
-local statsKey = KEYS[1]
-${NOW}${STATS_LUA}
-count(statsKey, nowMs, ARGV[1])
+count(statsKey, nowMs, field)
 return 1
 `,
 );
