@@ -166,7 +166,7 @@ export interface MinuteStats {
   wait_p99_ms: number | null;
 }
 
-/** What {@linkcode Locks.stats} answers. */
+/** What `LockOps.stats()` answers. */
 export interface Stats {
   /** The server time of the reading, ms since the epoch. */
   at: number;

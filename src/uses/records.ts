@@ -21,7 +21,7 @@ export interface StoreOptions {
   prefix?: string;
   /** How long one Redis request may take, 1–60000 ms, then `backend_unavailable`. @default 2000 */
   timeoutMs?: number;
-  /** Count outcomes in the prefix's stats (`Locks.stats()`), in the same scripts. @default true */
+  /** Count outcomes in the prefix's stats (`LockOps.stats()`), in the same scripts. @default true */
   stats?: boolean;
   /** Lay the keys out for a Redis Cluster, as `Locks` with `cluster` (the same for both). @default false */
   cluster?: boolean;
