@@ -278,14 +278,16 @@ Deno.test("with stats off, no stats or index key is written, and the operator's 
   const { redis } = await fixture();
   const prefix = keygen("off");
   const locks = new Locks(redis, { prefix, stats: false });
-  const ops = new LockOps(redis, { prefix });
+  const ops = new LockOps(redis, { prefix, stats: false });
   const lease = acquired(await locks.acquire("x"));
   await locks.renew(lease);
   await locks.release(lease);
-  assert.equal((await redis.keys(`${prefix}:*`)).some((k) => !k.includes(":lock:")), false);
   const held = acquired(await locks.acquire("y"));
   assert.deepEqual((await ops.list()).locks, [], "nothing indexed to list");
   assert.equal((await ops.stats()).locks_held, 0, "nothing counted");
+  assert.equal((await ops.break("y", { by: "ops" })).broken, true);
+  const kept = (await redis.keys(`${prefix}:*`)).filter((k) => !k.includes(":lock:"));
+  assert.deepEqual(kept, [`${prefix}:audit`], "only the audit of the break");
   await locks.release(held);
   assert.throws(() => new Locks(redis, { stats: "yes" as unknown as boolean }), TypeError);
 });

@@ -32,6 +32,12 @@ export interface LockOpsOptions {
    */
   fenceWindowMs?: number;
   /**
+   * Keep stats and the held index in Redis, in the same scripts (a few more Redis commands per
+   * call, no more requests). Give `LockOps` the setting the prefix's `Locks` have: with stats
+   * off a break counts nothing, and `list` and `stats` find nothing. @default true
+   */
+  stats?: boolean;
+  /**
    * Lay the keys out for a Redis Cluster: every script's keys, stats included, in one slot, the
    * names spread over 64 slots (see the README). Choose it once per prefix: the two layouts do not
    * see each other's locks. @default false
@@ -69,8 +75,13 @@ export class LockContext {
   readonly #run: RunOptions;
   readonly #onEvent: ((event: LockEvent) => void) | undefined;
 
-  constructor(redis: RedisLike, what: string, options: LockOpsOptions, stats: unknown) {
+  constructor(
+    redis: RedisLike,
+    what: string,
+    options: LockOpsOptions & { stats?: unknown },
+  ) {
     const { prefix = DEFAULT_PREFIX, timeoutMs, fenceWindowMs, cluster = false } = options;
+    const { stats = true } = options;
     checkRedis(redis, what);
     this.redis = redis;
     this.keys = new KeySpace(checkPrefix(prefix), stats, cluster);

@@ -56,11 +56,6 @@ export interface LocksOptions extends LockOpsOptions {
    * @default 128
    */
   maxWaiters?: number;
-  /**
-   * Keep stats and the held index in Redis, in the same scripts (a few more Redis commands per
-   * call, no more requests): what `LockOps` reads for `stats()` and `list()`. @default true
-   */
-  stats?: boolean;
 }
 
 /**
@@ -89,8 +84,8 @@ export class Locks implements LockClient {
 
   /** Locks on `redis` (an `@upstash/redis` client), their keys under `prefix`. */
   constructor(redis: RedisLike, options: LocksOptions = {}) {
-    const { maxWaiters = DEFAULT_MAX_WAITERS, stats = true } = options;
-    this.#context = new LockContext(redis, "Locks", options, stats);
+    const { maxWaiters = DEFAULT_MAX_WAITERS } = options;
+    this.#context = new LockContext(redis, "Locks", options);
     if (!Number.isInteger(maxWaiters) || maxWaiters < 1 || maxWaiters > 1000) {
       throw new RangeError("maxWaiters must be an integer from 1 to 1000");
     }

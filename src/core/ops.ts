@@ -27,7 +27,7 @@ import type {
 /**
  * An operator's view and acts on the locks under a prefix: list the held ones, read the stats,
  * break a stuck lock, read the audit of breaks. It reads what {@linkcode Locks} keeps with
- * `stats` on (the default): with stats off, `list` and `stats` find nothing.
+ * `stats` on (the default); give it the same `stats` setting as the prefix's `Locks`.
  *
  * @example
  * ```ts
@@ -44,7 +44,7 @@ export class LockOps {
 
   /** Operations on `redis` (an `@upstash/redis` client), for keys under `prefix`. */
   constructor(redis: RedisLike, options: LockOpsOptions = {}) {
-    this.#context = new LockContext(redis, "LockOps", options, true);
+    this.#context = new LockContext(redis, "LockOps", options);
   }
 
   /**
@@ -53,7 +53,9 @@ export class LockOps {
    * meanwhile is left out; a page may hold fewer than `limit` locks and still have a `cursor`.
    */
   async list(options: ListOptions = {}): Promise<LockList> {
-    const { prefix = "", cursor = "", limit = LIST_PAGE_DEFAULT } = options;
+    const prefix = options.prefix ?? "";
+    const cursor = options.cursor ?? "";
+    const limit = options.limit ?? LIST_PAGE_DEFAULT;
     if (typeof prefix !== "string" || !NAME_PREFIX_PATTERN.test(prefix)) {
       throw new RangeError("prefix must be up to 200 characters of A-Z a-z 0-9 . _ : - { }");
     }

@@ -144,9 +144,9 @@ function tenantStores(
     const { timeoutMs, keyLocking, stats } = run;
     const where = { prefix: `${keyPrefix}:${tenant}`, cluster, timeoutMs, keyLocking };
     const tell = onEvent && ((event: LockEvent) => onEvent({ ...event, tenant }));
-    const observed = { ...where, ...(tell && { onEvent: tell }) };
+    const observed = { ...where, stats, ...(tell && { onEvent: tell }) };
     return [tenant, {
-      locks: new Locks(redis, { ...observed, stats }),
+      locks: new Locks(redis, observed),
       ops: new LockOps(redis, observed),
       records: new Records(redis, { ...where, stats }),
       jobs: new Jobs(redis, { ...where, stats }),

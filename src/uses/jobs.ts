@@ -58,7 +58,7 @@ export class Jobs implements JobStore {
 
   /** Jobs on `redis` (an `@upstash/redis` client), its keys under `prefix`. */
   constructor(redis: RedisLike, options: StoreOptions = {}) {
-    this.#context = new LockContext(redis, "Jobs", options, options.stats ?? true);
+    this.#context = new LockContext(redis, "Jobs", options);
   }
 
   /** Starts a run of `job` unless it runs elsewhere, ran too recently, or ran for this tick. */

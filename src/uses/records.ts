@@ -130,7 +130,7 @@ export class Records implements RecordStore {
 
   /** Records on `redis` (an `@upstash/redis` client), its keys under `prefix`. */
   constructor(redis: RedisLike, options: StoreOptions = {}) {
-    this.#context = new LockContext(redis, "Records", options, options.stats ?? true);
+    this.#context = new LockContext(redis, "Records", options);
   }
 
   /**
