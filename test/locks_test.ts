@@ -312,6 +312,23 @@ Deno.test("operations still work after SCRIPT FLUSH (EVALSHA falls back to EVAL)
   assert.equal(await locks.release(lease), true);
 });
 
+Deno.test("a cold script cache under 100 concurrent auto-pipelined acquires loads the script once", async () => {
+  const { backend, redis } = await fixture();
+  const locks = new Locks(backend.client({ enableAutoPipelining: true }));
+  await redis.scriptFlush();
+  // Every call meets NOSCRIPT in one pipeline; 100 copies of the source would be a body over the
+  // bridge's 1 MB limit (Upstash's too). One call loads the script, the others wait and EVALSHA.
+  const results = await Promise.all(
+    Array.from({ length: 100 }, () => locks.acquire(keygen("cold"), { ttlMs: 5000 })),
+  );
+  const leases = results.map(acquired);
+  assert.equal(leases.length, 100);
+  await redis.scriptFlush();
+  const renewed = await locks.renewMany(leases);
+  assert.ok(renewed.every((result) => result.renewed), "a cold batch of 100 renews too");
+  for (const lease of leases) await locks.release(lease);
+});
+
 Deno.test("release() of a lease that was lost answers false, even after the same token released an earlier lease", async () => {
   const { redis, locks } = await fixture();
   const name = keygen();

@@ -79,17 +79,39 @@ export async function runScript(
 ): Promise<unknown> {
   const script = keyLocking ? plain.keyLocked : plain;
   const sha1 = await script.sha1();
+  const evalsha = () => deadline(redis.evalsha(sha1, keys, args), script, timeoutMs);
   try {
-    return await deadline(redis.evalsha(sha1, keys, args), script, timeoutMs);
+    return await evalsha();
   } catch (error) {
     if (!isNoScript(error)) throw unavailable(script, error);
   }
+  // Calls that meet NOSCRIPT while another call's EVAL loads the script wait for it and run
+  // EVALSHA again: a cold cache under a burst (a deploy, a failover, SCRIPT FLUSH) sends the
+  // source once, not once per call in one auto-pipelined request too large to send.
+  const loads = loading.get(redis) ?? new Map<string, Promise<unknown>>();
+  loading.set(redis, loads);
+  const pending = loads.get(sha1);
+  if (pending) {
+    await pending.catch(() => {});
+    try {
+      return await evalsha();
+    } catch (error) {
+      if (!isNoScript(error)) throw unavailable(script, error);
+    }
+  }
+  const load = deadline(redis.eval(script.source, keys, args), script, timeoutMs);
+  loads.set(sha1, load);
   try {
-    return await deadline(redis.eval(script.source, keys, args), script, timeoutMs);
+    return await load;
   } catch (error) {
     throw unavailable(script, error);
+  } finally {
+    if (loads.get(sha1) === load) loads.delete(sha1);
   }
 }
+
+// The scripts an EVAL is loading now, by client and SHA-1.
+const loading = new WeakMap<RedisLike, Map<string, Promise<unknown>>>();
 
 /**
  * Runs one script for each call in a single `/pipeline` request (each call atomic on its own,
@@ -124,19 +146,28 @@ export async function runScripts(
     }
   };
   const replies: unknown[] = new Array(calls.length);
-  const missing: number[] = [];
-  const first = await run(calls.map((_, i) => i), true);
-  first.forEach(({ result, error }, i) => {
-    if (error === undefined) replies[i] = result;
-    else if (/^NOSCRIPT /.test(String(error))) missing.push(i);
-    else throw unavailable(script, new Error(String(error)));
-  });
-  if (missing.length > 0) {
-    const again = await run(missing, false);
-    again.forEach(({ result, error }, j) => {
-      if (error !== undefined) throw unavailable(script, new Error(String(error)));
-      replies[missing[j]!] = result;
+  // Each reply into its place; the indexes that met NOSCRIPT are returned.
+  const settle = (indexes: number[], results: { result: unknown; error?: string }[]) => {
+    const missing: number[] = [];
+    results.forEach(({ result, error }, j) => {
+      if (error === undefined) replies[indexes[j]!] = result;
+      else if (/^NOSCRIPT /.test(String(error))) missing.push(indexes[j]!);
+      else throw unavailable(script, new Error(String(error)));
     });
+    return missing;
+  };
+  const all = calls.map((_, i) => i);
+  const missing = settle(all, await run(all, true));
+  // NOSCRIPT: the first missing call loads the script with EVAL, the rest go as EVALSHA, so a
+  // batch of a thousand sends the source once. Those still missing (other cluster nodes) go as
+  // EVAL.
+  if (missing.length > 0) {
+    const [head, ...rest] = missing;
+    settle([head!], await run([head!], false));
+    const still = rest.length > 0 ? settle(rest, await run(rest, true)) : [];
+    if (still.length > 0 && settle(still, await run(still, false)).length > 0) {
+      throw unavailable(script, new Error("Redis answered NOSCRIPT to EVAL"));
+    }
   }
   return replies;
 }
