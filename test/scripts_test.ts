@@ -374,3 +374,43 @@ Deno.test("shared and semaphore fences keep increasing, and leases end, across c
   await locks.release(after.lease);
   await server.shift(0);
 });
+
+Deno.test("a script's call puts named keys and arguments where its generated header reads them", () => {
+  const { keys, args } = scripts.ACQUIRE_ALL.call({
+    each: ["a", "b"].map((n) => ({
+      lockKey: `${n}:l`,
+      queueKey: `${n}:q`,
+      ticketsKey: `${n}:t`,
+      marksKey: `${n}:m`,
+    })),
+    keys: { statsKey: "s", namesKey: "n", endsKey: "e" },
+    args: {
+      token: "tok",
+      ttlMs: 100,
+      meta: "",
+      graceMs: 5,
+      ticketMs: 0,
+      maxWaiters: 9,
+      n: 2,
+      waitedMs: 0,
+      waiting: true,
+    },
+    rest: ["a", "b"],
+  });
+  assert.deepEqual(keys, ["a:l", "a:q", "a:t", "a:m", "b:l", "b:q", "b:t", "b:m", "s", "n", "e"]);
+  assert.deepEqual(args, ["tok", 100, "", 5, 0, 9, 2, 0, "1", "a", "b"]);
+  const source = scripts.ACQUIRE_ALL.source;
+  assert.match(source, /local function marksKey\(i\) return KEYS\[4 \* i - 0\] end/);
+  assert.match(source, /local statsKey = KEYS\[4 \* n \+ 1\]/);
+  assert.match(source, /local waiting = ARGV\[9\] == '1'/);
+  assert.match(source, /for i = 10, #ARGV do names\[#names \+ 1\] = ARGV\[i\] end/);
+  // Optional keys go all or none: one after a gap would shift every later position.
+  assert.throws(
+    () =>
+      scripts.LEAVE_QUEUE.call({
+        keys: { queueKey: "q" } as never,
+        args: { member: "m", outcome: "" },
+      }),
+    /The leave_queue script's call lacks the key ticketsKey/,
+  );
+});

@@ -73,10 +73,14 @@ export function defineScript<const C extends Contract>(
   const source = [luaHeader(contract), ...pieces, body.replace(/^\n/, "")].join("");
   const flags = readOnly ? "no-writes,allow-key-locking" : "allow-key-locking";
   const keyLocked = script(name, `#!lua flags=${flags}\n${source}`);
-  return { ...script(name, source, keyLocked), contract, call: (call) => toCall(contract, call) };
+  return {
+    ...script(name, source, keyLocked),
+    contract,
+    call: (call) => toCall(name, contract, call),
+  };
 }
 
-/** A script without a contract (the quorum and uses scripts, a test's own). */
+/** A script without a contract: a test's own, or a probe. */
 export function plainScript(name: string, source: string, readOnly = false): Script {
   const flags = readOnly ? "no-writes,allow-key-locking" : "allow-key-locking";
   return script(name, source, script(name, `#!lua flags=${flags}\n${source}`));
@@ -133,7 +137,7 @@ export function luaHeader(contract: Contract): string {
   return lines.map((line) => `${line}\n`).join("");
 }
 
-function toCall(contract: Contract, call: Record<string, unknown>): ScriptCall {
+function toCall(name: string, contract: Contract, call: Record<string, unknown>): ScriptCall {
   const named = call as {
     keys: Record<string, string | undefined>;
     args: Record<string, string | number | boolean>;
@@ -146,7 +150,7 @@ function toCall(contract: Contract, call: Record<string, unknown>): ScriptCall {
     const value = named.keys[bare(key)];
     if (value === undefined && key.endsWith("?")) missing ??= key;
     else if (value === undefined || missing) {
-      throw new TypeError(`A ${contract.keys.join(",")} call lacks the key ${missing ?? key}`);
+      throw new TypeError(`The ${name} script's call lacks the key ${bare(missing ?? key)}`);
     } else keys.push(value);
   }
   const args = Object.keys(contract.args).map((arg) => {
