@@ -202,7 +202,7 @@ Deno.test("wrangler dev runs the [build] command and serves the Worker against t
     [
       "run",
       "-A",
-      "npm:wrangler@^4",
+      "npm:wrangler@4.164.0",
       "dev",
       "--ip",
       "127.0.0.1",
