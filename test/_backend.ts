@@ -141,7 +141,14 @@ export async function takeTicket(
 ): Promise<number[]> {
   const [lockKey, queueKey, ticketsKey, marksKey] = lockKeys(name, prefix);
   const { keys, args } = ACQUIRE.call({
-    keys: { lockKey, queueKey, ticketsKey, marksKey },
+    keys: {
+      lockKey,
+      queueKey,
+      ticketsKey,
+      marksKey,
+      offersKey: `${lockKey}:offers`,
+      wakeKey: `${lockKey}:wake:`,
+    },
     args: {
       token,
       ttlMs: 1000,
@@ -153,6 +160,7 @@ export async function takeTicket(
       waitedMs: 0,
       waiting: true,
       hold: "",
+      wakeId: "",
     },
   });
   return await runScript(redis, ACQUIRE, keys, args) as number[];

@@ -50,6 +50,13 @@ export interface LockOpsOptions {
    */
   keyLocking?: boolean;
   /**
+   * Let waiters block on a wake key of their own (`BLPOP`, one request that Redis answers when a
+   * release hands them the lock) instead of polling; a Redis or bridge that refuses blocking
+   * commands is polled, without error. Needs a client with `exec` (`@upstash/redis`).
+   * @default true
+   */
+  blocking?: boolean;
+  /**
    * Told of every operation's outcome, for logs, alerts or tracing (see `@edgelock/edgelock/otel`).
    * Called synchronously; what it throws is ignored.
    */
@@ -72,6 +79,8 @@ export class LockContext {
   readonly redis: RedisLike;
   readonly keys: KeySpace;
   readonly fenceWindowMs: number;
+  /** Whether waiters may block on a wake key (the option, and a client that can send BLPOP). */
+  readonly canBlock: boolean;
   readonly #run: RunOptions;
   readonly #onEvent: ((event: LockEvent) => void) | undefined;
 
@@ -90,6 +99,9 @@ export class LockContext {
       keyLocking: keyLockingFor(redis, options.keyLocking),
     };
     this.fenceWindowMs = checkDuration(fenceWindowMs, "fenceWindowMs", FENCE_GRACE_MS);
+    const { blocking = true } = options;
+    if (typeof blocking !== "boolean") throw new TypeError("blocking must be true or false");
+    this.canBlock = blocking && typeof redis.exec === "function";
     if (options.onEvent !== undefined && typeof options.onEvent !== "function") {
       throw new TypeError("onEvent must be a function");
     }
@@ -105,6 +117,26 @@ export class LockContext {
   runMany(script: Script, calls: readonly ScriptCall[]): Promise<unknown[]> {
     if (calls.length === 1) return this.run(script, calls[0]!).then((reply) => [reply]);
     return runScripts(this.redis, script, calls, this.#run);
+  }
+
+  /**
+   * Waits up to `ms` for a message on the list `key` (BLPOP, a request of its own): the message,
+   * or null when none came. Rejects when Redis refuses the command, fails or does not answer
+   * `timeoutMs` past the block, or as soon as `signal` aborts.
+   */
+  block(key: string, ms: number, signal?: AbortSignal): Promise<string | null> {
+    const seconds = (Math.ceil(ms) / 1000).toFixed(3);
+    const request = this.redis.exec!(["BLPOP", key, seconds]);
+    return withDeadline(request, ms + this.#run.timeoutMs, signal).then((reply) => {
+      if (reply === null) return null;
+      if (Array.isArray(reply) && typeof reply[1] === "string") return reply[1];
+      throw new EdgelockError(
+        "backend_unavailable",
+        "Redis answered BLPOP with an unexpected reply",
+      );
+    }, (error) => {
+      throw signal?.aborted ? error : unavailableBlock(error);
+    });
   }
 
   /** Tells the hook; what it throws is ignored. */
@@ -129,6 +161,37 @@ export class LockContext {
       throw error;
     }
   }
+}
+
+// A request that is abandoned (not cancelled: fetch cannot take a command back) after `ms`, or
+// when `signal` aborts.
+function withDeadline<T>(request: Promise<T>, ms: number, signal?: AbortSignal): Promise<T> {
+  request.catch(() => {}); // a late failure is nobody's to handle
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  let onAbort: (() => void) | undefined;
+  const cut = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`no answer in ${ms} ms`)), ms);
+    onAbort = () => reject(signal!.reason);
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+  return Promise.race([request, cut]).finally(() => {
+    clearTimeout(timer);
+    signal?.removeEventListener("abort", onAbort!);
+  });
+}
+
+// A refused BLPOP is no outage: the waiter polls instead. Only a refused token is told.
+function unavailableBlock(cause: unknown): EdgelockError {
+  const message = cause instanceof Error ? cause.message : String(cause);
+  if (/^(WRONGPASS|NOAUTH|Unauthorized|Invalid token)\b/i.test(message)) {
+    return new EdgelockError(
+      "config_error",
+      "Redis refused the REST token (HTTP 401): check UPSTASH_REDIS_REST_TOKEN and that " +
+        "UPSTASH_REDIS_REST_URL names the same database",
+      { cause },
+    );
+  }
+  return new EdgelockError("backend_unavailable", "Redis did not serve a blocking wait", { cause });
 }
 
 /** An event's time and how long since `started` (a `performance.now()`). */

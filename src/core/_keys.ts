@@ -65,7 +65,8 @@ export class KeySpace {
 
   /**
    * A lock's keys. The name sits in a hash tag so all of them share a cluster slot (see
-   * slotTag): the record, the queue, its tickets, the shared holders and the release marks.
+   * slotTag): the record, the queue, its tickets and offers, the shared holders and the release
+   * marks.
    */
   lock(name: string): LockKeys {
     const base = `${this.base(name)}:lock:{${name}}`;
@@ -73,9 +74,15 @@ export class KeySpace {
       lockKey: base,
       queueKey: `${base}:queue`,
       ticketsKey: `${base}:tickets`,
+      offersKey: `${base}:offers`,
       holdersKey: `${base}:holders`,
       marksKey: `${base}:released`,
     };
+  }
+
+  /** A blocked waiter's wake key on `name`, by its wake id ('' for none: a key never written). */
+  wake(name: string, wakeId: string): string {
+    return `${this.lock(name).lockKey}:wake:${wakeId}`;
   }
 
   /** The audit stream of `name`'s bucket. */
@@ -89,6 +96,7 @@ export interface LockKeys {
   lockKey: string;
   queueKey: string;
   ticketsKey: string;
+  offersKey: string;
   holdersKey: string;
   marksKey: string;
 }

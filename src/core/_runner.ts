@@ -14,6 +14,8 @@ export interface RedisLike {
   eval(script: string, keys: string[], args: unknown[]): Promise<unknown>;
   /** Starts a pipeline: commands sent together in one request. */
   pipeline?(): PipelineLike;
+  /** Sends one command in a request of its own (`@upstash/redis`): waiters' `BLPOP`. */
+  exec?(command: [string, ...string[]]): Promise<unknown>;
 }
 
 /** The part of an `@upstash/redis` pipeline that edgelock uses. */

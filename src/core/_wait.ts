@@ -1,26 +1,46 @@
 // The waiting loop of every acquire: one script call per look, each timed to arrive when the
-// server expects the caller's turn.
+// server expects the caller's turn; or, for an exclusive waiter whose Redis serves blocking
+// commands, one look and then a block on its wake key until a release hands it the lock.
 import { sleep } from "./_backoff.ts";
 import { type LockContext, timing } from "./_context.ts";
 import { noteSentAt } from "./_granted.ts";
 import { EdgelockError } from "./errors.ts";
 import type { Script, ScriptCall } from "./lua/_define.ts";
 import { LEAVE_QUEUE } from "./lua/leave_queue.ts";
-import { type Busy, type Mismatch, QUEUE_FULL } from "./lua/replies.ts";
+import { type Busy, decodeLeave, type Mismatch, QUEUE_FULL } from "./lua/replies.ts";
 import { MAX_HOLDS } from "./lua/lib.ts";
 import type { AcquireResult, Lease, LockEvent } from "./types.ts";
 
-// A waiter looks again at least this often, and its ticket outlives each look by the margin.
+// A polling waiter looks again at least this often, and its ticket outlives each look by the
+// margin. A blocked waiter blocks at most BLOCK_MS at a time (its ticket covers the block).
 const MAX_POLL_MS = 1000;
 const TICKET_MARGIN_MS = 250;
+export const BLOCK_MS = 2000;
 
 /** One acquire's script call, the same at each look but for the ticket and the time waited. */
 export interface Attempt<T extends Lease | Lease[]> {
   script: Script;
-  call(look: { ticketMs: number; waitedMs: number; waiting: boolean }): ScriptCall;
+  call(look: Look): ScriptCall;
   /** What the caller is in each name's queue, for leaving it. */
   members: string[];
   decode(reply: unknown): { status: "granted"; granted: T } | Busy | Mismatch;
+  /**
+   * An exclusive waiter's wake key and its id, where a release's hand-off arrives, and the lease
+   * a hand-off (or a grant found when leaving) gives; none for waiters that only poll.
+   */
+  wake?: {
+    key: string;
+    id: string;
+    lease(grant: { fence: number; ttlMs: number; now: number; next: string }): T;
+  };
+}
+
+/** One look: the ticket it takes, the time waited so far, and the wake id when it will block. */
+export interface Look {
+  ticketMs: number;
+  waitedMs: number;
+  waiting: boolean;
+  wakeId: string;
 }
 
 type NotAcquired = Exclude<AcquireResult, { acquired: true }>;
@@ -29,6 +49,7 @@ type Outcome = (LockEvent & { type: "acquire" })["outcome"];
 /**
  * Looks until `attempt` is granted, the wait of `waitMs` is over, the queue is full or `signal`
  * aborts; leaves the queues it joined when it gives up. `label` names the lock in events.
+ * `release` frees a lease handed over to a waiter that gave up (aborted) before it learned of it.
  */
 export async function waitFor<T extends Lease | Lease[]>(
   context: LockContext,
@@ -36,6 +57,7 @@ export async function waitFor<T extends Lease | Lease[]>(
   names: readonly string[],
   attempt: Attempt<T>,
   { waitMs, signal }: { waitMs: number; signal: AbortSignal | undefined },
+  release: (granted: T) => Promise<unknown> = async () => {},
 ): Promise<{ acquired: true; granted: T } | NotAcquired> {
   const started = performance.now();
   const deadline = started + waitMs;
@@ -48,30 +70,39 @@ export async function waitFor<T extends Lease | Lease[]>(
       waitedMs: performance.now() - started,
       ...timing(started),
     });
+  const granted = (granted: T, sentAt: number) => {
+    const leases = [granted].flat();
+    for (const lease of leases) noteSentAt(lease, sentAt);
+    outcome("granted", leases[0]!.fence);
+    return { acquired: true as const, granted };
+  };
   let queued = false;
-  const leave = (why: string) =>
-    queued ? leaveQueues(context, names, attempt.members, why) : undefined;
+  // Leaves the queues; a hand-off that came first is the caller's lease, returned.
+  const leave = async (why: string): Promise<T | undefined> => {
+    if (!queued) return undefined;
+    const grant = await leaveQueues(context, names, attempt.members, why, attempt.wake);
+    return grant && attempt.wake!.lease(grant);
+  };
+  let blocking = attempt.wake !== undefined && context.canBlock;
 
   for (;;) {
     if (signal?.aborted) {
-      await leave("aborted");
+      const handed = await leave("aborted");
+      if (handed) await release(handed).catch(() => {});
       outcome("aborted");
       signal.throwIfAborted();
     }
     const left = deadline - performance.now();
-    // A waiter holds a FIFO ticket that outlives its next look by a margin.
-    const ticketMs = left > 0 ? Math.ceil(Math.min(left, MAX_POLL_MS) + TICKET_MARGIN_MS) : 0;
+    // A waiter holds a FIFO ticket that outlives its next look (or block) by a margin.
+    const between = blocking ? BLOCK_MS : MAX_POLL_MS;
+    const ticketMs = left > 0 ? Math.ceil(Math.min(left, between) + TICKET_MARGIN_MS) : 0;
     const waitedMs = Math.round(performance.now() - started);
     queued ||= ticketMs > 0;
     const sentAt = performance.now();
-    const call = attempt.call({ ticketMs, waitedMs, waiting: waitMs > 0 });
+    const wakeId = blocking && ticketMs > 0 ? attempt.wake!.id : "";
+    const call = attempt.call({ ticketMs, waitedMs, waiting: waitMs > 0, wakeId });
     const reply = attempt.decode(await context.run(attempt.script, call));
-    if (reply.status === "granted") {
-      const leases = [reply.granted].flat();
-      for (const lease of leases) noteSentAt(lease, sentAt);
-      outcome("granted", leases[0]!.fence);
-      return { acquired: true, granted: reply.granted };
-    }
+    if (reply.status === "granted") return granted(reply.granted, sentAt);
     if (reply.status === "mismatch") { // the caller's mistake, not an outcome: no acquire event
       await leave("");
       throw mismatchError(label, reply.code);
@@ -89,13 +120,34 @@ export async function waitFor<T extends Lease | Lease[]>(
     }
     const remaining = deadline - performance.now();
     if (remaining <= 0) {
-      await leave("timeout");
+      const handed = await leave("timeout");
+      if (handed) return granted(handed, sentAt);
       outcome(queued ? "timeout" : "busy");
       return { ...busy, reason: "busy" };
     }
     if (signal?.aborted) continue;
     const { position } = reply;
     context.emit({ type: "wait", name: label, position, retryAfterMs, ...timing(sentAt) });
+    if (wakeId !== "" && position >= 0) {
+      // Block until a release hands the lock over; the head no longer than the holder's lease,
+      // so a holder that vanished is followed at its lease end.
+      const blockMs = Math.min(remaining, BLOCK_MS, position === 0 ? reply.pttl + 1 : BLOCK_MS);
+      const message = await context.block(attempt.wake!.key, Math.max(1, blockMs), signal)
+        .catch((error) => {
+          if (signal?.aborted) return null; // the loop's top leaves the queue
+          blocking = false; // refused or unsupported: poll from here on
+          return error instanceof EdgelockError && error.code === "config_error" ? error : null;
+        });
+      if (message instanceof Error) throw message;
+      const grant = message === null ? undefined : parseGrant(message);
+      // The grant was made after this look reached Redis: its lease counts from this look's
+      // sending, moved on by the server time between the look and the grant.
+      if (grant) {
+        const grantedAt = Math.min(performance.now(), sentAt + (grant.now - reply.now));
+        return granted(attempt.wake!.lease(grant), grantedAt);
+      }
+      continue;
+    }
     // Look again so the request arrives when the server expects our turn: the hint counts from
     // the reply's making, and half a round trip has passed since, half is still ahead. The head
     // and the next in line aim a little late (early costs a round trip); the others spread ±10 %.
@@ -106,23 +158,44 @@ export async function waitFor<T extends Lease | Lease[]>(
   }
 }
 
-// Best effort: a ticket left behind lapses by itself within MAX_POLL_MS + TICKET_MARGIN_MS.
-// `outcome` ('timeout', 'aborted' or '') is counted in the stats, once.
+/** A hand-off's message, `<fence>:<leaseEndMs>:<nowMs>:<next>`; undefined when malformed. */
+export function parseGrant(
+  message: string,
+): { fence: number; ttlMs: number; now: number; next: string } | undefined {
+  const match = /^(\d+):(\d+):(\d+):([\w-]*)$/.exec(message);
+  if (!match) return undefined;
+  const [fence, leaseEnd, now] = match.slice(1, 4).map(Number) as [number, number, number];
+  return { fence, ttlMs: leaseEnd - now, now, next: match[4]! };
+}
+
+// Best effort: a ticket left behind lapses by itself within BLOCK_MS + TICKET_MARGIN_MS.
+// `outcome` ('timeout', 'aborted' or '') is counted in the stats, once. Returns the grant of a
+// hand-off that reached the caller's first name before it left.
 async function leaveQueues(
   context: LockContext,
   names: readonly string[],
   members: string[],
   outcome: string,
-): Promise<void> {
+  wake: { id: string } | undefined,
+): Promise<{ fence: number; ttlMs: number; now: number; next: string } | undefined> {
   const calls = names.map((name, i) => {
-    const { queueKey, ticketsKey } = context.keys.lock(name);
+    const { lockKey, queueKey, ticketsKey, offersKey } = context.keys.lock(name);
     const { statsKey } = i === 0 ? context.keys.statsKeys(name) : {};
+    const wakeId = (i === 0 && wake?.id) || "";
     return LEAVE_QUEUE.call({
-      keys: { queueKey, ticketsKey, statsKey },
-      args: { member: members[i]!, outcome: i === 0 ? outcome : "" },
+      keys: {
+        queueKey,
+        ticketsKey,
+        offersKey,
+        lockKey,
+        wakeKey: context.keys.wake(name, wakeId),
+        statsKey,
+      },
+      args: { member: members[i]!, outcome: i === 0 ? outcome : "", wakeId },
     });
   });
-  await context.runMany(LEAVE_QUEUE, calls).catch(() => {});
+  const replies = await context.runMany(LEAVE_QUEUE, calls).catch(() => []);
+  return replies.length > 0 ? decodeLeave(LEAVE_QUEUE, replies[0]) : undefined;
 }
 
 function mismatchError(name: string, code: Mismatch["code"]): EdgelockError {

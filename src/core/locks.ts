@@ -16,7 +16,8 @@ import {
   MAX_BATCH,
   newToken,
 } from "./_validate.ts";
-import { type Attempt, waitFor } from "./_wait.ts";
+import { HAND_OVER } from "./lua/hand_over.ts";
+import { type Attempt, type Look, waitFor } from "./_wait.ts";
 import type { Script } from "./lua/_define.ts";
 import { ACQUIRE } from "./lua/acquire.ts";
 import { ACQUIRE_ALL } from "./lua/acquire_all.ts";
@@ -27,8 +28,8 @@ import { RENEW } from "./lua/renew.ts";
 import {
   decodeAcquire,
   decodeAcquireAll,
-  decodeDone,
   decodeInspect,
+  decodeRelease,
   decodeRenew,
   type Granted,
 } from "./lua/replies.ts";
@@ -48,6 +49,9 @@ import type {
 import { withLock, withLocks } from "./with_lock.ts";
 
 export { DEFAULT_MAX_WAITERS, DEFAULT_TTL_MS, MAX_BATCH };
+
+// How many leases' hand-off hints a Locks keeps (a lease not released in time loses its hint).
+const HINTS = 1000;
 
 /** Options for {@linkcode Locks}. */
 export interface LocksOptions extends LockOpsOptions {
@@ -81,6 +85,7 @@ export interface LocksOptions extends LockOpsOptions {
 export class Locks implements LockClient {
   readonly #context: LockContext;
   readonly #maxWaiters: number;
+  readonly #hints = new Map<string, string>();
 
   /** Locks on `redis` (an `@upstash/redis` client), their keys under `prefix`. */
   constructor(redis: RedisLike, options: LocksOptions = {}) {
@@ -104,7 +109,14 @@ export class Locks implements LockClient {
     const lease = checkLeaseOptions(options);
     const attempt = this.#acquireAttempt(name, lease, checkMode(options), checkHold(options));
     return await this.#context.observe(name, "acquire", async () => {
-      const result = await waitFor(this.#context, name, [name], attempt, lease);
+      const result = await waitFor(
+        this.#context,
+        name,
+        [name],
+        attempt,
+        lease,
+        (handed) => this.release(handed),
+      );
       return result.acquired ? { acquired: true, lease: result.granted } : result;
     });
   }
@@ -115,31 +127,47 @@ export class Locks implements LockClient {
     { mode, limit, permits }: ReturnType<typeof checkMode>,
     hold: string,
   ): Attempt<Lease> {
-    const { lockKey, queueKey, ticketsKey, holdersKey, marksKey } = this.#context.keys.lock(name);
+    const { lockKey, queueKey, ticketsKey, holdersKey, marksKey, offersKey } = this.#context.keys
+      .lock(name);
     const stats = this.#context.keys.statsKeys(name);
     const keys = { lockKey, queueKey, ticketsKey, marksKey, ...stats };
-    const common = (look: { ticketMs: number; waitedMs: number; waiting: boolean }) => ({
+    const common = (look: Look) => ({
       ...this.#acquireArgs(lease, look.ticketMs),
       name,
       waitedMs: look.waitedMs,
       waiting: look.waiting,
       hold,
     });
+    const withHold = (granted: Lease, holdCount: number): Lease =>
+      hold === "" ? granted : { ...granted, hold, holdCount };
     const granted = (script: Script, extra: Partial<Lease>) => (reply: unknown) => {
       const decoded = decodeAcquire(script, reply);
       if (decoded.status !== "granted") return decoded;
       const granted = { ...toLease(name, lease.token, decoded), ...extra };
-      return {
-        status: "granted" as const,
-        granted: hold === "" ? granted : { ...granted, hold, holdCount: decoded.holdCount },
-      };
+      this.#hint(granted, decoded.next);
+      return { status: "granted" as const, granted: withHold(granted, decoded.holdCount) };
     };
     if (mode === "exclusive") {
+      const wakeId = `w${newToken().slice(0, 16)}`;
+      const wakeKey = this.#context.keys.wake(name, wakeId);
       return {
         script: ACQUIRE,
-        call: (look) => ACQUIRE.call({ keys, args: common(look) }),
+        call: (look) =>
+          ACQUIRE.call({
+            keys: { ...keys, offersKey, wakeKey },
+            args: { ...common(look), wakeId: look.wakeId },
+          }),
         members: [lease.token],
         decode: granted(ACQUIRE, {}),
+        wake: {
+          key: wakeKey,
+          id: wakeId,
+          lease: (grant) => {
+            const handed = toLease(name, lease.token, grant);
+            this.#hint(handed, grant.next);
+            return withHold(handed, 1);
+          },
+        },
       };
     }
     return {
@@ -152,6 +180,16 @@ export class Locks implements LockClient {
       members: [`${lease.token}~${limit > 0 ? permits : "s"}`],
       decode: granted(ACQUIRE_SHARED, { mode, ...(limit > 0 && { limit, permits }) }),
     };
+  }
+
+  // The next holder's wake id as a lease's grant told it, for its release's hand-off: by name
+  // and token, the last HINTS of them. A release without it hands over in a second request.
+  #hint(lease: Lease, next: string): void {
+    const key = `${lease.name}\n${lease.token}`;
+    this.#hints.delete(key);
+    if (next === "") return;
+    this.#hints.set(key, next);
+    if (this.#hints.size > HINTS) this.#hints.delete(this.#hints.keys().next().value!);
   }
 
   /**
@@ -273,20 +311,35 @@ export class Locks implements LockClient {
    */
   async release(lease: LeaseRef): Promise<boolean> {
     const { name, token } = checkLease(lease);
-    const { lockKey, holdersKey, marksKey } = this.#context.keys.lock(name);
+    const keys = this.#context.keys;
+    const { lockKey, holdersKey, marksKey, queueKey, ticketsKey, offersKey } = keys.lock(name);
+    const hint = this.#hints.get(`${name}\n${token}`) ?? "";
     const call = RELEASE.call({
-      keys: { lockKey, holdersKey, marksKey, ...this.#context.keys.statsKeys(name) },
+      keys: {
+        lockKey,
+        holdersKey,
+        marksKey,
+        queueKey,
+        ticketsKey,
+        offersKey,
+        wakeKey: keys.wake(name, hint),
+        ...keys.statsKeys(name),
+      },
       args: {
         token,
         graceMs: this.#context.fenceWindowMs,
         fence: lease.fence === undefined ? "" : String(lease.fence),
         name,
         hold: lease.hold ?? "",
+        wakeId: hint,
       },
     });
     return await this.#context.observe(name, "release", async () => {
       const started = performance.now();
-      const released = decodeDone(RELEASE, await this.#context.run(RELEASE, call));
+      const { released, head } = decodeRelease(RELEASE, await this.#context.run(RELEASE, call));
+      if (released) this.#hints.delete(`${name}\n${token}`);
+      // The head blocks on a wake key this release could not name: hand over in a second step.
+      if (head !== "") await this.#handOver(name, head).catch(() => {});
       this.#context.emit({
         type: "release",
         name,
@@ -296,6 +349,27 @@ export class Locks implements LockClient {
       });
       return released;
     });
+  }
+
+  // Best effort: a head not handed the lock here takes it at its next look (within BLOCK_MS).
+  async #handOver(name: string, wakeId: string): Promise<void> {
+    const { lockKey, queueKey, ticketsKey, offersKey, marksKey } = this.#context.keys.lock(name);
+    const wakeKey = this.#context.keys.wake(name, wakeId);
+    await this.#context.run(
+      HAND_OVER,
+      HAND_OVER.call({
+        keys: {
+          lockKey,
+          queueKey,
+          ticketsKey,
+          offersKey,
+          marksKey,
+          wakeKey,
+          ...this.#context.keys.statsKeys(name),
+        },
+        args: { graceMs: this.#context.fenceWindowMs, name, wakeId },
+      }),
+    );
   }
 
   /**

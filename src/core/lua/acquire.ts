@@ -1,10 +1,19 @@
 import { defineScript } from "./_define.ts";
 import { ACQUIRE_ARGS, STATS_KEYS, WAIT_ARGS } from "./contracts.ts";
-import { ACQUIRE_LUA, INDEX_LUA, NOW, QUEUE_LUA, RECORD_LUA, STATS_LUA } from "./lib.ts";
+import {
+  ACQUIRE_LUA,
+  HANDOFF_LUA,
+  INDEX_LUA,
+  NOW,
+  QUEUE_LUA,
+  RECORD_LUA,
+  STATS_LUA,
+} from "./lib.ts";
 
 /**
  * Acquire exclusively, with a fair, bounded queue of waiters. Returns `{1, fence, ttlMs, nowMs,
- * holdCount}` when acquired (or re-acquired by the same token, keeping its fence; counted when
+ * holdCount, next}` when acquired (`next` the wake id of the waiter at the head of the queue, for
+ * the release's hand-off; '' for none) (or re-acquired by the same token, keeping its fence; counted when
  * `hold` names a reentrant hold), `{0, retryAfterMs, nowMs, position, pttl}` when busy: position
  * 0 is the head of the queue, -1 not queued, -2 the queue was full; pttl is the holders' lease
  * left, ms (0 when free but kept for the head of the queue); `{-1, code}` on a mismatch (see
@@ -15,14 +24,32 @@ import { ACQUIRE_LUA, INDEX_LUA, NOW, QUEUE_LUA, RECORD_LUA, STATS_LUA } from ".
  * lives `ticketMs` from each call, so a waiter that gave up or crashed blocks nobody for longer;
  * each call that looks at the queue drops every lapsed ticket (at most `maxWaiters`, the queue's
  * bound), wherever it is. Shared holders (kind S) hold it until the latest of their lease ends.
+ *
+ * A waiter with a `wakeId` blocks on its `wakeKey` between looks, and leaves an offer with its
+ * ticket, so a release can hand it the lock in place (`HANDOFF_LUA`); any grant to it here clears
+ * that key of a grant it has not popped.
  */
 export const ACQUIRE = defineScript(
   "acquire",
   {
-    keys: ["lockKey", "queueKey", "ticketsKey", "marksKey", ...STATS_KEYS],
-    args: { ...ACQUIRE_ARGS, name: "string", ...WAIT_ARGS, hold: "string" },
+    keys: [
+      "lockKey",
+      "queueKey",
+      "ticketsKey",
+      "marksKey",
+      "offersKey",
+      "wakeKey",
+      ...STATS_KEYS,
+    ],
+    args: {
+      ...ACQUIRE_ARGS,
+      name: "string",
+      ...WAIT_ARGS,
+      hold: "string",
+      wakeId: "string", // the caller's wake key's id when it blocks between looks, else ''
+    },
   },
-  [NOW, RECORD_LUA, QUEUE_LUA, INDEX_LUA, STATS_LUA, ACQUIRE_LUA],
+  [NOW, RECORD_LUA, QUEUE_LUA, INDEX_LUA, STATS_LUA, ACQUIRE_LUA, HANDOFF_LUA],
   `
 local r = readRecord(lockKey)
 if r and r.foreign then return foreignBusy(lockKey) end
@@ -36,7 +63,9 @@ if held and r.token == token then
   if meta ~= '' then r.meta = meta end
   writeHeld(lockKey, r, nowMs, graceMs)
   granted(r.leaseEnd)
-  return {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, holdCount(r.holds)}
+  if wakeId ~= '' then redis.call('DEL', wakeKey) end -- a hand-off it learns of here
+  return {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, holdCount(r.holds),
+    r.flag == '1' and nextWake() or ''}
 end
 -- No record (a first acquire, or one that was lost): look at the queue too.
 local head
@@ -45,14 +74,19 @@ local holdMs = holdEstimate(r)
 if not held and (not head or head == token) then
   local flag = '0'
   if head and leaveQueue(queueKey, ticketsKey, token) then flag = '1' end
+  if head then redis.call('HDEL', offersKey, token) end
   local grant = {fence = newFence(r), leaseEnd = nowMs + ttlMs, at = nowMs, hold = holdMs,
     flag = flag, token = token, meta = meta, holds = newHolds(hold),
     released = (r and r.released) or ''}
   writeHeld(lockKey, grant, nowMs, graceMs)
   redis.call('ZREM', marksKey, token) -- a release without a fence now means this lease
   granted(grant.leaseEnd)
-  return {1, tonumber(grant.fence), ttlMs, nowMs, 1}
+  return {1, tonumber(grant.fence), ttlMs, nowMs, 1, flag == '1' and nextWake() or ''}
 end
-return busy(r, held, holdMs, token, head)
+local offer
+if wakeId ~= '' then
+  offer = string.format('%d|%d|', ttlMs, nowMs - waitedMs) .. wakeId .. '|' .. hold .. '|' .. meta
+end
+return busy(r, held, holdMs, token, head, offersKey, offer)
 `,
 );

@@ -3,18 +3,29 @@ import { NOW, STATS_LUA } from "./lib.ts";
 
 /**
  * Leave the queue (a waiter gave up): counts the acquire's outcome, `timeout` or `aborted` ('' to
- * count nothing). Returns 1 when its ticket was removed.
+ * count nothing). Returns 1 when its ticket was removed, else 0. A waiter that blocked (`wakeId`
+ * its wake key's id) drops its offer and its wake key too, and may find that a release handed
+ * it the lock first: then `{2, fence, ttlMs, nowMs}`, its lease (the caller's to keep or free).
  */
 export const LEAVE_QUEUE = defineScript(
   "leave_queue",
   {
-    keys: ["queueKey", "ticketsKey", "statsKey?"],
-    args: { member: "string", outcome: "string" },
+    keys: ["queueKey", "ticketsKey", "offersKey", "lockKey", "wakeKey", "statsKey?"],
+    args: { member: "string", outcome: "string", wakeId: "string" },
   },
   [NOW, STATS_LUA],
   `
 if outcome == 'timeout' or outcome == 'aborted' then count(statsKey, nowMs, 'acquire.' .. outcome) end
 redis.call('ZREM', ticketsKey, member)
-return redis.call('ZREM', queueKey, member)
+local removed = redis.call('ZREM', queueKey, member)
+if wakeId == '' then return removed end
+redis.call('HDEL', offersKey, member)
+redis.call('DEL', wakeKey)
+local fence, leaseEnd, token = string.match(redis.call('GET', lockKey) or '',
+  '^H(%d+)|(%d+)|%d+|%d+|[01]|([%w_-]+)|')
+if token == member and tonumber(leaseEnd) > nowMs then
+  return {2, tonumber(fence), tonumber(leaseEnd) - nowMs, nowMs}
+end
+return removed
 `,
 );

@@ -47,6 +47,9 @@ export const MIN_RETRY_MS = 5;
 // a sample outside any real hold; each sample and the average stay within 1 ms and the longest TTL.
 export const MAX_HOLD_MS = LIMITS.ttlMs.max;
 
+/** The most waiters a queue ever holds (\`maxWaiters\` is at most this). */
+export const MAX_QUEUE = 1000;
+
 /** How many releases a name remembers, for retried releases. */
 export const RELEASED_MARKS = 1000;
 
@@ -224,8 +227,9 @@ local function queueHead(queueKey, ticketsKey, nowMs, maxWaiters)
   return head
 end
 -- Takes a ticket for ticketMs (keeping an earlier place); returns the place, 0 the head, or -2
--- when the queue is full.
-local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters)
+-- when the queue is full. With \`offersKey\` (an exclusive waiter's), the waiter's \`offer\`
+-- (\`HANDOFF_LUA\`; nil for none) is kept beside its ticket, and lives as long.
+local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters, offersKey, offer)
   if not redis.call('ZSCORE', queueKey, member) then
     if redis.call('ZCARD', queueKey) >= maxWaiters then return -2 end
     -- Arrival order from the queue itself: one past the last waiter's place.
@@ -237,6 +241,11 @@ local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaite
   local latest = tonumber(redis.call('ZRANGE', ticketsKey, -1, -1, 'WITHSCORES')[2])
   redis.call('PEXPIRE', queueKey, math.max(latest - nowMs, 1))
   redis.call('PEXPIRE', ticketsKey, math.max(latest - nowMs, 1))
+  if offersKey then
+    if offer then redis.call('HSET', offersKey, member, offer)
+    else redis.call('HDEL', offersKey, member) end
+    redis.call('PEXPIRE', offersKey, math.max(latest - nowMs, 1))
+  end
   return redis.call('ZRANK', queueKey, member)
 end
 local function leaveQueue(queueKey, ticketsKey, member)
@@ -269,6 +278,57 @@ local function retryAfter(r, held, holdMs, position, ticketsKey, head, nowMs)
   end
   local wait = math.min(left + holdMs * math.max(position, 0), cap)
   return math.floor(math.max(${MIN_RETRY_MS}, wait))
+end
+`;
+
+// Hand-off at release. An exclusive waiter that blocks on a wake key of its own (a list,
+// `<lock>:wake:<wakeId>`, its wake id random per acquire) leaves an offer beside its ticket in
+// `offersKey`: member -> `<ttlMs>|<sinceMs>|<wakeId>|<hold>|<meta>`. A release that frees the
+// lock grants it in place to the head of the queue when the head left an offer and the caller
+// declared the head's wake key (every key a script touches is in KEYS): the head's lease is
+// written as if it had acquired, and the grant, `<fence>:<leaseEndMs>:<nowMs>:<next>`, is
+// pushed onto its wake key (`next` the wake id of the waiter now at the head, '' for none, so
+// the new holder's release can declare it in turn). A head whose wake key was not declared is
+// named in the reply; the caller hands over with `./hand_over.ts`. The pushed grant is only a
+// message: the record is the lease, and a waiter that missed its grant finds it at its next look.
+// Written with the names `offersKey`, `queueKey`, `ticketsKey`, `marksKey`, `lockKey`,
+// `graceMs` and `name` of the calling script, after RECORD_LUA, QUEUE_LUA, INDEX_LUA and STATS_LUA.
+export const HANDOFF_LUA = `
+local function readOffer(member)
+  local ttl, since, wake, hold, meta = string.match(redis.call('HGET', offersKey, member) or '',
+    '^(%d+)|(%d+)|([%w_-]+)|([%w_-]*)|(.*)$')
+  if not ttl then return nil end
+  return {ttl = tonumber(ttl), since = tonumber(since), wake = wake, hold = hold, meta = meta}
+end
+-- The wake id of the waiter at the head of the queue, '' when it left no offer.
+local function nextWake()
+  local head = redis.call('ZRANGE', queueKey, 0, 0)[1]
+  local offer = head and readOffer(head)
+  return (offer and offer.wake) or ''
+end
+-- Grants the free lock (r, its last record) to the head of the queue when it left an offer
+-- whose wake key is \`wakeKey\` (\`wakeId\` its id, '' for none declared). Returns 1 when handed
+-- over, the head's wake id when it left an offer under another, or nil.
+local function handOver(r, wakeKey, wakeId)
+  local head = queueHead(queueKey, ticketsKey, nowMs, ${MAX_QUEUE})
+  local offer = head and readOffer(head)
+  if not offer then return nil end
+  if offer.wake ~= wakeId then return offer.wake end
+  local flag = '0'
+  if leaveQueue(queueKey, ticketsKey, head) then flag = '1' end
+  redis.call('HDEL', offersKey, head)
+  local lease = {fence = string.format('%.0f', math.max(nowUs, tonumber(r.fence) + 1)),
+    leaseEnd = nowMs + offer.ttl, at = nowMs, hold = clamp(r.hold, 1, ${MAX_HOLD_MS}), flag = flag,
+    token = head, meta = offer.meta, holds = newHolds(offer.hold), released = r.released}
+  writeHeld(lockKey, lease, nowMs, graceMs)
+  redis.call('ZREM', marksKey, head) -- a release without a fence now means this lease
+  redis.call('DEL', wakeKey)
+  redis.call('RPUSH', wakeKey, lease.fence .. ':' .. ms(lease.leaseEnd) .. ':' .. ms(nowMs) .. ':' ..
+    nextWake())
+  redis.call('PEXPIRE', wakeKey, offer.ttl)
+  observe(statsKey, nowMs, 'wait', nowMs - offer.since)
+  indexPut(namesKey, endsKey, name, lease.leaseEnd, nowMs)
+  return 1
 end
 `;
 
@@ -337,8 +397,9 @@ local function foreignBusy(key)
   countBusy(-1)
   return {0, ${MIN_RETRY_MS}, nowMs, -1, ttlOrSet(key, ${MAX_HOLD_MS})}
 end
--- Busy: note the contention, queue \`member\` when it waits, and hint when to look again.
-local function busy(r, held, holdMs, member, head)
+-- Busy: note the contention, queue \`member\` when it waits (with its offer, for an exclusive
+-- waiter), and hint when to look again.
+local function busy(r, held, holdMs, member, head, offersKey, offer)
   noteContended(lockKey, r, nowMs, graceMs)
   local pttl = 0
   if held then
@@ -346,7 +407,8 @@ local function busy(r, held, holdMs, member, head)
     ttlOrSet(lockKey, pttl + graceMs)
   end
   local position = -1
-  if ticketMs > 0 then position = joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters) end
+  if ticketMs > 0 then position = joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters,
+    offersKey, offer) end
   countBusy(position)
   return {0, retryAfter(r, held, holdMs, position, ticketsKey, head, nowMs), nowMs, position, pttl}
 end

@@ -3,6 +3,7 @@ export { ACQUIRE } from "./acquire.ts";
 export { ACQUIRE_SHARED, MAX_SHARED } from "./acquire_shared.ts";
 export { ACQUIRE_ALL } from "./acquire_all.ts";
 export { LEAVE_QUEUE } from "./leave_queue.ts";
+export { HAND_OVER } from "./hand_over.ts";
 export { RENEW } from "./renew.ts";
 export { RELEASE } from "./release.ts";
 export { INSPECT } from "./inspect.ts";

@@ -1,33 +1,63 @@
 import { defineScript } from "./_define.ts";
 import { STATS_KEYS } from "./contracts.ts";
-import { HOLDERS_LUA, INDEX_LUA, MAX_HOLD_MS, NOW, RECORD_LUA, STATS_LUA } from "./lib.ts";
+import {
+  HANDOFF_LUA,
+  HOLDERS_LUA,
+  INDEX_LUA,
+  MAX_HOLD_MS,
+  NOW,
+  QUEUE_LUA,
+  RECORD_LUA,
+  STATS_LUA,
+} from "./lib.ts";
 
 /**
- * Release, any kind of lease. Returns 1 when the token held it (and it is now free, or, for a
+ * Release, any kind of lease. Returns `{released, head}`: released is 1 when the token held it (and it is now free, or, for a
  * reentrant lease, one hold fewer: the hold named by `hold`, none when that hold is gone, as for
  * a retry), also when this release already went through (a retried or duplicated request), else
  * 0. Every release that frees a lease is
  * remembered by token for RELEASE_MEMORY_MS (the last RELEASED_MARKS of a name; a grant to the
  * token forgets it): with the lease's fence, a retry matches exactly that lease; without it, the
  * token's latest lease, if that one was released.
+ *
+ * A release that frees the name hands it to the head of the queue in place when the head blocks
+ * on the wake key the caller declared (`wakeKey`, `wakeId`: the hint of its grant); `head` is the
+ * head's wake id when it blocks on another, for `./hand_over.ts`, else ''.
  */
 export const RELEASE = defineScript(
   "release",
   {
-    keys: ["lockKey", "holdersKey", "marksKey", ...STATS_KEYS],
+    keys: [
+      "lockKey",
+      "holdersKey",
+      "marksKey",
+      "queueKey",
+      "ticketsKey",
+      "offersKey",
+      "wakeKey",
+      ...STATS_KEYS,
+    ],
     args: {
       token: "string",
       graceMs: "number",
       fence: "string", // the lease's fence, or '' when the caller does not know it
       name: "string",
       hold: "string", // a reentrant hold's id, or ''
+      wakeId: "string", // the id of wakeKey, the hinted next holder's, or ''
     },
   },
-  [NOW, RECORD_LUA, HOLDERS_LUA, INDEX_LUA, STATS_LUA],
+  [NOW, RECORD_LUA, HOLDERS_LUA, QUEUE_LUA, INDEX_LUA, STATS_LUA, HANDOFF_LUA],
   `
 local function lost()
   count(statsKey, nowMs, 'release.lost')
-  return 0
+  return {0, ''}
+end
+-- The name is free: the head of the queue may take it now.
+local function freed(r)
+  if r.flag ~= '1' then return {1, ''} end
+  local handed = handOver(r, wakeKey, wakeId)
+  if handed == 1 or not handed then return {1, ''} end
+  return {1, handed}
 end
 -- A moving average of hold times, for waiters' hints. A negative hold means the server clock
 -- stepped back: no sample. A forward step counts as at most the longest lease.
@@ -47,7 +77,7 @@ local function retried(released, sha)
 end
 local r = readRecord(lockKey)
 if not r then
-  if retried('', '') then return 1 end
+  if retried('', '') then return {1, ''} end
   return lost()
 end
 if r.foreign then return lost() end
@@ -57,7 +87,7 @@ if r.shared and nowMs < r.leaseEnd then
   if h and nowMs < h.leaseEnd and (fence == '' or h.fence == fence) then
     if dropHold(h.holds, hold) > 0 then
       writeHolder(holdersKey, token, h)
-      return 1
+      return {1, ''}
     end
     redis.call('HDEL', holdersKey, token)
     markReleased(marksKey, token, h.fence)
@@ -68,28 +98,29 @@ if r.shared and nowMs < r.leaseEnd then
       writeReleased(lockKey, r, graceMs)
       redis.call('DEL', holdersKey)
       indexEnd(endsKey, name, nowMs)
+      return freed(r)
     else
       r.leaseEnd = latest
       writeShared(lockKey, r, nowMs, graceMs)
       redis.call('PEXPIRE', holdersKey, latest - nowMs)
       indexPut(namesKey, endsKey, name, latest, nowMs) -- the index ends with the latest holder
     end
-    return 1
+    return {1, ''}
   end
 end
 if r.free or r.token ~= token or nowMs >= r.leaseEnd or (fence ~= '' and r.fence ~= fence) then
-  if retried(r.released, sha) then return 1 end -- not held by this lease now
+  if retried(r.released, sha) then return {1, ''} end -- not held by this lease now
   return lost()
 end
 if dropHold(r.holds, hold) > 0 then
   writeHeld(lockKey, r, nowMs, graceMs)
-  return 1
+  return {1, ''}
 end
 sampleHold(r, r.at)
 r.released = r.fence .. ':' .. sha
 writeReleased(lockKey, r, graceMs)
 markReleased(marksKey, token, r.fence)
 indexEnd(endsKey, name, nowMs)
-return 1
+return freed(r)
 `,
 );

@@ -2,13 +2,17 @@
 import { integers } from "../_runner.ts";
 import type { Script } from "./_define.ts";
 
-/** An acquire's grant: the fence, the lease left and the server time, ms; its hold count. */
+/**
+ * An acquire's grant: the fence, the lease left and the server time, ms; its hold count; and the
+ * wake id of the waiter at the head of the queue ('' for none), for the release's hand-off.
+ */
 export interface Granted {
   status: "granted";
   fence: number;
   ttlMs: number;
   now: number;
   holdCount: number;
+  next: string;
 }
 
 /** A busy acquire: when to look again, the caller's place (-1 none, -2 queue full), lease left. */
@@ -38,7 +42,7 @@ export function decodeAcquire(script: Script, reply: unknown): Granted | Busy | 
   const [status] = integers(script, reply, 1);
   if (status === 1) {
     const [, fence, ttlMs, now, holdCount] = integers(script, reply, 5) as Tuple5;
-    return { status: "granted", fence, ttlMs, now, holdCount };
+    return { status: "granted", fence, ttlMs, now, holdCount, next: wakeIdAt(reply, 5) };
   }
   return decodeNotGranted(script, reply);
 }
@@ -66,12 +70,34 @@ function decodeNotGranted(script: Script, reply: unknown): Busy | Mismatch {
 export function decodeRenew(script: Script, reply: unknown): Granted | { status: "lost" } {
   if (integers(script, reply, 1)[0] !== 1) return { status: "lost" };
   const [, fence, ttlMs, now, holdCount] = integers(script, reply, 5) as Tuple5;
-  return { status: "granted", fence, ttlMs, now, holdCount };
+  return { status: "granted", fence, ttlMs, now, holdCount, next: "" };
 }
 
-/** A release or a leave: 1 when it took effect. */
+/** A release: whether it took effect, and the wake id of a head to hand over to ('' for none). */
+export function decodeRelease(script: Script, reply: unknown): { released: boolean; head: string } {
+  const list = Array.isArray(reply) ? reply : [reply];
+  return { released: integers(script, list, 1)[0] === 1, head: wakeIdAt(list, 1) };
+}
+
+/** A leave: the lease a hand-off gave the waiter before it left, if one did. */
+export function decodeLeave(
+  script: Script,
+  reply: unknown,
+): { fence: number; ttlMs: number; now: number; next: string } | undefined {
+  if (!Array.isArray(reply)) return undefined;
+  const [, fence, ttlMs, now] = integers(script, reply, 4);
+  return { fence: fence!, ttlMs: ttlMs!, now: now!, next: "" };
+}
+
+/** A done-or-not reply (a hand-over): 1 when it took effect. */
 export function decodeDone(script: Script, reply: unknown): boolean {
   return integers(script, [reply], 1)[0] === 1;
+}
+
+// A wake id in a reply, '' when absent or not one.
+function wakeIdAt(reply: unknown, index: number): string {
+  const value = Array.isArray(reply) ? reply[index] : undefined;
+  return typeof value === "string" && /^[\w-]{1,64}$/.test(value) ? value : "";
 }
 
 /** A break: the broken lease's fence, or not held. */
