@@ -72,7 +72,7 @@ function limits(get: Env) {
   return {
     port: int("BRIDGE_PORT", 0, 65535) ?? 8079,
     poolSize: int("BRIDGE_POOL_SIZE", 1, 256) ?? 4,
-    maxBlocking: int("BRIDGE_MAX_BLOCKING", 0, 10_000) ?? 16,
+    maxBlocking: int("BRIDGE_MAX_BLOCKING", 0, 10_000) ?? 256,
     commandTimeoutMs: int("BRIDGE_COMMAND_TIMEOUT_MS", 1, 3_600_000) ?? 30_000,
     shutdownGraceMs: int("BRIDGE_GRACE_MS", 0, 600_000) ?? 5000,
     scriptTimeoutMs: int("BRIDGE_SCRIPT_TIMEOUT_MS", 100, 3_600_000) ?? 5000,

@@ -64,7 +64,7 @@ export class Pools {
     this.#url = options.clusterUrls?.[0] ?? user?.url ?? options.redisUrl;
     this.#commandTimeoutMs = options.commandTimeoutMs ?? 30_000;
     this.#scriptTimeoutMs = options.scriptTimeoutMs ?? 5000;
-    this.maxBlocking = options.maxBlocking ?? 16;
+    this.maxBlocking = options.maxBlocking ?? 256;
     this.#isolate = options.isolateBlocking === false ? () => false : isBlocking;
     this.cluster = options.clusterUrls &&
       connectCluster(options.clusterUrls, this.#commandTimeoutMs);

@@ -35,7 +35,8 @@ export interface BridgeOptions {
   transactionPoolSize?: number;
   /**
    * Blocking commands (BLPOP and its family, XREAD/XREADGROUP with BLOCK, WAIT, WAITAOF) run each
-   * on a connection of its own, at most this many at once; one more is refused. @default 16
+   * on a connection of its own, at most this many at once; one more is refused (edgelock's
+   * waiters then poll). Each waiting acquire holds one. @default 256
    */
   maxBlocking?: number;
   /**
