@@ -352,6 +352,7 @@ export const BROKEN_RULES = [
   "fence",
   "reentry",
   "hold",
+  "handoff",
 ] as const;
 /** One of {@linkcode BROKEN_RULES}. */
 export type BrokenRule = typeof BROKEN_RULES[number];
@@ -392,6 +393,12 @@ local places, position = {}, -1`,
   ],
   // A release of a hold that is gone (a retry) ends another hold instead.
   hold: [RELEASE, "if i then table.remove(holds.ids, i) end", "table.remove(holds.ids, i)"],
+  // A release hands the name to the head of the queue while other holds of its lease remain.
+  handoff: [
+    RELEASE,
+    "  writeHeld(lockKey, r, nowMs, graceMs)\n  return {1, ''}",
+    "  writeHeld(lockKey, r, nowMs, graceMs)\n  return freed(r)",
+  ],
 };
 
 /** Runs the script of `rule` with its check removed, in place of the real one. */

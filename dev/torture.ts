@@ -198,10 +198,13 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
         for (const lease of leases ?? []) await release(locks, id, lease);
         continue;
       }
+      // Half the exclusive writers wait in the queue (and are handed the lock at a release).
       const options: AcquireOptions = role === "shared"
         ? { mode: "shared" }
         : role === "semaphore"
         ? { limit: LIMIT, permits: 1 + Math.floor(Math.random() * 2) }
+        : Math.random() < 0.5
+        ? { waitMs: Math.floor(Math.random() * 300) }
         : {};
       const name = role === "semaphore"
         ? pick(semNames)
@@ -256,6 +259,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
   async function reentrant(locks: LockClient, client: string, name: string) {
     const outer = await acquire(locks, client, name, { reentrant: true, ttlMs: TTL_MS * 3 });
     if (!outer) return void await sleep(5 + Math.random() * 20);
+    await sleep(20); // writers queue behind the outer hold, and the inner grant names the next
     const inner = await acquire(locks, client, name, {
       reentrant: true,
       token: outer.token,

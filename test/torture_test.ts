@@ -39,6 +39,7 @@ const CAUGHT_AS: Record<BrokenRule, Violation["rule"]> = {
   fence: "fence_order",
   reentry: "overlap",
   hold: "overlap",
+  handoff: "overlap",
 };
 for (const broken of BROKEN_RULES) {
   Deno.test(`the checker catches the broken ${broken} variant`, async () => {

@@ -1,0 +1,382 @@
+// The hand-off at release: blocked waiters are granted the lock by the release itself.
+import assert from "node:assert/strict";
+import type { Redis } from "@upstash/redis";
+import { type LockEvent, Locks } from "@edgelock/edgelock";
+import { startBridge } from "../bridge/mod.ts";
+import { runScript } from "../src/core/_runner.ts";
+import { ACQUIRE } from "../src/core/lua/acquire.ts";
+import { LEAVE_QUEUE } from "../src/core/lua/leave_queue.ts";
+import { acquired, keygen, lockKeys, shared, startBackend, takeTicket, until } from "./_backend.ts";
+
+const fixture = shared(async () => {
+  const backend = await startBackend();
+  // The same Redis behind a bridge that serves no blocking command: waiters must poll.
+  const refusing = await startBridge({
+    redisUrl: backend.server.url,
+    token: backend.token,
+    port: 0,
+    maxBlocking: 0,
+  });
+  return { backend, refusing };
+}, async ({ backend, refusing }) => {
+  await refusing.close();
+  await backend.stop();
+});
+
+// A Locks whose events are collected: `looks(name)` counts the busy looks of waiters on it.
+function tracked(redis: Redis, options: ConstructorParameters<typeof Locks>[1] = {}) {
+  const events: LockEvent[] = [];
+  const locks = new Locks(redis, { ...options, onEvent: (event) => events.push(event) });
+  return { locks, events, looks: () => events.filter((e) => e.type === "wait").length };
+}
+
+// The fence of the lease that holds `name`, if one does.
+async function fenceOf(locks: Locks, name: string): Promise<number | undefined> {
+  const info = await locks.inspect(name);
+  return info.held ? info.fence : undefined;
+}
+
+const queued = (redis: Redis, name: string, count: number) =>
+  until(`${count} waiting`, async () => await redis.zcard(lockKeys(name)[1]) >= count);
+
+Deno.test("a release hands the lock to a blocked waiter, which needs no second look", async () => {
+  const { backend } = await fixture();
+  const { locks, looks } = tracked(backend.redis);
+  const name = keygen("h");
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const waiting = locks.acquire(name, { ttlMs: 5_000, waitMs: 20_000, meta: { by: "waiter" } });
+  await queued(backend.redis, name, 1);
+  assert.equal(await locks.release(holder), true);
+  const lease = acquired(await waiting);
+  assert.ok(lease.fence > holder.fence, "a new, higher fence");
+  assert.equal(looks(), 1, "one look, then the block that the release answered");
+  const info = await locks.inspect(name);
+  assert.ok(info.held);
+  assert.equal(info.fence, lease.fence);
+  assert.deepEqual(info.meta, { by: "waiter" }, "the waiter's meta is on its lease");
+  assert.ok(lease.ttlMs <= 5_000 && lease.ttlMs > 4_000, `its own TTL: ${lease.ttlMs}`);
+  assert.equal(await backend.redis.exists(lockKeys(name)[1], `${lockKeys(name)[0]}:offers`), 0);
+  assert.equal(await locks.release(lease), true);
+});
+
+Deno.test("blocked waiters are handed the lock in arrival order, three requests each", async () => {
+  const { backend } = await fixture();
+  const { locks } = tracked(backend.redis);
+  const name = keygen("h");
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const order: number[] = [];
+  const fences: number[] = [];
+  const waiters: Promise<void>[] = [];
+  for (let i = 0; i < 8; i++) {
+    waiters.push((async () => {
+      const lease = acquired(await locks.acquire(name, { ttlMs: 10_000, waitMs: 20_000 }));
+      order.push(i);
+      fences.push(lease.fence);
+      await locks.release(lease);
+    })());
+    await queued(backend.redis, name, i + 1);
+  }
+  const before = backend.requests();
+  await locks.release(holder);
+  await Promise.all(waiters);
+  assert.deepEqual(order, [0, 1, 2, 3, 4, 5, 6, 7]);
+  assert.deepEqual(fences, [...fences].sort((a, b) => a - b), "fences increase");
+  // Each grant told its holder the next waiter's wake key, so each release handed over at once:
+  // one release and the woken BLPOP's reply per grant, and the first release's second step.
+  const requests = backend.requests() - before;
+  assert.ok(requests <= 8 + 1 + 1, `${requests} requests for 8 hand-offs`);
+});
+
+Deno.test("a release that does not know the head's wake key hands over in a second step", async () => {
+  const { backend } = await fixture();
+  const waiter = tracked(backend.redis);
+  const other = new Locks(backend.redis); // releases without the hint: another instance
+  const name = keygen("h");
+  const holder = acquired(await other.acquire(name, { ttlMs: 10_000 }));
+  const waiting = waiter.locks.acquire(name, { ttlMs: 5_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  const before = backend.requests();
+  assert.equal(await new Locks(backend.redis).release(holder), true);
+  const lease = acquired(await waiting);
+  // The BLPOP was counted when it arrived, before the release.
+  assert.equal(backend.requests() - before, 2, "the release, then the hand-over");
+  assert.equal(waiter.looks(), 1, "the waiter never looked again");
+  await waiter.locks.release(lease);
+});
+
+Deno.test("a lost wake-up costs one block: the waiter finds its lease at its next look", async () => {
+  const { backend } = await fixture();
+  // A client whose first BLPOP reply is lost: the grant was popped, the waiter hears nothing.
+  let lost = 0;
+  const redis = new Proxy(backend.redis, {
+    get(target, property, receiver) {
+      if (property !== "exec") return Reflect.get(target, property, receiver);
+      return async (command: string[]) => {
+        const reply = await target.exec(command as [string, ...string[]]);
+        return command[0] === "BLPOP" && reply !== null && lost++ === 0 ? null : reply;
+      };
+    },
+  });
+  const { locks, looks } = tracked(redis);
+  const name = keygen("h");
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const waiting = locks.acquire(name, { ttlMs: 5_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  await locks.release(holder);
+  const lease = acquired(await waiting);
+  assert.equal(lost, 1, "the wake-up was lost");
+  assert.equal(looks(), 1, "one busy look; the next look found the lease");
+  assert.equal(
+    await fenceOf(locks, name),
+    lease.fence,
+    "the lease the release granted, same fence",
+  );
+  assert.equal(await locks.release(lease), true);
+});
+
+Deno.test("a waiter that hears no wake-up finds its lease before its wait ends", async () => {
+  const { backend } = await fixture();
+  // Its BLPOP replies are withheld, so it cannot learn of the hand-off before its wait ends.
+  const redis = new Proxy(backend.redis, {
+    get(target, property, receiver) {
+      if (property !== "exec") return Reflect.get(target, property, receiver);
+      return () => new Promise((resolve) => setTimeout(() => resolve(null), 50));
+    },
+  });
+  const locks = new Locks(redis);
+  const name = keygen("h");
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const waiting = locks.acquire(name, { ttlMs: 5_000, waitMs: 600 });
+  await queued(backend.redis, name, 1);
+  await locks.release(holder); // hands over: the waiter's offer is at the head
+  const lease = acquired(await waiting);
+  assert.ok(lease.fence > holder.fence);
+  assert.equal(await fenceOf(locks, name), lease.fence);
+  assert.equal(await locks.release(lease), true);
+});
+
+Deno.test("a waiter leaving the queue finds a hand-off that beat it", async () => {
+  const { backend } = await fixture();
+  const redis = backend.redis;
+  const locks = new Locks(redis);
+  const name = keygen("h");
+  const [lockKey, queueKey, ticketsKey, marksKey] = lockKeys(name);
+  const offersKey = `${lockKey}:offers`;
+  const wakeKey = `${lockKey}:wake:wTestWake0001`;
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const token = "blocked-waiter-00000001";
+  const look = ACQUIRE.call({
+    keys: { lockKey, queueKey, ticketsKey, marksKey, offersKey, wakeKey },
+    args: {
+      token,
+      ttlMs: 3_000,
+      meta: "",
+      graceMs: 60_000,
+      ticketMs: 2_000,
+      maxWaiters: 10,
+      name,
+      waitedMs: 0,
+      waiting: true,
+      hold: "",
+      wakeId: "wTestWake0001",
+    },
+  });
+  assert.equal((await runScript(redis, ACQUIRE, look.keys, look.args) as number[])[0], 0);
+  await locks.release(holder); // no hint: the second step hands it over
+  assert.equal(await redis.llen(wakeKey), 1, "the grant waits on the wake key");
+  const leave = LEAVE_QUEUE.call({
+    keys: { queueKey, ticketsKey, offersKey, lockKey, wakeKey },
+    args: { member: token, outcome: "", wakeId: "wTestWake0001" },
+  });
+  const reply = await runScript(redis, LEAVE_QUEUE, leave.keys, leave.args) as number[];
+  assert.equal(reply[0], 2, "the leave reports the lease");
+  assert.equal(reply[1], await fenceOf(locks, name));
+  assert.ok(reply[2]! > 2_000 && reply[2]! <= 3_000, `with its TTL left: ${reply[2]}`);
+  assert.equal(await redis.exists(wakeKey, offersKey), 0, "the wake key and the offer are gone");
+  assert.equal(await locks.release({ name, token }), true);
+});
+
+Deno.test("a waiter aborted after the lock was handed to it releases it to the next", async () => {
+  const { backend } = await fixture();
+  // The first waiter never hears its BLPOP reply (withheld until aborted).
+  const deaf = new Proxy(backend.redis, {
+    get(target, property, receiver) {
+      if (property !== "exec") return Reflect.get(target, property, receiver);
+      return () => new Promise(() => {});
+    },
+  });
+  const first = new Locks(deaf);
+  const locks = new Locks(backend.redis);
+  const name = keygen("h");
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const controller = new AbortController();
+  const aborted = first.acquire(name, { waitMs: 20_000, signal: controller.signal });
+  await queued(backend.redis, name, 1);
+  const second = locks.acquire(name, { waitMs: 20_000 });
+  await queued(backend.redis, name, 2);
+  await locks.release(holder); // handed to the first waiter, which does not hear of it
+  await until("the first waiter holds it", async () => (await locks.inspect(name)).held);
+  controller.abort(new Error("the caller went away"));
+  await assert.rejects(aborted, /the caller went away/);
+  const lease = acquired(await second);
+  assert.equal(await fenceOf(locks, name), lease.fence, "the second waiter holds it");
+  await locks.release(lease);
+});
+
+Deno.test("a release of an inner reentrant hold hands nothing over", async () => {
+  const { backend } = await fixture();
+  const locks = new Locks(backend.redis);
+  const name = keygen("h");
+  const outer = acquired(await locks.acquire(name, { ttlMs: 10_000, reentrant: true }));
+  const inner = acquired(
+    await locks.acquire(name, { ttlMs: 10_000, reentrant: true, token: outer.token }),
+  );
+  let granted = false;
+  const waiting = locks.acquire(name, { waitMs: 20_000 }).then((result) => {
+    granted = true;
+    return result;
+  });
+  await queued(backend.redis, name, 1);
+  assert.equal(await locks.release(inner), true);
+  assert.equal(await locks.release(inner), true, "a retried inner release");
+  assert.equal(await fenceOf(locks, name), outer.fence, "the outer hold still holds");
+  assert.equal(granted, false);
+  assert.equal(await locks.release(outer), true);
+  const lease = acquired(await waiting);
+  assert.ok(lease.fence > outer.fence);
+  await locks.release(lease);
+});
+
+Deno.test("a retried release after the hand-off answers true and frees nothing", async () => {
+  const { backend } = await fixture();
+  const locks = new Locks(backend.redis);
+  const name = keygen("h");
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const waiting = locks.acquire(name, { waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  assert.equal(await locks.release(holder), true);
+  const lease = acquired(await waiting);
+  assert.equal(await locks.release(holder), true, "the retry answers the same");
+  assert.equal(await locks.release({ name, token: holder.token }), true, "without its fence too");
+  assert.equal(await fenceOf(locks, name), lease.fence, "the new holder still holds");
+  await locks.release(lease);
+});
+
+Deno.test("a dead waiter at the head is skipped once its ticket lapsed", async () => {
+  const { backend } = await fixture();
+  const locks = new Locks(backend.redis);
+  const name = keygen("h");
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  await takeTicket(backend.redis, name, "vanished-waiter-0000001", 200); // never looks again
+  const waiting = locks.acquire(name, { waitMs: 20_000 });
+  await queued(backend.redis, name, 2);
+  await until("the dead ticket lapsed", async () => {
+    const [[, deadline]] = [
+      await backend.redis.zrange(lockKeys(name)[2], 0, 0, {
+        withScores: true,
+      }),
+    ] as unknown as [[string, number]];
+    const [seconds] = await backend.redis.time();
+    return deadline < seconds * 1000;
+  });
+  await locks.release(holder);
+  const lease = acquired(await waiting);
+  assert.equal(await fenceOf(locks, name), lease.fence);
+  await locks.release(lease);
+});
+
+Deno.test("a waiter whose holder vanished takes the lock at the lease end", async () => {
+  const { backend } = await fixture();
+  const { locks, looks } = tracked(backend.redis);
+  const name = keygen("h");
+  const holder = acquired(await locks.acquire(name, { ttlMs: 400 })); // never released
+  const lease = acquired(await locks.acquire(name, { waitMs: 20_000 }));
+  assert.ok(lease.serverTime >= holder.expiresAt, "granted once the lease had ended");
+  assert.ok(looks() <= 2, `the head blocked until the lease end, not past it (${looks()} looks)`);
+  await locks.release(lease);
+});
+
+Deno.test("waiters through a bridge that refuses BLPOP poll, and are granted in order", async () => {
+  const { backend, refusing } = await fixture();
+  const redis = backend.client({ url: refusing.url });
+  const locks = new Locks(redis);
+  const name = keygen("h");
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const order: number[] = [];
+  const waiters = [0, 1, 2].map(async (i) => {
+    await until(
+      `waiter ${i}'s turn to arrive`,
+      async () => await redis.zcard(lockKeys(name)[1]) >= i,
+    );
+    const lease = acquired(await locks.acquire(name, { waitMs: 20_000 }));
+    order.push(i);
+    await locks.release(lease);
+  });
+  await queued(redis, name, 3);
+  await locks.release(holder);
+  await Promise.all(waiters);
+  assert.deepEqual(order, [0, 1, 2]);
+});
+
+Deno.test("with blocking off, waiters poll and send no BLPOP", async () => {
+  const { backend } = await fixture();
+  let blpops = 0;
+  const redis = new Proxy(backend.redis, {
+    get(target, property, receiver) {
+      if (property !== "exec") return Reflect.get(target, property, receiver);
+      return (command: [string, ...string[]]) => {
+        if (command[0] === "BLPOP") blpops++;
+        return target.exec(command);
+      };
+    },
+  });
+  const locks = new Locks(redis, { blocking: false });
+  const name = keygen("h");
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const waiting = locks.acquire(name, { waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  await locks.release(holder);
+  await locks.release(acquired(await waiting));
+  assert.equal(blpops, 0);
+  assert.throws(
+    () => new Locks(redis, { blocking: "yes" as never }),
+    /blocking must be true or false/,
+  );
+});
+
+Deno.test("a shared waiter is not handed the lock; an exclusive one behind readers is", async () => {
+  const { backend } = await fixture();
+  const locks = new Locks(backend.redis);
+  const name = keygen("h");
+  const readers = await Promise.all(
+    [0, 1].map(async () => acquired(await locks.acquire(name, { mode: "shared", ttlMs: 10_000 }))),
+  );
+  const writer = locks.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  const reader = locks.acquire(name, { mode: "shared", waitMs: 20_000 });
+  await queued(backend.redis, name, 2);
+  for (const lease of readers) await locks.release(lease);
+  const written = acquired(await writer);
+  assert.ok(written.fence > readers[1]!.fence);
+  await locks.release(written);
+  const read = acquired(await reader);
+  assert.equal(read.mode, "shared");
+  await locks.release(read);
+});
+
+Deno.test("the offers and wake keys carry TTLs and are gone after the wait", async () => {
+  const { backend } = await fixture();
+  const redis = backend.redis;
+  const locks = new Locks(redis);
+  const name = keygen("h");
+  const [lockKey] = lockKeys(name);
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const waiting = locks.acquire(name, { waitMs: 20_000 });
+  await queued(redis, name, 1);
+  const offersTtl = await redis.pttl(`${lockKey}:offers`);
+  assert.ok(offersTtl > 0 && offersTtl <= 2_250, `the offers live as the ticket: ${offersTtl}`);
+  await locks.release(holder);
+  await locks.release(acquired(await waiting));
+  const left = await redis.keys(`${lockKey}:*`);
+  assert.deepEqual(left.filter((key) => /:(offers|wake:|queue|tickets)/.test(key)), []);
+});
