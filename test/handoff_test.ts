@@ -183,7 +183,7 @@ Deno.test("a waiter leaving the queue finds a hand-off that beat it", async () =
   });
   assert.equal((await runScript(redis, ACQUIRE, look.keys, look.args) as number[])[0], 0);
   await locks.release(holder); // no hint: the second step hands it over
-  assert.equal(await redis.llen(wakeKey), 1, "the grant waits on the wake key");
+  assert.equal(await redis.llen(wakeKey), 2, "the grant and its receipt wait on the wake key");
   const leave = LEAVE_QUEUE.call({
     keys: { queueKey, ticketsKey, offersKey, lockKey, wakeKey },
     args: { member: token, outcome: "", wakeId: "wTestWake0001" },
@@ -221,6 +221,36 @@ Deno.test("a waiter aborted after the lock was handed to it releases it to the n
   const lease = acquired(await second);
   assert.equal(await fenceOf(locks, name), lease.fence, "the second waiter holds it");
   await locks.release(lease);
+});
+
+Deno.test("an acquire with the same token that aborts frees nothing another was handed", async () => {
+  const { backend } = await fixture();
+  // The first acquire never hears its BLPOP replies; the second, with the same token, does.
+  const deaf = new Proxy(backend.redis, {
+    get(target, property, receiver) {
+      if (property !== "exec") return Reflect.get(target, property, receiver);
+      return () => new Promise(() => {});
+    },
+  });
+  const locks = new Locks(backend.redis);
+  const name = keygen("h");
+  const token = "same-token-for-a-retry-01";
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const controller = new AbortController();
+  const first = new Locks(deaf).acquire(name, { token, waitMs: 20_000, signal: controller.signal });
+  await queued(backend.redis, name, 1);
+  const second = locks.acquire(name, { token, ttlMs: 10_000, waitMs: 20_000 });
+  await until("the second acquire has blocked", async () => {
+    const offers = await backend.redis.hgetall(`${lockKeys(name)[0]}:offers`);
+    return offers !== null && Object.keys(offers).length === 1 && backend.requests() > 0;
+  });
+  await new Promise((resolve) => setTimeout(resolve, 50)); // its BLPOP is at Redis
+  await locks.release(holder); // handed to the latest offer: the second acquire's wake key
+  const lease = acquired(await second);
+  controller.abort(new Error("the first request's client went away"));
+  await assert.rejects(first, /went away/);
+  assert.equal(await fenceOf(locks, name), lease.fence, "the second acquire still holds it");
+  assert.equal(await locks.release(lease), true);
 });
 
 Deno.test("a release of an inner reentrant hold hands nothing over", async () => {
@@ -378,5 +408,10 @@ Deno.test("the offers and wake keys carry TTLs and are gone after the wait", asy
   await locks.release(holder);
   await locks.release(acquired(await waiting));
   const left = await redis.keys(`${lockKey}:*`);
-  assert.deepEqual(left.filter((key) => /:(offers|wake:|queue|tickets)/.test(key)), []);
+  assert.deepEqual(left.filter((key) => /:(offers|queue|tickets)/.test(key)), []);
+  // The hand-off's receipt stays on the wake key, no longer than that lease's TTL.
+  for (const key of left.filter((key) => key.includes(":wake:"))) {
+    const ttl = await redis.pttl(key);
+    assert.ok(ttl > 0 && ttl <= 10_000, `${key} lives ${ttl} ms`);
+  }
 });

@@ -69,7 +69,7 @@ if held and r.token == token then
 end
 -- No record (a first acquire, or one that was lost): look at the queue too.
 local head
-if not r or r.flag == '1' then head = queueHead(queueKey, ticketsKey, nowMs, maxWaiters) end
+if not r or r.flag == '1' then head = queueHead(queueKey, ticketsKey, nowMs, maxWaiters, offersKey) end
 local holdMs = holdEstimate(r)
 if not held and (not head or head == token) then
   local flag = '0'

@@ -5,7 +5,7 @@ import { NOW, STATS_LUA } from "./lib.ts";
  * Leave the queue (a waiter gave up): counts the acquire's outcome, `timeout` or `aborted` ('' to
  * count nothing). Returns 1 when its ticket was removed, else 0. A waiter that blocked (`wakeId`
  * its wake key's id) drops its offer and its wake key too, and may find that a release handed
- * it the lock first: then `{2, fence, ttlMs, nowMs}`, its lease (the caller's to keep or free).
+ * it the lock first (the receipt the hand-off left on that wake key names the lease): then `{2, fence, ttlMs, nowMs}`, its lease (the caller's to keep or free).
  */
 export const LEAVE_QUEUE = defineScript(
   "leave_queue",
@@ -20,10 +20,13 @@ redis.call('ZREM', ticketsKey, member)
 local removed = redis.call('ZREM', queueKey, member)
 if wakeId == '' then return removed end
 redis.call('HDEL', offersKey, member)
+-- Only a hand-off to this wake key is this waiter's: its receipt names the lease's fence (another
+-- acquire with the same token, or another reentrant hold, has a wake key of its own).
+local receipt = redis.call('LINDEX', wakeKey, -1)
 redis.call('DEL', wakeKey)
 local fence, leaseEnd, token = string.match(redis.call('GET', lockKey) or '',
   '^H(%d+)|(%d+)|%d+|%d+|[01]|([%w_-]+)|')
-if token == member and tonumber(leaseEnd) > nowMs then
+if token == member and receipt == 'r' .. (fence or '') and tonumber(leaseEnd) > nowMs then
   return {2, tonumber(fence), tonumber(leaseEnd) - nowMs, nowMs}
 end
 return removed

@@ -214,13 +214,15 @@ end
 // knows what each waiter asks for.
 export const QUEUE_LUA = `
 -- The head of the queue, once lapsed tickets are dropped (at most maxWaiters of them).
-local function queueHead(queueKey, ticketsKey, nowMs, maxWaiters)
+-- With offersKey, their offers go too.
+local function queueHead(queueKey, ticketsKey, nowMs, maxWaiters, offersKey)
   local head = redis.call('ZRANGE', queueKey, 0, 0)[1]
   if head then -- the queue and its tickets hold the same members: no head, no tickets
     local lapsed = redis.call('ZRANGEBYSCORE', ticketsKey, '-inf', nowMs, 'LIMIT', 0, maxWaiters)
     if #lapsed > 0 then
       redis.call('ZREM', queueKey, unpack(lapsed))
       redis.call('ZREM', ticketsKey, unpack(lapsed))
+      if offersKey then redis.call('HDEL', offersKey, unpack(lapsed)) end
       head = redis.call('ZRANGE', queueKey, 0, 0)[1]
     end
   end
@@ -310,7 +312,7 @@ end
 -- whose wake key is \`wakeKey\` (\`wakeId\` its id, '' for none declared). Returns 1 when handed
 -- over, the head's wake id when it left an offer under another, or nil.
 local function handOver(r, wakeKey, wakeId)
-  local head = queueHead(queueKey, ticketsKey, nowMs, ${MAX_QUEUE})
+  local head = queueHead(queueKey, ticketsKey, nowMs, ${MAX_QUEUE}, offersKey)
   local offer = head and readOffer(head)
   if not offer then return nil end
   if offer.wake ~= wakeId then return offer.wake end
@@ -323,8 +325,10 @@ local function handOver(r, wakeKey, wakeId)
   writeHeld(lockKey, lease, nowMs, graceMs)
   redis.call('ZREM', marksKey, head) -- a release without a fence now means this lease
   redis.call('DEL', wakeKey)
+  -- The grant, which the waiter's BLPOP pops, then a receipt that stays: the proof that this
+  -- wake key (this acquire, not another with the same token) was handed the lease.
   redis.call('RPUSH', wakeKey, lease.fence .. ':' .. ms(lease.leaseEnd) .. ':' .. ms(nowMs) .. ':' ..
-    nextWake())
+    nextWake(), 'r' .. lease.fence)
   redis.call('PEXPIRE', wakeKey, offer.ttl)
   observe(statsKey, nowMs, 'wait', nowMs - offer.since)
   indexPut(namesKey, endsKey, name, lease.leaseEnd, nowMs)
