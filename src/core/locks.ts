@@ -336,8 +336,11 @@ export class Locks implements LockClient {
     });
     return await this.#context.observe(name, "release", async () => {
       const started = performance.now();
-      const { released, head } = decodeRelease(RELEASE, await this.#context.run(RELEASE, call));
-      if (released) this.#hints.delete(`${name}\n${token}`);
+      const { released, head, ended } = decodeRelease(
+        RELEASE,
+        await this.#context.run(RELEASE, call),
+      );
+      if (ended) this.#hints.delete(`${name}\n${token}`); // a reentrant lease keeps it
       // The head blocks on a wake key this release could not name: hand over in a second step.
       if (head !== "") await this.#handOver(name, head).catch(() => {});
       this.#context.emit({

@@ -64,24 +64,27 @@ if held and r.token == token then
   writeHeld(lockKey, r, nowMs, graceMs)
   granted(r.leaseEnd)
   if wakeId ~= '' then redis.call('DEL', wakeKey) end -- a hand-off it learns of here
-  return {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, holdCount(r.holds),
-    r.flag == '1' and nextWake() or ''}
+  local nextHead = r.flag == '1' and redis.call('ZRANGE', queueKey, 0, 0)[1]
+  return {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, holdCount(r.holds), nextWake(nextHead or nil)}
 end
 -- No record (a first acquire, or one that was lost): look at the queue too.
 local head
 if not r or r.flag == '1' then head = queueHead(queueKey, ticketsKey, nowMs, maxWaiters, offersKey) end
 local holdMs = holdEstimate(r)
 if not held and (not head or head == token) then
-  local flag = '0'
-  if head and leaveQueue(queueKey, ticketsKey, token) then flag = '1' end
-  if head then redis.call('HDEL', offersKey, token) end
+  local flag, nextHead = '0', nil
+  if head then
+    nextHead = leaveQueue(queueKey, ticketsKey, token)
+    redis.call('HDEL', offersKey, token)
+    if nextHead then flag = '1' end
+  end
   local grant = {fence = newFence(r), leaseEnd = nowMs + ttlMs, at = nowMs, hold = holdMs,
     flag = flag, token = token, meta = meta, holds = newHolds(hold),
     released = (r and r.released) or ''}
   writeHeld(lockKey, grant, nowMs, graceMs)
   redis.call('ZREM', marksKey, token) -- a release without a fence now means this lease
   granted(grant.leaseEnd)
-  return {1, tonumber(grant.fence), ttlMs, nowMs, 1, flag == '1' and nextWake() or ''}
+  return {1, tonumber(grant.fence), ttlMs, nowMs, 1, nextWake(nextHead)}
 end
 local offer
 if wakeId ~= '' then

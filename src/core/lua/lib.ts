@@ -232,8 +232,10 @@ end
 -- when the queue is full. With \`offersKey\` (an exclusive waiter's), the waiter's \`offer\`
 -- (\`HANDOFF_LUA\`; nil for none) is kept beside its ticket, and lives as long.
 local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters, offersKey, offer)
+  local place
   if not redis.call('ZSCORE', queueKey, member) then
-    if redis.call('ZCARD', queueKey) >= maxWaiters then return -2 end
+    place = redis.call('ZCARD', queueKey)
+    if place >= maxWaiters then return -2 end
     -- Arrival order from the queue itself: one past the last waiter's place.
     local last = redis.call('ZRANGE', queueKey, -1, -1, 'WITHSCORES')[2]
     redis.call('ZADD', queueKey, (tonumber(last) or 0) + 1, member)
@@ -248,12 +250,13 @@ local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaite
     else redis.call('HDEL', offersKey, member) end
     redis.call('PEXPIRE', offersKey, math.max(latest - nowMs, 1))
   end
-  return redis.call('ZRANK', queueKey, member)
+  return place or redis.call('ZRANK', queueKey, member)
 end
+-- Returns the waiter now at the head, nil when the queue is empty.
 local function leaveQueue(queueKey, ticketsKey, member)
   redis.call('ZREM', queueKey, member)
   redis.call('ZREM', ticketsKey, member)
-  return redis.call('ZCARD', queueKey) > 0
+  return redis.call('ZRANGE', queueKey, 0, 0)[1]
 end
 -- Contention is noted in the record (its TTL kept), so release samples the hold time and the
 -- next acquire looks at the queue.
@@ -302,9 +305,8 @@ local function readOffer(member)
   if not ttl then return nil end
   return {ttl = tonumber(ttl), since = tonumber(since), wake = wake, hold = hold, meta = meta}
 end
--- The wake id of the waiter at the head of the queue, '' when it left no offer.
-local function nextWake()
-  local head = redis.call('ZRANGE', queueKey, 0, 0)[1]
+-- The wake id of \`head\` (the waiter at the head of the queue), '' when it left no offer.
+local function nextWake(head)
   local offer = head and readOffer(head)
   return (offer and offer.wake) or ''
 end
@@ -316,19 +318,19 @@ local function handOver(r, wakeKey, wakeId)
   local offer = head and readOffer(head)
   if not offer then return nil end
   if offer.wake ~= wakeId then return offer.wake end
-  local flag = '0'
-  if leaveQueue(queueKey, ticketsKey, head) then flag = '1' end
+  local nextHead = leaveQueue(queueKey, ticketsKey, head)
   redis.call('HDEL', offersKey, head)
   local lease = {fence = string.format('%.0f', math.max(nowUs, tonumber(r.fence) + 1)),
-    leaseEnd = nowMs + offer.ttl, at = nowMs, hold = clamp(r.hold, 1, ${MAX_HOLD_MS}), flag = flag,
+    leaseEnd = nowMs + offer.ttl, at = nowMs, hold = clamp(r.hold, 1, ${MAX_HOLD_MS}),
+    flag = (nextHead and '1') or '0',
     token = head, meta = offer.meta, holds = newHolds(offer.hold), released = r.released}
   writeHeld(lockKey, lease, nowMs, graceMs)
   redis.call('ZREM', marksKey, head) -- a release without a fence now means this lease
-  redis.call('DEL', wakeKey)
   -- The grant, which the waiter's BLPOP pops, then a receipt that stays: the proof that this
-  -- wake key (this acquire, not another with the same token) was handed the lease.
+  -- wake key (this acquire, not another with the same token) was handed the lease. A wake key
+  -- is one acquire's, and an acquire ends at its first grant: it is handed a lease at most once.
   redis.call('RPUSH', wakeKey, lease.fence .. ':' .. ms(lease.leaseEnd) .. ':' .. ms(nowMs) .. ':' ..
-    nextWake(), 'r' .. lease.fence)
+    nextWake(nextHead), 'r' .. lease.fence)
   redis.call('PEXPIRE', wakeKey, offer.ttl)
   observe(statsKey, nowMs, 'wait', nowMs - offer.since)
   indexPut(namesKey, endsKey, name, lease.leaseEnd, nowMs)

@@ -12,7 +12,7 @@ import {
 } from "./lib.ts";
 
 /**
- * Release, any kind of lease. Returns `{released, head}`: released is 1 when the token held it (and it is now free, or, for a
+ * Release, any kind of lease. Returns `{released, head, ended}`: released is 1 when the token held it (and it is now free, or, for a
  * reentrant lease, one hold fewer: the hold named by `hold`, none when that hold is gone, as for
  * a retry), also when this release already went through (a retried or duplicated request), else
  * 0. Every release that frees a lease is
@@ -22,7 +22,8 @@ import {
  *
  * A release that frees the name hands it to the head of the queue in place when the head blocks
  * on the wake key the caller declared (`wakeKey`, `wakeId`: the hint of its grant); `head` is the
- * head's wake id when it blocks on another, for `./hand_over.ts`, else ''.
+ * head's wake id when it blocks on another, for `./hand_over.ts`, else ''; ended is 1 when the
+ * lease ended (its last hold released), else absent.
  */
 export const RELEASE = defineScript(
   "release",
@@ -52,12 +53,14 @@ local function lost()
   count(statsKey, nowMs, 'release.lost')
   return {0, ''}
 end
--- The name is free: the head of the queue may take it now.
-local function freed(r)
-  if r.flag ~= '1' then return {1, ''} end
-  local handed = handOver(r, wakeKey, wakeId)
-  if handed == 1 or not handed then return {1, ''} end
-  return {1, handed}
+-- The name is free: the head of the queue may take it now, handed over in place (which writes
+-- its lease), else the record says released (\`ttl\` its TTL, nil to keep it). The reply's third
+-- element says the lease ended (1), for the caller's hand-off hint.
+local function freed(r, ttl)
+  local handed = r.flag == '1' and handOver(r, wakeKey, wakeId)
+  if handed == 1 then return {1, '', 1} end
+  writeReleased(lockKey, r, ttl)
+  return {1, handed or '', 1}
 end
 -- A moving average of hold times, for waiters' hints. A negative hold means the server clock
 -- stepped back: no sample. A forward step counts as at most the longest lease.
@@ -95,10 +98,9 @@ if r.shared and nowMs < r.leaseEnd then
     sampleHold(r, math.floor(tonumber(h.fence) / 1000)) -- a fence is its grant time in µs, or just past
     if used == 0 then
       r.released = h.fence .. ':' .. sha
-      writeReleased(lockKey, r, graceMs)
       redis.call('DEL', holdersKey)
       indexEnd(endsKey, name, nowMs)
-      return freed(r)
+      return freed(r, graceMs)
     else
       r.leaseEnd = latest
       writeShared(lockKey, r, nowMs, graceMs)
@@ -118,9 +120,8 @@ if dropHold(r.holds, hold) > 0 then
 end
 sampleHold(r, r.at)
 r.released = r.fence .. ':' .. sha
-writeReleased(lockKey, r, graceMs)
 markReleased(marksKey, token, r.fence)
 indexEnd(endsKey, name, nowMs)
-return freed(r)
+return freed(r, graceMs)
 `,
 );

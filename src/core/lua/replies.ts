@@ -73,10 +73,17 @@ export function decodeRenew(script: Script, reply: unknown): Granted | { status:
   return { status: "granted", fence, ttlMs, now, holdCount, next: "" };
 }
 
-/** A release: whether it took effect, and the wake id of a head to hand over to ('' for none). */
-export function decodeRelease(script: Script, reply: unknown): { released: boolean; head: string } {
+/**
+ * A release: whether it took effect, the wake id of a head to hand over to ('' for none), and
+ * whether the lease ended (its last hold released).
+ */
+export function decodeRelease(
+  script: Script,
+  reply: unknown,
+): { released: boolean; head: string; ended: boolean } {
   const list = Array.isArray(reply) ? reply : [reply];
-  return { released: integers(script, list, 1)[0] === 1, head: wakeIdAt(list, 1) };
+  const released = integers(script, list, 1)[0] === 1;
+  return { released, head: wakeIdAt(list, 1), ended: list[2] === 1 };
 }
 
 /** A leave: the lease a hand-off gave the waiter before it left, if one did. */
