@@ -19,6 +19,9 @@ import {
 import type { RedisUser } from "./redis_user.ts";
 import type { BridgeOptions } from "./types.ts";
 
+// How many blocking commands' connections stay open, idle, for the next blocking command.
+const IDLE_BLOCKING = 32;
+
 /** The pools, connected; {@linkcode Pools.open} makes them. */
 export class Pools {
   readonly cluster: Cluster | undefined;
@@ -36,6 +39,9 @@ export class Pools {
   readonly #scriptTimeoutMs: number;
   readonly #isolate: (command: Command) => boolean;
   #next = 0;
+  // Blocking commands' connections that finished their command cleanly, kept for the next one
+  // (a waiter blocks again soon): no connect and AUTH per BLPOP. At most IDLE_BLOCKING.
+  readonly #idleBlocking: IORedis[] = [];
   // A connection of its own for SCRIPT KILL: the pool's may be waiting on the running script.
   #killer: IORedis | undefined;
 
@@ -158,6 +164,7 @@ export class Pools {
   /** Cuts every connection, and removes the bridge's own Redis user. */
   close(): void {
     this.blocking.forEach((conn) => conn.disconnect());
+    this.#idleBlocking.splice(0).forEach((conn) => conn.disconnect());
     this.#killer?.disconnect();
     this.#user?.remove();
     this.cut();
@@ -200,23 +207,33 @@ export class Pools {
         `ERR too many blocking commands in flight (at most ${this.maxBlocking})`,
       );
     }
-    const conn = this.connect(undefined);
+    let conn = this.#idleBlocking.pop();
+    while (conn && conn.status !== "ready") {
+      conn.disconnect();
+      conn = this.#idleBlocking.pop();
+    }
+    const fresh = conn === undefined;
+    conn ??= this.connect(undefined);
     this.blocking.add(conn);
     const timeoutMs = this.#commandTimeoutMs;
     let timer: ReturnType<typeof setTimeout> | undefined;
+    let clean = false; // the command answered: the connection waits on nothing
     try {
-      await conn.connect();
+      if (fresh) await conn.connect();
       const late = new Promise<never>((_, reject) => {
         timer = setTimeout(
           () => reject(new BadRequest(`ERR the command ran past ${timeoutMs} ms`, 504)),
           timeoutMs,
         );
       });
-      return await Promise.race([fn(conn), late]);
+      const reply = await Promise.race([fn(conn), late]);
+      clean = true;
+      return reply;
     } finally {
       clearTimeout(timer);
       this.blocking.delete(conn);
-      conn.disconnect();
+      if (clean && this.#idleBlocking.length < IDLE_BLOCKING) this.#idleBlocking.push(conn);
+      else conn.disconnect();
     }
   }
 }
