@@ -130,14 +130,15 @@ export function lockKeys(name: string, prefix = "edgelock"): [string, string, st
 
 /**
  * Takes a queue ticket for `token` the way a waiter does, then never looks again: a waiter that
- * vanished. Returns the acquire script's reply (`[0, retryAfterMs, nowMs, position]` when busy).
+ * vanished (with `wakeId`, one that vanished while blocked: it leaves an offer, and a release
+ * hands it the lock). Returns the acquire script's reply (`[0, retryAfterMs, nowMs, position]` when busy).
  */
 export async function takeTicket(
   redis: RedisLike,
   name: string,
   token: string,
   ticketMs: number,
-  { prefix = "edgelock", maxWaiters = 128 } = {},
+  { prefix = "edgelock", maxWaiters = 128, wakeId = "" } = {},
 ): Promise<number[]> {
   const [lockKey, queueKey, ticketsKey, marksKey] = lockKeys(name, prefix);
   const { keys, args } = ACQUIRE.call({
@@ -147,7 +148,7 @@ export async function takeTicket(
       ticketsKey,
       marksKey,
       offersKey: `${lockKey}:offers`,
-      wakeKey: `${lockKey}:wake:`,
+      wakeKey: `${lockKey}:wake:${wakeId}`,
     },
     args: {
       token,
@@ -160,7 +161,7 @@ export async function takeTicket(
       waitedMs: 0,
       waiting: true,
       hold: "",
-      wakeId: "",
+      wakeId,
     },
   });
   return await runScript(redis, ACQUIRE, keys, args) as number[];

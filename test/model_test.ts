@@ -24,11 +24,13 @@ const MAX_WAITERS = 2; // two clients, so a full queue happens often
 // the runner moves the server clock past them first. Larger than a wait (60 ms) plus latency.
 const MARGIN_MS = 400;
 const LONGEST_LEASE_MS = 300_000; // what a lock found without a TTL gets
+const BLOCKED_TTL_MS = 1000; // the TTL a vanished (or blocked) waiter asked for
 
 type Cmd =
   | { kind: "acquire"; who: number; ttlMs: number }
   | { kind: "wait"; who: number; ttlMs: number }
   | { kind: "vanish"; who: number; ticketMs: number }
+  | { kind: "block"; who: number; ticketMs: number }
   | { kind: "renew"; who: number; ttlMs: number }
   | { kind: "reenter"; who: number; ttlMs: number; hold: number }
   | { kind: "release"; who: number; withFence: boolean; hold: number | null }
@@ -48,6 +50,14 @@ const command: fc.Arbitrary<Cmd> = fc.oneof(
     weight: 2,
     arbitrary: fc.record({
       kind: fc.constant("vanish" as const),
+      who,
+      ticketMs: fc.constantFrom(1000, 5000),
+    }),
+  },
+  {
+    weight: 2,
+    arbitrary: fc.record({
+      kind: fc.constant("block" as const),
       who,
       ticketMs: fc.constantFrom(1000, 5000),
     }),
@@ -100,7 +110,9 @@ class Model {
   marker?: string; // `token:fence` of the last release
   marks = new Map<string, number>(); // released leases' fences by token, forgotten on a grant
   marksExpireAt?: number; // the marks' key lives RELEASE_MEMORY_MS from its last write
-  queue: { token: string; deadline: number }[] = []; // live tickets in arrival order
+  // Live tickets in arrival order; `offer`: the waiter blocks on a wake key, and a release that
+  // frees the name hands it the lock (a lease of BLOCKED_TTL_MS).
+  queue: { token: string; deadline: number; offer: boolean }[] = [];
   lastFence = new Map<string, number>(); // what each client knows of its last lease
   maxFence = 0;
   horizon = -Infinity; // the latest deadline that has passed: the clock never steps back before it
@@ -182,7 +194,14 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
   };
 
   // What an acquire-like call should do, by the rules. Returns the expected outcome.
-  const decide = (token: string, ttl: number, ticketMs: number, t: number, hold = "") => {
+  const decide = (
+    token: string,
+    ttl: number,
+    ticketMs: number,
+    t: number,
+    hold = "",
+    offer = false,
+  ) => {
     const holder = model.holder;
     // A plain acquire of a reentrant lease would count no hold: refused, nothing changes.
     if (holder?.token === token && hold === "" && holder.ids.length > 0) {
@@ -207,11 +226,12 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
       const mine = model.queue.findIndex((q) => q.token === token);
       if (mine >= 0) {
         model.queue[mine]!.deadline = t + ticketMs;
+        model.queue[mine]!.offer = offer;
         position = mine;
       } else if (model.queue.length >= MAX_WAITERS) {
         position = -2;
       } else {
-        model.queue.push({ token, deadline: t + ticketMs });
+        model.queue.push({ token, deadline: t + ticketMs, offer });
         position = model.queue.length - 1;
       }
     }
@@ -305,11 +325,14 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
         }
         break;
       }
-      case "vanish": { // a waiter takes a ticket and is never heard of again
+      case "vanish": // a waiter takes a ticket and is never heard of again
+      case "block": { // … or blocks on its wake key, and is never heard of again
         const token = tokens[cmd.who]!;
-        const expected = decide(token, 1000, cmd.ticketMs, t);
+        const blocked = cmd.kind === "block";
+        const expected = decide(token, BLOCKED_TTL_MS, cmd.ticketMs, t, "", blocked);
         const reply = await takeTicket(ctx.redis, name, token, cmd.ticketMs, {
           maxWaiters: MAX_WAITERS,
+          wakeId: blocked ? `w${cmd.who}${name.slice(-8)}` : "",
         });
         if ("mismatch" in expected) {
           if (reply[0] !== -1) fail(`vanish: ${reply}, the model says a mismatch`);
@@ -321,7 +344,7 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
         if (expected.acquired) {
           const [, fence, ttl, serverTime] = reply as [number, number, number, number];
           const lease = { name, token, fence, ttlMs: ttl, serverTime, expiresAt: serverTime + ttl };
-          granted(token, 1000, lease, expected.fence);
+          granted(token, BLOCKED_TTL_MS, lease, expected.fence);
         } else {
           if (reply[3] !== expected.position) {
             fail(`position ${reply[3]}, model ${expected.position}`);
@@ -356,6 +379,7 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
           ...(hold !== "" && { hold }),
         });
         let expected: boolean;
+        let handedTo: string | undefined;
         const holder = model.holder;
         if (holder?.token === token && (fence === undefined || fence === holder.fence)) {
           expected = true;
@@ -370,6 +394,8 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
             model.marker = `${token}:${holder.fence}`;
             model.marks.set(token, holder.fence);
             model.marksExpireAt = t + RELEASE_MEMORY_MS;
+            // A blocked waiter at the head is handed the lock by this release.
+            if (model.queue[0]?.offer) handedTo = model.queue.shift()!.token;
           }
         } else if (fence !== undefined) {
           expected = model.marks.get(token) === fence || model.marker === `${token}:${fence}`;
@@ -377,6 +403,17 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
           expected = model.marks.has(token);
         }
         if (released !== expected) fail(`release: ${released}, the model says ${expected}`);
+        if (handedTo !== undefined) {
+          // Its lease as Redis wrote it: a grant like any other, with a new fence.
+          const info = await ctx.locks.inspect(name);
+          if (!info.held) fail(`release handed nothing over to ${handedTo}`);
+          const fence = (info as { fence: number }).fence;
+          model.marks.delete(handedTo);
+          const handed = { name, token: handedTo, fence, ttlMs: BLOCKED_TTL_MS, serverTime: t };
+          granted(handedTo, BLOCKED_TTL_MS, { ...handed, expiresAt: t + BLOCKED_TTL_MS });
+        } else if (expected && !model.holder && (await ctx.locks.inspect(name)).held) {
+          fail("release handed the name over; the model says no waiter blocks at the head");
+        }
         break;
       }
       case "inspect": {
@@ -455,6 +492,18 @@ const variants: [BrokenRule, string, Cmd[], RegExp][] = [
     ],
     /acquire: true, the model says false|while a lease was told/,
   ],
+  [
+    "handoff",
+    "a release that hands the name over while another hold remains",
+    [
+      { kind: "reenter", who: 0, ttlMs: 20_000, hold: 0 },
+      { kind: "block", who: 1, ticketMs: 5000 },
+      { kind: "reenter", who: 0, ttlMs: 20_000, hold: 1 }, // its grant names the blocked waiter
+      { kind: "release", who: 0, withFence: true, hold: 1 },
+      { kind: "inspect" },
+    ],
+    /release handed the name over|inspect fence/,
+  ],
 ];
 
 const fixture = shared(async () => {
@@ -488,6 +537,9 @@ Deno.test(`${RUNS} random command sequences find no difference`, async () => {
 for (const [rule, label, example, message] of variants) {
   Deno.test(`with ${label}, the model finds the difference`, async () => {
     const { backend, make } = await fixture();
+    const real = make(backend.redis);
+    await shiftTo(real, 0);
+    await runSequence(real, example); // the real scripts answer the example as the model does
     const ctx = make(withBroken(backend.redis, rule));
     await shiftTo(ctx, 0);
     await assert.rejects(runSequence(ctx, example), message, "the example shows it");
