@@ -49,6 +49,12 @@ export interface AppDeps {
   limits?: TenantLimits;
   /** Where each request's log line goes. @default one JSON line on the console */
   log?: (entry: RequestLog) => void;
+  /**
+   * The OpenAPI document served at `/openapi.json`, built ahead of time (`deno task openapi`
+   * writes `worker/openapi.json`), so no request pays for generating it. @default generated on
+   * the first request, then kept
+   */
+  openapi?: object;
 }
 
 /**
@@ -129,7 +135,7 @@ export function createApp(deps: AppDeps): OpenAPIHono<AppEnv> {
     await runScript(redis, PING, [], [], { timeoutMs, keyLocking });
     return c.json({ ok: true as const }, 200);
   });
-  documentApi(app);
+  documentApi(app, deps.openapi);
   answerProblems(app);
   return app;
 }
@@ -198,23 +204,33 @@ function requestLogger(log: (entry: RequestLog) => void): MiddlewareHandler<AppE
   };
 }
 
-// The OpenAPI document at /openapi.json.
-function documentApi(app: OpenAPIHono<AppEnv>): void {
+// The OpenAPI document's own fields; the routes give the rest.
+const DOCUMENT = {
+  openapi: "3.1.0",
+  servers: [{ url: "/", description: "This service" }],
+  info: {
+    title: "edgelock",
+    version: "1",
+    description: "Distributed locks with fencing tokens for edge runtimes",
+    license: { name: "MIT", url: "https://opensource.org/license/mit" },
+  },
+};
+
+/** The service's OpenAPI document, generated from its routes (what `/openapi.json` serves). */
+export function openApiDocument(app: OpenAPIHono<AppEnv>): object {
+  return app.getOpenAPI31Document(DOCUMENT);
+}
+
+// The OpenAPI document at /openapi.json: the prebuilt one, or generated once (generating it takes
+// milliseconds of CPU, which a Worker's request cannot spare).
+function documentApi(app: OpenAPIHono<AppEnv>, prebuilt: object | undefined): void {
   app.openAPIRegistry.registerComponent("securitySchemes", "bearer", {
     type: "http",
     scheme: "bearer",
     description: "A tenant's secret from LOCK_API_KEYS",
   });
-  app.doc31("/openapi.json", {
-    openapi: "3.1.0",
-    servers: [{ url: "/", description: "This service" }],
-    info: {
-      title: "edgelock",
-      version: "1",
-      description: "Distributed locks with fencing tokens for edge runtimes",
-      license: { name: "MIT", url: "https://opensource.org/license/mit" },
-    },
-  });
+  let document = prebuilt;
+  app.get("/openapi.json", (c) => c.json(document ??= openApiDocument(app)));
 }
 
 // Every failure as problem+json: no route (404, or 405 with Allow), and any error thrown.
