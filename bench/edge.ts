@@ -127,6 +127,7 @@ async function measure(cycle: Cycle, count: number, concurrency = 1) {
     requests: (bridge.stats().requests - requests) / latencies.length,
     commands: (after.commands - before.commands) / latencies.length,
     usec: (after.usec - before.usec) / latencies.length,
+    scriptUsec: (after.scriptUsec - before.scriptUsec) / latencies.length,
   };
 }
 
@@ -318,8 +319,8 @@ try {
         `library at ${delay} ms each way: p50 of a cycle vs the floor`,
         `${round(lib.p50Ms)} ms vs ${round(results.floor!.p50Ms)} ms`,
         lib.p50Ms / results.floor!.p50Ms,
-        "≤ 1.05",
-        lib.p50Ms / results.floor!.p50Ms <= 1.05,
+        "≤ 1.02",
+        lib.p50Ms / results.floor!.p50Ms <= 1.02,
       );
     }
     // Contention: 20 waiters × 3 on one name with 10 ms holds; also 50 on loopback.
@@ -433,11 +434,18 @@ try {
     lib.commands <= 6,
   );
   target(
-    "uncontended cycle: Redis CPU vs the floor",
-    `${round(lib.usec, 1)} µs vs ${round(floor.usec, 1)} µs`,
-    lib.usec / floor.usec,
-    "≤ 1.5",
-    lib.usec / floor.usec <= 1.5,
+    "uncontended cycle: Redis time in scripts, stats off",
+    `${round(bare.scriptUsec, 1)} µs per acquire+release`,
+    bare.scriptUsec,
+    "≤ 15 µs",
+    bare.scriptUsec <= 15,
+  );
+  target(
+    "uncontended cycle: Redis time in scripts, stats on",
+    `${round(lib.scriptUsec, 1)} µs per acquire+release`,
+    lib.scriptUsec,
+    "≤ 25 µs",
+    lib.scriptUsec <= 25,
   );
   target(
     "loopback, concurrency 16: throughput vs the floor",
@@ -445,8 +453,8 @@ try {
       round(c16["@upstash/lock"]!.opsPerSec, 0)
     }/s)`,
     lib.opsPerSec / floor.opsPerSec,
-    "≥ 0.95",
-    lib.opsPerSec / floor.opsPerSec >= 0.95,
+    "≥ 0.75",
+    lib.opsPerSec / floor.opsPerSec >= 0.75,
   );
   const svc = loopback.service!;
   target(

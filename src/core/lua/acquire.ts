@@ -83,7 +83,7 @@ export const ACQUIRE = defineScript(
   },
   [NOW, STATS_LUA, INDEX_LUA, FAST, RECORD_LUA, QUEUE_LUA, ACQUIRE_LUA, HANDOFF_LUA],
   `
-local r = readRecord(lockKey)
+local r = readRecord(lockKey, raw) -- read by the fast path above
 if r and r.foreign then return foreignBusy(lockKey) end
 local held = r and (r.token or r.shared) and nowMs < r.leaseEnd
 if held and r.shared and r.limit > 0 then return {-1, 1, nowMs} end

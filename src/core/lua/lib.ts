@@ -116,8 +116,9 @@ end
 // A value this code did not write is `foreign`: busy until its TTL (given one if it has none).
 export const RECORD_LUA = `
 local function clamp(value, low, high) return math.min(math.max(value, low), high) end
-${HOLDS_LUA}local function readRecord(key)
-  local value = redis.call('GET', key)
+-- value: the key's value when the caller read it already (false: none), else nil.
+${HOLDS_LUA}local function readRecord(key, value)
+  if value == nil then value = redis.call('GET', key) end
   if not value then return nil end
   local kind = string.sub(value, 1, 1)
   if kind == 'H' then

@@ -17,7 +17,8 @@ import {
 // holder of an uncontended exclusive lease with one plain hold releases it. What the body below
 // does for that case: the released record, the mark for retries, the hold time.
 const FAST = `
-local f, leaseEnd0, at0, hold0, owner = string.match(redis.call('GET', lockKey) or '',
+local raw = redis.call('GET', lockKey)
+local f, leaseEnd0, at0, hold0, owner = string.match(raw or '',
   '^H(%d+)|(%d+)|(%d+)|(%d+)|0|([%w_-]+)|[%d:%x]*|1|.*$')
 if f and owner == token and hold == '' and tonumber(leaseEnd0) > nowMs and (fence == '' or fence == f) then
   redis.call('SET', lockKey, 'R' .. f .. '|' .. hold0 .. '|0|' .. string.sub(redis.sha1hex(token), 1, 12),
@@ -98,7 +99,7 @@ local function retried(released, sha)
   if fence == '' then return mark ~= nil end
   return mark == tonumber(fence) or released == fence .. ':' .. sha
 end
-local r = readRecord(lockKey)
+local r = readRecord(lockKey, raw) -- read by the fast path above
 if not r then
   if retried('', '') then return {1, ''} end
   return lost()
