@@ -1,7 +1,7 @@
 // The hand-off at release: blocked waiters are granted the lock by the release itself.
 import assert from "node:assert/strict";
 import type { Redis } from "@upstash/redis";
-import { type LockEvent, Locks } from "@edgelock/edgelock";
+import { type LockEvent, LockOps, Locks } from "@edgelock/edgelock";
 import { startBridge } from "../bridge/mod.ts";
 import { runScript } from "../src/core/_runner.ts";
 import { ACQUIRE } from "../src/core/lua/acquire.ts";
@@ -251,6 +251,45 @@ Deno.test("an acquire with the same token that aborts frees nothing another was 
   await assert.rejects(first, /went away/);
   assert.equal(await fenceOf(locks, name), lease.fence, "the second acquire still holds it");
   assert.equal(await locks.release(lease), true);
+});
+
+Deno.test("a grant that was broken before the waiter's next look is never taken as its lease", async () => {
+  const { backend } = await fixture();
+  // The waiter's first block ends empty, but only once the test has handed it the lock, broken
+  // that lease and let another token take the name: the grant stays on its wake key.
+  let gate: () => void = () => {};
+  const opened = new Promise<void>((resolve) => gate = resolve);
+  let blocks = 0;
+  const redis = new Proxy(backend.redis, {
+    get(target, property, receiver) {
+      if (property !== "exec") return Reflect.get(target, property, receiver);
+      return async (command: [string, ...string[]]) => {
+        if (command[0] === "BLPOP" && blocks++ === 0) return await opened.then(() => null);
+        return await target.exec(command);
+      };
+    },
+  });
+  const locks = new Locks(backend.redis);
+  const name = keygen("h");
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const waiting = new Locks(redis).acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  await locks.release(holder); // handed to the waiter, which is not listening
+  const handed = await fenceOf(locks, name);
+  assert.ok(handed !== undefined && handed > holder.fence);
+  assert.equal((await new LockOps(backend.redis).break(name, { by: "test" })).broken, true);
+  const other = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  gate(); // the waiter looks again (busy: the other holds it) and blocks again
+  await until("the waiter blocks again", async () => blocks >= 2);
+  let settled = false;
+  waiting.finally(() => settled = true);
+  await new Promise((resolve) => setTimeout(resolve, 100));
+  assert.equal(settled, false, "the waiter still waits while the other token holds the name");
+  await locks.release(other);
+  const lease = acquired(await waiting);
+  assert.ok(lease.fence > other.fence, `a new lease: ${lease.fence} > ${other.fence}`);
+  assert.equal(await fenceOf(locks, name), lease.fence);
+  await locks.release(lease);
 });
 
 Deno.test("a release of an inner reentrant hold hands nothing over", async () => {

@@ -139,7 +139,9 @@ export async function waitFor<T extends Lease | Lease[]>(
           return error instanceof EdgelockError && error.code === "config_error" ? error : null;
         });
       if (message instanceof Error) throw message;
-      const grant = message === null ? undefined : parseGrant(message);
+      // A grant made before this look (the server clock says so) is no live lease: look again.
+      const parsed = message === null ? undefined : parseGrant(message);
+      const grant = parsed && parsed.now >= reply.now ? parsed : undefined;
       // The grant was made after this look reached Redis: its lease counts from this look's
       // sending, moved on by the server time between the look and the grant.
       if (grant) {

@@ -58,8 +58,8 @@ end
  * bound), wherever it is. Shared holders (kind S) hold it until the latest of their lease ends.
  *
  * A waiter with a `wakeId` blocks on its `wakeKey` between looks, and leaves an offer with its
- * ticket, so a release can hand it the lock in place (`HANDOFF_LUA`); any grant to it here clears
- * that key of a grant it has not popped.
+ * ticket, so a release can hand it the lock in place (`HANDOFF_LUA`). Each look clears that key:
+ * a grant it has not popped is either its lease, granted here again, or no longer live.
  */
 export const ACQUIRE = defineScript(
   "acquire",
@@ -121,6 +121,9 @@ end
 local offer
 if wakeId ~= '' then
   offer = string.format('%d|%d|', ttlMs, nowMs - waitedMs) .. wakeId .. '|' .. hold .. '|' .. meta
+  -- Busy: no grant on the wake key is a live lease (one since broken, or ended by another call
+  -- with the token), so the block that follows waits for a new one only.
+  redis.call('DEL', wakeKey)
 end
 return busy(r, held, holdMs, token, head, offersKey, offer)
 `,

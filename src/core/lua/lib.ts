@@ -329,7 +329,7 @@ local function handOver(r, wakeKey, wakeId)
   redis.call('ZREM', marksKey, head) -- a release without a fence now means this lease
   -- The grant, which the waiter's BLPOP pops, then a receipt that stays: the proof that this
   -- wake key (this acquire, not another with the same token) was handed the lease. A wake key
-  -- is one acquire's, and an acquire ends at its first grant: it is handed a lease at most once.
+  -- is one acquire's, and each of its looks clears it: it holds at most the grants made since.
   redis.call('RPUSH', wakeKey, lease.fence .. ':' .. ms(lease.leaseEnd) .. ':' .. ms(nowMs) .. ':' ..
     nextWake(nextHead), 'r' .. lease.fence)
   redis.call('PEXPIRE', wakeKey, offer.ttl)
