@@ -280,7 +280,7 @@ Deno.test("a grant that was broken before the waiter's next look is never taken 
   assert.equal((await new LockOps(backend.redis).break(name, { by: "test" })).broken, true);
   const other = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
   gate(); // the waiter looks again (busy: the other holds it) and blocks again
-  await until("the waiter blocks again", async () => blocks >= 2);
+  await until("the waiter blocks again", () => Promise.resolve(blocks >= 2));
   let settled = false;
   waiting.finally(() => settled = true);
   await new Promise((resolve) => setTimeout(resolve, 100));
