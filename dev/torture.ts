@@ -198,14 +198,14 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
         for (const lease of leases ?? []) await release(locks, id, lease);
         continue;
       }
-      // Half the exclusive writers wait in the queue (and are handed the lock at a release).
+      // Half the exclusive writers and semaphore holders wait in the queue (and are handed the
+      // lock, or permits, at a release).
+      const wait = Math.random() < 0.5 ? { waitMs: Math.floor(Math.random() * 300) } : {};
       const options: AcquireOptions = role === "shared"
         ? { mode: "shared" }
         : role === "semaphore"
-        ? { limit: LIMIT, permits: 1 + Math.floor(Math.random() * 2) }
-        : Math.random() < 0.5
-        ? { waitMs: Math.floor(Math.random() * 300) }
-        : {};
+        ? { limit: LIMIT, permits: 1 + Math.floor(Math.random() * 2), ...wait }
+        : wait;
       const name = role === "semaphore"
         ? pick(semNames)
         : index % 5 === 0 && role === "exclusive"

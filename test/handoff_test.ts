@@ -4,6 +4,7 @@ import type { Redis } from "@upstash/redis";
 import { type LockEvent, LockOps, Locks } from "@edgelock/edgelock";
 import { startBridge } from "../bridge/mod.ts";
 import { runScript } from "../src/core/_runner.ts";
+import { withBroken } from "../dev/history.ts";
 import { ACQUIRE } from "../src/core/lua/acquire.ts";
 import { LEAVE_QUEUE } from "../src/core/lua/leave_queue.ts";
 import { acquired, keygen, lockKeys, shared, startBackend, takeTicket, until } from "./_backend.ts";
@@ -185,7 +186,7 @@ Deno.test("a waiter leaving the queue finds a hand-off that beat it", async () =
   await locks.release(holder); // no hint: the second step hands it over
   assert.equal(await redis.llen(wakeKey), 2, "the grant and its receipt wait on the wake key");
   const leave = LEAVE_QUEUE.call({
-    keys: { queueKey, ticketsKey, offersKey, lockKey, wakeKey },
+    keys: { queueKey, ticketsKey, offersKey, lockKey, wakeKey, holdersKey: `${lockKey}:holders` },
     args: { member: token, outcome: "", wakeId: "wTestWake0001" },
   });
   const reply = await runScript(redis, LEAVE_QUEUE, leave.keys, leave.args) as number[];
@@ -453,4 +454,104 @@ Deno.test("the offers and wake keys carry TTLs and are gone after the wait", asy
     const ttl = await redis.pttl(key);
     assert.ok(ttl > 0 && ttl <= 10_000, `${key} lives ${ttl} ms`);
   }
+});
+
+Deno.test("semaphore waiters are handed permits in arrival order, without a second look", async () => {
+  const { backend } = await fixture();
+  const { locks, looks } = tracked(backend.redis);
+  const name = keygen("h");
+  const sem = { limit: 2, permits: 1, ttlMs: 10_000 };
+  const holders = [
+    acquired(await locks.acquire(name, sem)),
+    acquired(await locks.acquire(name, sem)),
+  ];
+  const order: number[] = [];
+  const waiters: Promise<void>[] = [];
+  for (let i = 0; i < 4; i++) {
+    waiters.push((async () => {
+      const lease = acquired(await locks.acquire(name, { ...sem, waitMs: 20_000 }));
+      assert.equal(lease.mode, "semaphore");
+      assert.equal(lease.permits, 1);
+      order.push(i);
+      await locks.release(lease);
+    })());
+    await queued(backend.redis, name, i + 1);
+  }
+  for (const lease of holders) await locks.release(lease);
+  await Promise.all(waiters);
+  assert.deepEqual(order, [0, 1, 2, 3]);
+  assert.equal(looks(), 4, "each waiter looked once, then was handed its permits");
+});
+
+Deno.test("a semaphore waiter is handed permits only once enough are free", async () => {
+  const { backend } = await fixture();
+  const locks = new Locks(backend.redis);
+  const name = keygen("h");
+  const one = acquired(await locks.acquire(name, { limit: 3, permits: 1, ttlMs: 10_000 }));
+  const two = acquired(await locks.acquire(name, { limit: 3, permits: 2, ttlMs: 10_000 }));
+  let granted = false;
+  const waiting = locks.acquire(name, { limit: 3, permits: 2, waitMs: 20_000 }).then((r) => {
+    granted = true;
+    return r;
+  });
+  await queued(backend.redis, name, 1);
+  await locks.release(one); // 1 permit free: the head needs 2
+  await new Promise((resolve) => setTimeout(resolve, 100));
+  assert.equal(granted, false, "not handed permits that do not fit");
+  await locks.release(two);
+  const lease = acquired(await waiting);
+  assert.equal(lease.permits, 2);
+  const info = await locks.inspect(name);
+  assert.ok(info.held && info.permits === 2, "the holder's 2 permits, no more");
+  await locks.release(lease);
+});
+
+Deno.test("with the permits check removed, a release hands over permits that do not fit", async () => {
+  const { backend } = await fixture();
+  // The broken variant of the torture run (`--broken permits`), caught here for certain.
+  const locks = new Locks(withBroken(backend.redis, "permits"));
+  const name = keygen("h");
+  const one = acquired(await locks.acquire(name, { limit: 3, permits: 1, ttlMs: 10_000 }));
+  const two = acquired(await locks.acquire(name, { limit: 3, permits: 2, ttlMs: 10_000 }));
+  const waiting = locks.acquire(name, { limit: 3, permits: 2, waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  await locks.release(one); // 1 permit free; the broken hand-off gives the head its 2
+  const lease = acquired(await waiting);
+  const info = await locks.inspect(name);
+  assert.ok(info.held && info.permits === 4, `4 of 3 permits held: ${JSON.stringify(info)}`);
+  await locks.release(lease);
+  await locks.release(two);
+});
+
+Deno.test("a semaphore waiter aborted after it was handed permits frees them", async () => {
+  const { backend } = await fixture();
+  const deaf = new Proxy(backend.redis, {
+    get(target, property, receiver) {
+      if (property !== "exec") return Reflect.get(target, property, receiver);
+      return () => new Promise(() => {});
+    },
+  });
+  const locks = new Locks(backend.redis);
+  const name = keygen("h");
+  const sem = { limit: 1, permits: 1, ttlMs: 10_000 };
+  const holder = acquired(await locks.acquire(name, sem));
+  const controller = new AbortController();
+  const aborted = new Locks(deaf).acquire(name, {
+    ...sem,
+    waitMs: 20_000,
+    signal: controller.signal,
+  });
+  await queued(backend.redis, name, 1);
+  const second = locks.acquire(name, { ...sem, waitMs: 20_000 });
+  await queued(backend.redis, name, 2);
+  await locks.release(holder); // handed to the first waiter, which does not hear of it
+  await until("the first waiter holds the permit", async () => {
+    const info = await locks.inspect(name);
+    return info.held && info.fence > holder.fence;
+  });
+  controller.abort(new Error("gone"));
+  await assert.rejects(aborted, /gone/);
+  const lease = acquired(await second);
+  assert.equal(await fenceOf(locks, name), lease.fence);
+  await locks.release(lease);
 });

@@ -40,8 +40,11 @@ const CAUGHT_AS: Record<BrokenRule, Violation["rule"]> = {
   reentry: "overlap",
   hold: "overlap",
   handoff: "overlap",
+  permits: "over_limit", // by test/handoff_test.ts, not here
 };
-for (const broken of BROKEN_RULES) {
+// The permits break needs a waiter at the head whose permits do not fit, which a short run meets
+// too rarely to be certain: test/handoff_test.ts catches it deterministically.
+for (const broken of BROKEN_RULES.filter((rule) => rule !== "permits")) {
   Deno.test(`the checker catches the broken ${broken} variant`, async () => {
     const report = await runTorture({
       clients: 24,

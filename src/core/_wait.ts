@@ -182,7 +182,7 @@ async function leaveQueues(
   wake: { id: string } | undefined,
 ): Promise<{ fence: number; ttlMs: number; now: number; next: string } | undefined> {
   const calls = names.map((name, i) => {
-    const { lockKey, queueKey, ticketsKey, offersKey } = context.keys.lock(name);
+    const { lockKey, queueKey, ticketsKey, offersKey, holdersKey } = context.keys.lock(name);
     const { statsKey } = i === 0 ? context.keys.statsKeys(name) : {};
     const wakeId = (i === 0 && wake?.id) || "";
     return LEAVE_QUEUE.call({
@@ -192,6 +192,7 @@ async function leaveQueues(
         offersKey,
         lockKey,
         wakeKey: context.keys.wake(name, wakeId),
+        holdersKey,
         statsKey,
       },
       args: { member: members[i]!, outcome: i === 0 ? outcome : "", wakeId },

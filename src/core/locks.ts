@@ -147,9 +147,19 @@ export class Locks implements LockClient {
       this.#hint(granted, decoded.next);
       return { status: "granted" as const, granted: withHold(granted, decoded.holdCount) };
     };
+    // A waiter that blocks between looks (exclusive, or a semaphore's) has a wake key of its own.
+    const wakeId = `w${newToken().slice(0, 16)}`;
+    const wakeKey = this.#context.keys.wake(name, wakeId);
+    const wake = (extra: Partial<Lease>) => ({
+      key: wakeKey,
+      id: wakeId,
+      lease: (grant: { fence: number; ttlMs: number; now: number; next: string }) => {
+        const handed = { ...toLease(name, lease.token, grant), ...extra };
+        this.#hint(handed, grant.next);
+        return withHold(handed, 1);
+      },
+    });
     if (mode === "exclusive") {
-      const wakeId = `w${newToken().slice(0, 16)}`;
-      const wakeKey = this.#context.keys.wake(name, wakeId);
       return {
         script: ACQUIRE,
         call: (look) =>
@@ -159,26 +169,21 @@ export class Locks implements LockClient {
           }),
         members: [lease.token],
         decode: granted(ACQUIRE, {}),
-        wake: {
-          key: wakeKey,
-          id: wakeId,
-          lease: (grant) => {
-            const handed = toLease(name, lease.token, grant);
-            this.#hint(handed, grant.next);
-            return withHold(handed, 1);
-          },
-        },
+        wake: wake({}),
       };
     }
+    const kind = { mode, ...(limit > 0 && { limit, permits }) };
     return {
       script: ACQUIRE_SHARED,
       call: (look) =>
         ACQUIRE_SHARED.call({
-          keys: { ...keys, holdersKey },
-          args: { ...common(look), limit, permits },
+          keys: { ...keys, holdersKey, offersKey, wakeKey },
+          args: { ...common(look), limit, permits, wakeId: look.wakeId },
         }),
       members: [`${lease.token}~${limit > 0 ? permits : "s"}`],
-      decode: granted(ACQUIRE_SHARED, { mode, ...(limit > 0 && { limit, permits }) }),
+      decode: granted(ACQUIRE_SHARED, kind),
+      // Shared waiters poll: a release would wake only one of the readers that fit.
+      ...(limit > 0 && { wake: wake(kind) }),
     };
   }
 
@@ -356,7 +361,8 @@ export class Locks implements LockClient {
 
   // Best effort: a head not handed the lock here takes it at its next look (within BLOCK_MS).
   async #handOver(name: string, wakeId: string): Promise<void> {
-    const { lockKey, queueKey, ticketsKey, offersKey, marksKey } = this.#context.keys.lock(name);
+    const { lockKey, queueKey, ticketsKey, offersKey, marksKey, holdersKey } = this.#context.keys
+      .lock(name);
     const wakeKey = this.#context.keys.wake(name, wakeId);
     await this.#context.run(
       HAND_OVER,
@@ -368,6 +374,7 @@ export class Locks implements LockClient {
           offersKey,
           marksKey,
           wakeKey,
+          holdersKey,
           ...this.#context.keys.statsKeys(name),
         },
         args: { graceMs: this.#context.fenceWindowMs, name, wakeId },

@@ -120,7 +120,7 @@ if not held and (not head or head == token) then
 end
 local offer
 if wakeId ~= '' then
-  offer = string.format('%d|%d|', ttlMs, nowMs - waitedMs) .. wakeId .. '|' .. hold .. '|' .. meta
+  offer = string.format('%d|%d|', ttlMs, nowMs - waitedMs) .. wakeId .. '|' .. hold .. '|0|' .. meta
   -- Busy: no grant on the wake key is a live lease (one since broken, or ended by another call
   -- with the token), so the block that follows waits for a new one only.
   redis.call('DEL', wakeKey)

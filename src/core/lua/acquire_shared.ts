@@ -15,6 +15,7 @@ import { defineScript } from "./_define.ts";
 import { ACQUIRE_ARGS, STATS_KEYS, WAIT_ARGS } from "./contracts.ts";
 import {
   ACQUIRE_LUA,
+  HANDOFF_LUA,
   HOLDERS_LUA,
   INDEX_LUA,
   NOW,
@@ -39,7 +40,16 @@ export const MAX_SHARED = 1000;
 export const ACQUIRE_SHARED = defineScript(
   "acquire_shared",
   {
-    keys: ["lockKey", "queueKey", "ticketsKey", "holdersKey", "marksKey", ...STATS_KEYS],
+    keys: [
+      "lockKey",
+      "queueKey",
+      "ticketsKey",
+      "holdersKey",
+      "marksKey",
+      "offersKey",
+      "wakeKey",
+      ...STATS_KEYS,
+    ],
     args: {
       ...ACQUIRE_ARGS,
       name: "string",
@@ -47,9 +57,10 @@ export const ACQUIRE_SHARED = defineScript(
       hold: "string",
       limit: "number", // 0: shared; else a semaphore's permits in all
       permits: "number", // what this caller takes: 1 when shared
+      wakeId: "string", // a semaphore's waiter that blocks between looks: its wake key's id, else ''
     },
   },
-  [NOW, RECORD_LUA, HOLDERS_LUA, QUEUE_LUA, INDEX_LUA, STATS_LUA, ACQUIRE_LUA],
+  [NOW, RECORD_LUA, HOLDERS_LUA, QUEUE_LUA, INDEX_LUA, STATS_LUA, ACQUIRE_LUA, HANDOFF_LUA],
   `
 local capacity, member = limit, token .. '~' .. permits
 if limit == 0 then capacity, member = ${MAX_SHARED}, token .. '~s' end
@@ -75,7 +86,10 @@ if mine then
   writeShared(lockKey, r, nowMs, graceMs)
   redis.call('PEXPIRE', holdersKey, r.leaseEnd - nowMs)
   granted(r.leaseEnd)
-  return {1, tonumber(mine.fence), mine.leaseEnd - nowMs, nowMs, holdCount(mine.holds)}
+  if wakeId ~= '' then redis.call('DEL', wakeKey) end -- a hand-off it learns of here
+  local nextHead = r.flag == '1' and redis.call('ZRANGE', queueKey, 0, 0)[1]
+  return {1, tonumber(mine.fence), mine.leaseEnd - nowMs, nowMs, holdCount(mine.holds),
+    nextWake(nextHead or nil)}
 end
 -- What is free, less what the waiters ahead take in turn: a waiter that does not fit stops
 -- everyone behind it. An exclusive waiter (a bare token) takes everything, and only alone.
@@ -101,9 +115,21 @@ if head then
   end
 end
 local holdMs = holdEstimate(r)
-if permits > free then return busy(r, exclusive or live, holdMs, member, head) end
-local flag = '0'
-if head and leaveQueue(queueKey, ticketsKey, member) then flag = '1' end
+if permits > free then
+  local offer
+  if wakeId ~= '' and limit > 0 then -- a semaphore's waiter blocks: a release may hand it permits
+    offer = string.format('%d|%d|', ttlMs, nowMs - waitedMs) .. wakeId .. '|' .. hold .. '|' ..
+      limit .. '|' .. meta
+    redis.call('DEL', wakeKey) -- busy: no grant there is a live lease
+  end
+  return busy(r, exclusive or live, holdMs, member, head, offersKey, offer)
+end
+local flag, nextHead = '0', nil
+if head then
+  nextHead = leaveQueue(queueKey, ticketsKey, member)
+  redis.call('HDEL', offersKey, member)
+  if nextHead then flag = '1' end
+end
 if not live then redis.call('DEL', holdersKey) end -- holders of an earlier shared spell
 local h = {fence = newFence(r), leaseEnd = nowMs + ttlMs, permits = permits,
   holds = newHolds(hold), meta = meta}
@@ -115,6 +141,6 @@ if live then grant.leaseEnd = math.max(r.leaseEnd, h.leaseEnd) end
 writeShared(lockKey, grant, nowMs, graceMs)
 redis.call('PEXPIRE', holdersKey, grant.leaseEnd - nowMs)
 granted(grant.leaseEnd)
-return {1, tonumber(h.fence), ttlMs, nowMs, 1}
+return {1, tonumber(h.fence), ttlMs, nowMs, 1, nextWake(nextHead)}
 `,
 );

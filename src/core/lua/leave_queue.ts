@@ -5,12 +5,12 @@ import { NOW, STATS_LUA } from "./lib.ts";
  * Leave the queue (a waiter gave up): counts the acquire's outcome, `timeout` or `aborted` ('' to
  * count nothing). Returns 1 when its ticket was removed, else 0. A waiter that blocked (`wakeId`
  * its wake key's id) drops its offer and its wake key too, and may find that a release handed
- * it the lock first (the receipt the hand-off left on that wake key names the lease): then `{2, fence, ttlMs, nowMs}`, its lease (the caller's to keep or free).
+ * it the lock (or, a semaphore's waiter `<token>~<permits>`, its permits) first (the receipt the hand-off left on that wake key names the lease): then `{2, fence, ttlMs, nowMs}`, its lease (the caller's to keep or free).
  */
 export const LEAVE_QUEUE = defineScript(
   "leave_queue",
   {
-    keys: ["queueKey", "ticketsKey", "offersKey", "lockKey", "wakeKey", "statsKey?"],
+    keys: ["queueKey", "ticketsKey", "offersKey", "lockKey", "wakeKey", "holdersKey", "statsKey?"],
     args: { member: "string", outcome: "string", wakeId: "string" },
   },
   [NOW, STATS_LUA],
@@ -24,8 +24,15 @@ redis.call('HDEL', offersKey, member)
 -- acquire with the same token, or another reentrant hold, has a wake key of its own).
 local receipt = redis.call('LINDEX', wakeKey, -1)
 redis.call('DEL', wakeKey)
-local fence, leaseEnd, token = string.match(redis.call('GET', lockKey) or '',
-  '^H(%d+)|(%d+)|%d+|%d+|[01]|([%w_-]+)|')
+local fence, leaseEnd, token
+local holder = string.match(member, '^([%w_-]+)~%d+$') -- a semaphore's waiter: its holder entry
+if holder then
+  leaseEnd, fence = string.match(redis.call('HGET', holdersKey, holder) or '', '^(%d+)|(%d+)|')
+  token = fence and member
+else
+  fence, leaseEnd, token = string.match(redis.call('GET', lockKey) or '',
+    '^H(%d+)|(%d+)|%d+|%d+|[01]|([%w_-]+)|')
+end
 if token == member and receipt == 'r' .. (fence or '') and tonumber(leaseEnd) > nowMs then
   return {2, tonumber(fence), tonumber(leaseEnd) - nowMs, nowMs}
 end

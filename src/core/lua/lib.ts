@@ -230,7 +230,7 @@ local function queueHead(queueKey, ticketsKey, nowMs, maxWaiters, offersKey)
   return head
 end
 -- Takes a ticket for ticketMs (keeping an earlier place); returns the place, 0 the head, or -2
--- when the queue is full. With \`offersKey\` (an exclusive waiter's), the waiter's \`offer\`
+-- when the queue is full. With \`offersKey\` (a waiter that blocks), the waiter's \`offer\`
 -- (\`HANDOFF_LUA\`; nil for none) is kept beside its ticket, and lives as long.
 local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters, offersKey, offer)
   local place
@@ -287,10 +287,11 @@ local function retryAfter(r, held, holdMs, position, ticketsKey, head, nowMs)
 end
 `;
 
-// Hand-off at release. An exclusive waiter that blocks on a wake key of its own (a list,
+// Hand-off at release. An exclusive or semaphore waiter that blocks on a wake key of its own (a list,
 // `<lock>:wake:<wakeId>`, its wake id random per acquire) leaves an offer beside its ticket in
-// `offersKey`: member -> `<ttlMs>|<sinceMs>|<wakeId>|<hold>|<meta>`. A release that frees the
-// lock grants it in place to the head of the queue when the head left an offer and the caller
+// `offersKey`: member -> `<ttlMs>|<sinceMs>|<wakeId>|<hold>|<limit>|<meta>` (`limit` 0 for an
+// exclusive waiter, else a semaphore's). A release that frees the lock (or a semaphore's permits)
+// grants it in place to the head of the queue when the head left an offer, fits, and the caller
 // declared the head's wake key (every key a script touches is in KEYS): the head's lease is
 // written as if it had acquired, and the grant, `<fence>:<leaseEndMs>:<nowMs>:<next>`, is
 // pushed onto its wake key (`next` the wake id of the waiter now at the head, '' for none, so
@@ -301,37 +302,66 @@ end
 // `graceMs` and `name` of the calling script, after RECORD_LUA, QUEUE_LUA, INDEX_LUA and STATS_LUA.
 export const HANDOFF_LUA = `
 local function readOffer(member)
-  local ttl, since, wake, hold, meta = string.match(redis.call('HGET', offersKey, member) or '',
-    '^(%d+)|(%d+)|([%w_-]+)|([%w_-]*)|(.*)$')
+  local ttl, since, wake, hold, limit, meta = string.match(redis.call('HGET', offersKey, member) or '',
+    '^(%d+)|(%d+)|([%w_-]+)|([%w_-]*)|(%d+)|(.*)$')
   if not ttl then return nil end
-  return {ttl = tonumber(ttl), since = tonumber(since), wake = wake, hold = hold, meta = meta}
+  return {ttl = tonumber(ttl), since = tonumber(since), wake = wake, hold = hold,
+    limit = tonumber(limit), meta = meta}
 end
 -- The wake id of \`head\` (the waiter at the head of the queue), '' when it left no offer.
 local function nextWake(head)
   local offer = head and readOffer(head)
   return (offer and offer.wake) or ''
 end
--- Grants the free lock (r, its last record) to the head of the queue when it left an offer
--- whose wake key is \`wakeKey\` (\`wakeId\` its id, '' for none declared). Returns 1 when handed
--- over, the head's wake id when it left an offer under another, or nil.
+-- Grants the name (r, its record) to the head of the queue when it left an offer whose wake key
+-- is \`wakeKey\` (\`wakeId\` its id, '' for none declared) and it fits: an exclusive waiter when
+-- the name is free, a semaphore's (member \`<token>~<permits>\`) when its permits fit beside the
+-- holders' of the same limit. Returns 1 when handed over, the head's wake id when it left an
+-- offer under another, or nil. Needs HOLDERS_LUA and \`holdersKey\` for a semaphore's waiter.
 local function handOver(r, wakeKey, wakeId)
   local head = queueHead(queueKey, ticketsKey, nowMs, ${MAX_QUEUE}, offersKey)
   local offer = head and readOffer(head)
   if not offer then return nil end
   if offer.wake ~= wakeId then return offer.wake end
+  local live = not r.free and r.leaseEnd ~= nil and nowMs < r.leaseEnd
+  local token, permits = string.match(head, '^([%w_-]+)~(%d+)$')
+  if token then
+    permits = tonumber(permits)
+    local used = 0
+    if live then
+      if not r.shared or r.limit ~= offer.limit then return nil end
+      local _, inUse = readHolders(holdersKey, nowMs, true)
+      used = inUse
+    end
+    if used + permits > offer.limit then return nil end
+    if not live then redis.call('DEL', holdersKey) end -- holders of an earlier spell
+  elseif live or string.find(head, '~', 1, true) then
+    return nil -- an exclusive waiter takes the name only free; a shared one is not handed it
+  end
   local nextHead = leaveQueue(queueKey, ticketsKey, head)
   redis.call('HDEL', offersKey, head)
-  local lease = {fence = string.format('%.0f', math.max(nowUs, tonumber(r.fence) + 1)),
-    leaseEnd = nowMs + offer.ttl, at = nowMs, hold = clamp(r.hold, 1, ${MAX_HOLD_MS}),
-    flag = (nextHead and '1') or '0',
-    token = head, meta = offer.meta, holds = newHolds(offer.hold), released = r.released}
-  writeHeld(lockKey, lease, nowMs, graceMs)
-  redis.call('ZREM', marksKey, head) -- a release without a fence now means this lease
+  local fence = string.format('%.0f', math.max(nowUs, tonumber(r.fence) + 1))
+  local leaseEnd = nowMs + offer.ttl
+  local lease = {fence = fence, leaseEnd = leaseEnd, at = nowMs, hold = clamp(r.hold, 1, ${MAX_HOLD_MS}),
+    flag = (nextHead and '1') or '0', released = r.released}
+  if token then
+    writeHolder(holdersKey, token, {leaseEnd = leaseEnd, fence = fence, permits = permits,
+      holds = newHolds(offer.hold), meta = offer.meta})
+    lease.limit, lease.shared = offer.limit, true
+    if live then lease.leaseEnd = math.max(r.leaseEnd, leaseEnd) end
+    writeShared(lockKey, lease, nowMs, graceMs)
+    redis.call('PEXPIRE', holdersKey, lease.leaseEnd - nowMs)
+  else
+    token = head
+    lease.token, lease.meta, lease.holds = head, offer.meta, newHolds(offer.hold)
+    writeHeld(lockKey, lease, nowMs, graceMs)
+  end
+  redis.call('ZREM', marksKey, token) -- a release without a fence now means this lease
   -- The grant, which the waiter's BLPOP pops, then a receipt that stays: the proof that this
   -- wake key (this acquire, not another with the same token) was handed the lease. A wake key
   -- is one acquire's, and each of its looks clears it: it holds at most the grants made since.
-  redis.call('RPUSH', wakeKey, lease.fence .. ':' .. ms(lease.leaseEnd) .. ':' .. ms(nowMs) .. ':' ..
-    nextWake(nextHead), 'r' .. lease.fence)
+  redis.call('RPUSH', wakeKey, fence .. ':' .. ms(leaseEnd) .. ':' .. ms(nowMs) .. ':' ..
+    nextWake(nextHead), 'r' .. fence)
   redis.call('PEXPIRE', wakeKey, offer.ttl)
   observe(statsKey, nowMs, 'wait', nowMs - offer.since)
   indexPut(namesKey, endsKey, name, lease.leaseEnd, nowMs)

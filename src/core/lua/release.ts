@@ -78,6 +78,7 @@ end
 -- its lease), else the record says released (\`ttl\` its TTL, nil to keep it). The reply's third
 -- element says the lease ended (1), for the caller's hand-off hint.
 local function freed(r, ttl)
+  r.free = true -- for the hand-off; the record written is r's, released
   local handed = r.flag == '1' and handOver(r, wakeKey, wakeId)
   if handed == 1 then return {1, '', 1} end
   writeReleased(lockKey, r, ttl)
@@ -127,8 +128,11 @@ if r.shared and nowMs < r.leaseEnd then
       writeShared(lockKey, r, nowMs, graceMs)
       redis.call('PEXPIRE', holdersKey, latest - nowMs)
       indexPut(namesKey, endsKey, name, latest, nowMs) -- the index ends with the latest holder
+      -- Permits are free: a semaphore's waiter at the head may fit now.
+      local handed = r.flag == '1' and handOver(r, wakeKey, wakeId)
+      if handed and handed ~= 1 then return {1, handed, 1} end
     end
-    return {1, ''}
+    return {1, '', 1}
   end
 end
 if r.free or r.token ~= token or nowMs >= r.leaseEnd or (fence ~= '' and r.fence ~= fence) then
