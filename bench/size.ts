@@ -23,16 +23,18 @@ import { cli } from "../bridge/_cli.ts";
  * too (the header and call builder in those bundles) took the uses to 8.1 KB and the quorum to
  * 5.7 KB. Issue 29's hand-off at release (the hand_over script, waiters' offers and wake keys,
  * the blocking wait and the leave that finds a grant) took the core to 20.4 KB, the uses (whose
- * Records and Jobs share the waiting loop) to 8.4 KB and the service to 150.3 KB. */
+ * Records and Jobs share the waiting loop) to 8.4 KB and the service to 150.3 KB; the uncontended
+ * fast paths (a few lines of Lua before the shared pieces in acquire and release) and the
+ * semaphore's hand-off took the core to 21.6 KB and the service to 151.5 KB. */
 export const BUDGETS = {
-  ".": 20_600,
+  ".": 21_800,
   "./uses": 8_500,
   "./hono": 7_500,
   "./client": 5_500,
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 5_800,
-  "./service": 150_500,
+  "./service": 151_800,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {
