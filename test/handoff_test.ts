@@ -197,30 +197,71 @@ Deno.test("a waiter leaving the queue finds a hand-off that beat it", async () =
   assert.equal(await locks.release({ name, token }), true);
 });
 
-Deno.test("a waiter aborted after the lock was handed to it releases it to the next", async () => {
-  const { backend } = await fixture();
-  // The first waiter never hears its BLPOP reply (withheld until aborted).
-  const deaf = new Proxy(backend.redis, {
+// A waiter that never hears its BLPOP replies (withheld until aborted).
+function deafTo(redis: Redis): Redis {
+  return new Proxy(redis, {
     get(target, property, receiver) {
       if (property !== "exec") return Reflect.get(target, property, receiver);
       return () => new Promise(() => {});
     },
   });
-  const first = new Locks(deaf);
+}
+
+Deno.test("a lease handed to a waiter that then aborts stays to its TTL, then goes to the next", async () => {
+  const { backend } = await fixture();
   const locks = new Locks(backend.redis);
   const name = keygen("h");
   const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
   const controller = new AbortController();
-  const aborted = first.acquire(name, { waitMs: 20_000, signal: controller.signal });
+  const aborted = new Locks(deafTo(backend.redis)).acquire(name, {
+    ttlMs: 500,
+    waitMs: 20_000,
+    signal: controller.signal,
+  });
   await queued(backend.redis, name, 1);
   const second = locks.acquire(name, { waitMs: 20_000 });
   await queued(backend.redis, name, 2);
   await locks.release(holder); // handed to the first waiter, which does not hear of it
   await until("the first waiter holds it", async () => (await locks.inspect(name)).held);
+  const handed = await locks.inspect(name);
   controller.abort(new Error("the caller went away"));
   await assert.rejects(aborted, /the caller went away/);
+  // Not released: a retry with the same token may have been told it holds this lease.
+  assert.equal(await fenceOf(locks, name), handed.held ? handed.fence : -1);
   const lease = acquired(await second);
+  assert.ok(handed.held && lease.serverTime >= handed.expiresAt, "after the handed lease ended");
   assert.equal(await fenceOf(locks, name), lease.fence, "the second waiter holds it");
+  await locks.release(lease);
+});
+
+Deno.test("a waiter that aborts never frees the lease another call with its token holds", async () => {
+  const { backend } = await fixture();
+  const locks = new Locks(backend.redis);
+  const name = keygen("h");
+  const token = "one-token-two-calls-0001";
+  const holder = acquired(await locks.acquire(name, { ttlMs: 1000 }));
+  // Two calls with one token (a retry beside the first): the later look's offer is the one kept,
+  // so the release hands the lease to the deaf call; the other finds it at its next look.
+  const told = locks.acquire(name, { token, ttlMs: 10_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  const firstOffer = await backend.redis.hget(`${lockKeys(name)[0]}:offers`, token);
+  const controller = new AbortController();
+  const aborted = new Locks(deafTo(backend.redis)).acquire(name, {
+    token,
+    ttlMs: 10_000,
+    waitMs: 20_000,
+    signal: controller.signal,
+  });
+  await until("the deaf call's offer replaced the first call's", async () => {
+    const offer = await backend.redis.hget(`${lockKeys(name)[0]}:offers`, token);
+    return offer !== firstOffer;
+  });
+  await locks.release(holder);
+  const lease = acquired(await told);
+  controller.abort(new Error("the retry's caller went away"));
+  await assert.rejects(aborted, /went away/);
+  assert.equal(await fenceOf(locks, name), lease.fence, "the lease told to the caller still holds");
+  assert.equal((await locks.acquire(name)).acquired, false, "no one else gets the name");
   await locks.release(lease);
 });
 
@@ -523,35 +564,26 @@ Deno.test("with the permits check removed, a release hands over permits that do 
   await locks.release(two);
 });
 
-Deno.test("a semaphore waiter aborted after it was handed permits frees them", async () => {
+Deno.test("a token that holds a semaphore's permits is not handed more by a release", async () => {
   const { backend } = await fixture();
-  const deaf = new Proxy(backend.redis, {
-    get(target, property, receiver) {
-      if (property !== "exec") return Reflect.get(target, property, receiver);
-      return () => new Promise(() => {});
-    },
-  });
   const locks = new Locks(backend.redis);
   const name = keygen("h");
-  const sem = { limit: 1, permits: 1, ttlMs: 10_000 };
-  const holder = acquired(await locks.acquire(name, sem));
-  const controller = new AbortController();
-  const aborted = new Locks(deaf).acquire(name, {
-    ...sem,
-    waitMs: 20_000,
-    signal: controller.signal,
-  });
+  const token = "holds-and-waits-again-01";
+  const two = acquired(await locks.acquire(name, { limit: 3, permits: 2, ttlMs: 10_000 }));
+  const one = acquired(await locks.acquire(name, { limit: 3, permits: 1, ttlMs: 10_000 }));
+  const first = locks.acquire(name, { token, limit: 3, permits: 1, waitMs: 20_000 });
   await queued(backend.redis, name, 1);
-  const second = locks.acquire(name, { ...sem, waitMs: 20_000 });
-  await queued(backend.redis, name, 2);
-  await locks.release(holder); // handed to the first waiter, which does not hear of it
-  await until("the first waiter holds the permit", async () => {
-    const info = await locks.inspect(name);
-    return info.held && info.fence > holder.fence;
+  const more = locks.acquire(name, { token, limit: 3, permits: 2, waitMs: 20_000 })
+    .then(() => "granted", (error) => (error as { code?: string }).code);
+  await until("the second call's look", async () => {
+    const offer = await backend.redis.hget(`${lockKeys(name)[0]}:offers`, `${token}~2`);
+    return offer !== null;
   });
-  controller.abort(new Error("gone"));
-  await assert.rejects(aborted, /gone/);
-  const lease = acquired(await second);
-  assert.equal(await fenceOf(locks, name), lease.fence);
-  await locks.release(lease);
+  await locks.release(two); // the head (token, 1 permit) fits
+  const held = acquired(await first);
+  await locks.release(one); // 2 permits free, but the next head's token holds already
+  assert.equal(await more, "permits_mismatch", "its own look decides: other permits");
+  const info = await locks.inspect(name);
+  assert.ok(info.held && info.permits === 1, `only the token's 1 permit: ${JSON.stringify(info)}`);
+  assert.equal(await locks.release(held), true);
 });

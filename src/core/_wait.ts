@@ -48,8 +48,9 @@ type Outcome = (LockEvent & { type: "acquire" })["outcome"];
 
 /**
  * Looks until `attempt` is granted, the wait of `waitMs` is over, the queue is full or `signal`
- * aborts; leaves the queues it joined when it gives up. `label` names the lock in events.
- * `release` frees a lease handed over to a waiter that gave up (aborted) before it learned of it.
+ * aborts; leaves the queues it joined when it gives up. `label` names the lock in events. A
+ * lease handed over to a waiter that then aborts is left to its TTL, not released: another call
+ * with the same token (a retry) may have found it and been told it holds it.
  */
 export async function waitFor<T extends Lease | Lease[]>(
   context: LockContext,
@@ -57,7 +58,6 @@ export async function waitFor<T extends Lease | Lease[]>(
   names: readonly string[],
   attempt: Attempt<T>,
   { waitMs, signal }: { waitMs: number; signal: AbortSignal | undefined },
-  release: (granted: T) => Promise<unknown> = async () => {},
 ): Promise<{ acquired: true; granted: T } | NotAcquired> {
   const started = performance.now();
   const deadline = started + waitMs;
@@ -87,8 +87,7 @@ export async function waitFor<T extends Lease | Lease[]>(
 
   for (;;) {
     if (signal?.aborted) {
-      const handed = await leave("aborted");
-      if (handed) await release(handed).catch(() => {});
+      await leave("aborted");
       outcome("aborted");
       signal.throwIfAborted();
     }
@@ -129,9 +128,10 @@ export async function waitFor<T extends Lease | Lease[]>(
     const { position } = reply;
     context.emit({ type: "wait", name: label, position, retryAfterMs, ...timing(sentAt) });
     if (wakeId !== "" && position >= 0) {
-      // Block until a release hands the lock over; the head no longer than the holder's lease,
-      // so a holder that vanished is followed at its lease end.
-      const blockMs = Math.min(remaining, BLOCK_MS, position === 0 ? reply.pttl + 1 : BLOCK_MS);
+      // Block until a release hands the lock over; the head no longer than the holder's lease (a
+      // semaphore's first holder's), so a holder that vanished is followed at its lease end.
+      const ends = reply.firstEndsIn || reply.pttl;
+      const blockMs = Math.min(remaining, BLOCK_MS, position === 0 ? ends + 1 : BLOCK_MS);
       const message = await context.block(attempt.wake!.key, Math.max(1, blockMs), signal)
         .catch((error) => {
           if (signal?.aborted) return null; // the loop's top leaves the queue

@@ -109,14 +109,7 @@ export class Locks implements LockClient {
     const lease = checkLeaseOptions(options);
     const attempt = this.#acquireAttempt(name, lease, checkMode(options), checkHold(options));
     return await this.#context.observe(name, "acquire", async () => {
-      const result = await waitFor(
-        this.#context,
-        name,
-        [name],
-        attempt,
-        lease,
-        (handed) => this.release(handed),
-      );
+      const result = await waitFor(this.#context, name, [name], attempt, lease);
       return result.acquired ? { acquired: true, lease: result.granted } : result;
     });
   }

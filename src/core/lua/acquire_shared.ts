@@ -122,7 +122,14 @@ if permits > free then
       limit .. '|' .. meta
     redis.call('DEL', wakeKey) -- busy: no grant there is a live lease
   end
-  return busy(r, exclusive or live, holdMs, member, head, offersKey, offer)
+  local reply = busy(r, exclusive or live, holdMs, member, head, offersKey, offer)
+  -- When the first holder's lease ends, ms (0: none): a waiter may fit then, unannounced.
+  local soonest = 0
+  for _, h in pairs(holders) do
+    if soonest == 0 or h.leaseEnd - nowMs < soonest then soonest = h.leaseEnd - nowMs end
+  end
+  reply[6] = soonest
+  return reply
 end
 local flag, nextHead = '0', nil
 if head then

@@ -322,7 +322,6 @@ local function handOver(r, wakeKey, wakeId)
   local head = queueHead(queueKey, ticketsKey, nowMs, ${MAX_QUEUE}, offersKey)
   local offer = head and readOffer(head)
   if not offer then return nil end
-  if offer.wake ~= wakeId then return offer.wake end
   local live = not r.free and r.leaseEnd ~= nil and nowMs < r.leaseEnd
   local token, permits = string.match(head, '^([%w_-]+)~(%d+)$')
   if token then
@@ -330,14 +329,18 @@ local function handOver(r, wakeKey, wakeId)
     local used = 0
     if live then
       if not r.shared or r.limit ~= offer.limit then return nil end
-      local _, inUse = readHolders(holdersKey, nowMs, true)
+      local holders, inUse = readHolders(holdersKey, nowMs, true)
+      -- A token that holds already is left to its own look (another hold, or a mismatch).
+      if holders[token] then return nil end
       used = inUse
     end
     if used + permits > offer.limit then return nil end
-    if not live then redis.call('DEL', holdersKey) end -- holders of an earlier spell
   elseif live or string.find(head, '~', 1, true) then
     return nil -- an exclusive waiter takes the name only free; a shared one is not handed it
   end
+  -- It fits: handed over here when the caller declared its wake key, else by the caller next.
+  if offer.wake ~= wakeId then return offer.wake end
+  if token and not live then redis.call('DEL', holdersKey) end -- holders of an earlier spell
   local nextHead = leaveQueue(queueKey, ticketsKey, head)
   redis.call('HDEL', offersKey, head)
   local fence = string.format('%.0f', math.max(nowUs, tonumber(r.fence) + 1))

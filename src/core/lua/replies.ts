@@ -15,13 +15,17 @@ export interface Granted {
   next: string;
 }
 
-/** A busy acquire: when to look again, the caller's place (-1 none, -2 queue full), lease left. */
+/**
+ * A busy acquire: when to look again, the caller's place (-1 none, -2 queue full), lease left;
+ * for shared and semaphore leases, when the first holder's lease ends (0: none).
+ */
 export interface Busy {
   status: "busy";
   retryAfterMs: number;
   now: number;
   position: number;
   pttl: number;
+  firstEndsIn: number;
 }
 
 /**
@@ -63,7 +67,9 @@ function decodeNotGranted(script: Script, reply: unknown): Busy | Mismatch {
   const [status, code] = integers(script, reply, 2) as [number, number];
   if (status === -1) return { status: "mismatch", code: code as Mismatch["code"] };
   const [, retryAfterMs, now, position, pttl] = integers(script, reply, 5) as Tuple5;
-  return { status: "busy", retryAfterMs, now, position, pttl };
+  const first = (reply as unknown[])[5];
+  const firstEndsIn = Number.isSafeInteger(first) && (first as number) > 0 ? first as number : 0;
+  return { status: "busy", retryAfterMs, now, position, pttl, firstEndsIn };
 }
 
 /** A renewal: the lease as the acquire's grant, or lost. */
