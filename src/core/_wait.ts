@@ -145,8 +145,8 @@ export async function waitFor<T extends Lease | Lease[]>(
       // The grant was made after this look reached Redis: its lease counts from this look's
       // sending, moved on by the server time between the look and the grant.
       if (grant) {
-        const moved = sentAt + (grant.now - reply.now); // outside that span: a stepped clock
-        const grantedAt = moved >= sentAt && moved <= performance.now() ? moved : sentAt;
+        const moved = sentAt + (grant.now - reply.now); // never before sentAt: grant.now >= reply.now
+        const grantedAt = moved <= performance.now() ? moved : sentAt; // past now: a stepped clock
         return granted(attempt.wake!.lease(grant), grantedAt);
       }
       continue;

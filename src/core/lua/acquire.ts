@@ -104,12 +104,8 @@ local head
 if not r or r.flag == '1' then head = queueHead(queueKey, ticketsKey, nowMs, maxWaiters, offersKey) end
 local holdMs = holdEstimate(r)
 if not held and (not head or head == token) then
-  local flag, nextHead = '0', nil
-  if head then
-    nextHead = leaveQueue(queueKey, ticketsKey, token)
-    redis.call('HDEL', offersKey, token)
-    if nextHead then flag = '1' end
-  end
+  local nextHead = head and leaveQueue(queueKey, ticketsKey, token, offersKey) or nil
+  local flag = (nextHead and '1') or '0'
   local grant = {fence = newFence(r), leaseEnd = nowMs + ttlMs, at = nowMs, hold = holdMs,
     flag = flag, token = token, meta = meta, holds = newHolds(hold),
     released = (r and r.released) or ''}
@@ -119,12 +115,7 @@ if not held and (not head or head == token) then
   return {1, tonumber(grant.fence), ttlMs, nowMs, 1, nextWake(nextHead)}
 end
 local offer
-if wakeId ~= '' then
-  offer = string.format('%d|%d|', ttlMs, nowMs - waitedMs) .. wakeId .. '|' .. hold .. '|0|' .. meta
-  -- Busy: no grant on the wake key is a live lease (one since broken, or ended by another call
-  -- with the token), so the block that follows waits for a new one only.
-  redis.call('DEL', wakeKey)
-end
+if wakeId ~= '' then offer = blockingOffer(0) end
 return busy(r, held, holdMs, token, head, offersKey, offer)
 `,
 );

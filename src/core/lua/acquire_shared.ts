@@ -117,11 +117,8 @@ end
 local holdMs = holdEstimate(r)
 if permits > free then
   local offer
-  if wakeId ~= '' and limit > 0 then -- a semaphore's waiter blocks: a release may hand it permits
-    offer = string.format('%d|%d|', ttlMs, nowMs - waitedMs) .. wakeId .. '|' .. hold .. '|' ..
-      limit .. '|' .. meta
-    redis.call('DEL', wakeKey) -- busy: no grant there is a live lease
-  end
+  -- A semaphore's waiter blocks: a release may hand it permits.
+  if wakeId ~= '' and limit > 0 then offer = blockingOffer(limit) end
   local reply = busy(r, exclusive or live, holdMs, member, head, offersKey, offer)
   -- When the first holder's lease ends, ms (0: none): a waiter may fit then, unannounced.
   local soonest = 0
@@ -131,12 +128,8 @@ if permits > free then
   reply[6] = soonest
   return reply
 end
-local flag, nextHead = '0', nil
-if head then
-  nextHead = leaveQueue(queueKey, ticketsKey, member)
-  redis.call('HDEL', offersKey, member)
-  if nextHead then flag = '1' end
-end
+local nextHead = head and leaveQueue(queueKey, ticketsKey, member, offersKey) or nil
+local flag = (nextHead and '1') or '0'
 if not live then redis.call('DEL', holdersKey) end -- holders of an earlier shared spell
 local h = {fence = newFence(r), leaseEnd = nowMs + ttlMs, permits = permits,
   holds = newHolds(hold), meta = meta}

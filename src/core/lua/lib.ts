@@ -253,10 +253,12 @@ local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaite
   end
   return place or redis.call('ZRANK', queueKey, member)
 end
--- Returns the waiter now at the head, nil when the queue is empty.
-local function leaveQueue(queueKey, ticketsKey, member)
+-- Returns the waiter now at the head, nil when the queue is empty. With offersKey, the member's
+-- offer goes too.
+local function leaveQueue(queueKey, ticketsKey, member, offersKey)
   redis.call('ZREM', queueKey, member)
   redis.call('ZREM', ticketsKey, member)
+  if offersKey then redis.call('HDEL', offersKey, member) end
   return redis.call('ZRANGE', queueKey, 0, 0)[1]
 end
 -- Contention is noted in the record (its TTL kept), so release samples the hold time and the
@@ -308,6 +310,14 @@ local function readOffer(member)
   return {ttl = tonumber(ttl), since = tonumber(since), wake = wake, hold = hold,
     limit = tonumber(limit), meta = meta}
 end
+-- A busy look's offer, for a waiter that blocks on its wake key (\`limit\` 0 when exclusive). The
+-- look clears that key: no grant there is a live lease (one since broken, or ended by another
+-- call with the token), so the block that follows waits for a new one only.
+local function blockingOffer(limit)
+  redis.call('DEL', wakeKey)
+  return string.format('%d|%d|', ttlMs, nowMs - waitedMs) .. wakeId .. '|' .. hold .. '|' .. limit ..
+    '|' .. meta
+end
 -- The wake id of \`head\` (the waiter at the head of the queue), '' when it left no offer.
 local function nextWake(head)
   local offer = head and readOffer(head)
@@ -341,8 +351,7 @@ local function handOver(r, wakeKey, wakeId)
   -- It fits: handed over here when the caller declared its wake key, else by the caller next.
   if offer.wake ~= wakeId then return offer.wake end
   if token and not live then redis.call('DEL', holdersKey) end -- holders of an earlier spell
-  local nextHead = leaveQueue(queueKey, ticketsKey, head)
-  redis.call('HDEL', offersKey, head)
+  local nextHead = leaveQueue(queueKey, ticketsKey, head, offersKey)
   local fence = string.format('%.0f', math.max(nowUs, tonumber(r.fence) + 1))
   local leaseEnd = nowMs + offer.ttl
   local lease = {fence = fence, leaseEnd = leaseEnd, at = nowMs, hold = clamp(r.hold, 1, ${MAX_HOLD_MS}),
