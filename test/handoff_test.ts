@@ -31,6 +31,21 @@ function tracked(redis: Redis, options: ConstructorParameters<typeof Locks>[1] =
   return { locks, events, looks: () => events.filter((e) => e.type === "wait").length };
 }
 
+type Command = [string, ...string[]];
+
+// The client with its `exec` (the waiters' BLPOP) replaced; `exec` sends a command for real.
+function withExec(
+  redis: Redis,
+  replace: (command: Command, exec: (command: Command) => Promise<unknown>) => Promise<unknown>,
+): Redis {
+  return new Proxy(redis, {
+    get(target, property, receiver) {
+      if (property !== "exec") return Reflect.get(target, property, receiver);
+      return (command: Command) => replace(command, (c) => target.exec(c));
+    },
+  });
+}
+
 // The fence of the lease that holds `name`, if one does.
 async function fenceOf(locks: Locks, name: string): Promise<number | undefined> {
   const info = await locks.inspect(name);
@@ -109,14 +124,9 @@ Deno.test("a lost wake-up costs one block: the waiter finds its lease at its nex
   const { backend } = await fixture();
   // A client whose first BLPOP reply is lost: the grant was popped, the waiter hears nothing.
   let lost = 0;
-  const redis = new Proxy(backend.redis, {
-    get(target, property, receiver) {
-      if (property !== "exec") return Reflect.get(target, property, receiver);
-      return async (command: string[]) => {
-        const reply = await target.exec(command as [string, ...string[]]);
-        return command[0] === "BLPOP" && reply !== null && lost++ === 0 ? null : reply;
-      };
-    },
+  const redis = withExec(backend.redis, async (command, exec) => {
+    const reply = await exec(command);
+    return command[0] === "BLPOP" && reply !== null && lost++ === 0 ? null : reply;
   });
   const { locks, looks } = tracked(redis);
   const name = keygen("h");
@@ -138,12 +148,10 @@ Deno.test("a lost wake-up costs one block: the waiter finds its lease at its nex
 Deno.test("a waiter that hears no wake-up finds its lease before its wait ends", async () => {
   const { backend } = await fixture();
   // Its BLPOP replies are withheld, so it cannot learn of the hand-off before its wait ends.
-  const redis = new Proxy(backend.redis, {
-    get(target, property, receiver) {
-      if (property !== "exec") return Reflect.get(target, property, receiver);
-      return () => new Promise((resolve) => setTimeout(() => resolve(null), 50));
-    },
-  });
+  const redis = withExec(
+    backend.redis,
+    () => new Promise((resolve) => setTimeout(() => resolve(null), 50)),
+  );
   const locks = new Locks(redis);
   const name = keygen("h");
   const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
@@ -198,14 +206,7 @@ Deno.test("a waiter leaving the queue finds a hand-off that beat it", async () =
 });
 
 // A waiter that never hears its BLPOP replies (withheld until aborted).
-function deafTo(redis: Redis): Redis {
-  return new Proxy(redis, {
-    get(target, property, receiver) {
-      if (property !== "exec") return Reflect.get(target, property, receiver);
-      return () => new Promise(() => {});
-    },
-  });
-}
+const deafTo = (redis: Redis) => withExec(redis, () => new Promise(() => {}));
 
 Deno.test("a lease handed to a waiter that then aborts stays to its TTL, then goes to the next", async () => {
   const { backend } = await fixture();
@@ -268,12 +269,7 @@ Deno.test("a waiter that aborts never frees the lease another call with its toke
 Deno.test("an acquire with the same token that aborts frees nothing another was handed", async () => {
   const { backend } = await fixture();
   // The first acquire never hears its BLPOP replies; the second, with the same token, does.
-  const deaf = new Proxy(backend.redis, {
-    get(target, property, receiver) {
-      if (property !== "exec") return Reflect.get(target, property, receiver);
-      return () => new Promise(() => {});
-    },
-  });
+  const deaf = deafTo(backend.redis);
   const locks = new Locks(backend.redis);
   const name = keygen("h");
   const token = "same-token-for-a-retry-01";
@@ -302,14 +298,9 @@ Deno.test("a grant that was broken before the waiter's next look is never taken 
   let gate: () => void = () => {};
   const opened = new Promise<void>((resolve) => gate = resolve);
   let blocks = 0;
-  const redis = new Proxy(backend.redis, {
-    get(target, property, receiver) {
-      if (property !== "exec") return Reflect.get(target, property, receiver);
-      return async (command: [string, ...string[]]) => {
-        if (command[0] === "BLPOP" && blocks++ === 0) return await opened.then(() => null);
-        return await target.exec(command);
-      };
-    },
+  const redis = withExec(backend.redis, async (command, exec) => {
+    if (command[0] === "BLPOP" && blocks++ === 0) return await opened.then(() => null);
+    return await exec(command);
   });
   const locks = new Locks(backend.redis);
   const name = keygen("h");
@@ -432,14 +423,9 @@ Deno.test("waiters through a bridge that refuses BLPOP poll, and are granted in 
 Deno.test("with blocking off, waiters poll and send no BLPOP", async () => {
   const { backend } = await fixture();
   let blpops = 0;
-  const redis = new Proxy(backend.redis, {
-    get(target, property, receiver) {
-      if (property !== "exec") return Reflect.get(target, property, receiver);
-      return (command: [string, ...string[]]) => {
-        if (command[0] === "BLPOP") blpops++;
-        return target.exec(command);
-      };
-    },
+  const redis = withExec(backend.redis, (command, exec) => {
+    if (command[0] === "BLPOP") blpops++;
+    return exec(command);
   });
   const locks = new Locks(redis, { blocking: false });
   const name = keygen("h");
