@@ -1,7 +1,7 @@
 /**
  * `deno task pack`: builds the npm package from `src/` and writes its tarball under `dist/`.
  * JavaScript: `deno bundle` per entry, ESM, code-split so entries share chunks, dependencies left
- * as imports (hono and @hono/zod-openapi as dependencies, @upstash/redis a peer the user brings).
+ * as imports (hono and zod as dependencies, @upstash/redis a peer the user brings).
  * Types: tsc's declarations, with the `.ts` specifiers made `.js`. Targets Node 20+ and workerd.
  * Prints the tarball's path.
  *
@@ -13,8 +13,8 @@ const ENTRIES = ["core", "uses", "hono", "service", "client", "otel", "tcp", "qu
 const EXTERNAL = [
   "hono",
   "hono/*",
-  "@hono/zod-openapi",
   "zod",
+  "zod/*",
   "@upstash/redis",
   "@opentelemetry/api",
 ];
@@ -113,7 +113,6 @@ export async function pack(): Promise<string> {
         files: ["esm/", "types/", "README.md", "LICENSE"],
         keywords: ["lock", "mutex", "redis", "upstash", "fencing", "idempotency", "edge"],
         dependencies: {
-          "@hono/zod-openapi": range("@hono/zod-openapi"),
           hono: range("hono"),
           zod: range("zod"),
         },

@@ -5,7 +5,6 @@ import { appSettings, readConfig, SETTINGS } from "../src/service/config.ts";
 import { Jobs } from "../src/uses/jobs.ts";
 import { problem } from "../src/hono/_problem.ts";
 import { EXAMPLE_JOB, REDIS_OPTIONS, runExampleJob } from "./_shared.ts";
-import openapi from "./openapi.json" with { type: "json" };
 
 /** Bindings: vars in wrangler.toml, secrets with `wrangler secret put`. */
 interface Env {
@@ -33,7 +32,7 @@ let cached: { settings: string; deps: ReturnType<typeof build> } | undefined;
 function build(env: Env) {
   const config = readConfig(env as unknown as Record<string, unknown>);
   const redis = new Redis({ url: config.redisUrl, token: config.redisToken, ...REDIS_OPTIONS });
-  const app = createApp({ redis, ...appSettings(config), openapi }); // the document prebuilt
+  const app = createApp({ redis, ...appSettings(config) });
   const prefix = `${config.keyPrefix}.worker`; // "." keeps it apart from every tenant's "prefix:tenant"
   return { app, redis, prefix, jobs: new Jobs(redis, { prefix }) };
 }

@@ -5,7 +5,6 @@ import { appSettings, readConfig, type ServiceConfig } from "../src/service/conf
 import { openTelemetry } from "../src/otel/mod.ts";
 import { Jobs } from "../src/uses/jobs.ts";
 import { EXAMPLE_JOB, REDIS_OPTIONS, runExampleJob } from "./_shared.ts";
-import openapi from "./openapi.json" with { type: "json" };
 
 let config: ServiceConfig;
 try {
@@ -41,5 +40,5 @@ Deno.serve(
     hostname: Deno.env.get("HOSTNAME") ?? "127.0.0.1",
   },
   // Spans and metrics through @opentelemetry/api: exported by Deno itself with OTEL_DENO=true.
-  createApp({ redis, ...appSettings(config), onEvent: openTelemetry(), openapi }).fetch,
+  createApp({ redis, ...appSettings(config), onEvent: openTelemetry() }).fetch,
 );

@@ -1,5 +1,5 @@
-// Schema pieces shared by the route modules: they validate requests and generate /openapi.json.
-import { z } from "@hono/zod-openapi";
+// Schema pieces shared by the route modules: they check requests and describe /openapi.json.
+import * as z from "zod/mini";
 import {
   HOLD_ID_PATTERN,
   LIMITS,
@@ -8,55 +8,81 @@ import {
   NAME_PATTERN,
   TOKEN_PATTERN,
 } from "../core/_validate.ts";
+import { doc, type Reply } from "./_route.ts";
 
-export const Name = z.string().regex(NAME_PATTERN).openapi({
-  description: "1–200 characters of A-Z a-z 0-9 . _ : -, not . or ..",
-  example: "invoice:42",
-});
+export { doc };
+
+const NAME_CHARS = "1–200 characters of A-Z a-z 0-9 . _ : -";
+/** A name (a job's, a segment of a record's). */
+export const name = (description = `${NAME_CHARS}, not . or ..`) =>
+  doc(z.string().check(z.regex(NAME_PATTERN)), { description, example: "invoice:42" });
 /** A lock's name: a name, and `{` `}` for a Redis Cluster hash tag. */
-export const LockName = z.string().regex(LOCK_NAME_PATTERN).openapi({
-  description: "1–200 characters of A-Z a-z 0-9 . _ : - { }, not . or .., not starting with }; " +
-    "names that agree up " +
+export const lockName = (
+  description = `${NAME_CHARS} { }, not . or .., not starting with }; names that agree up ` +
     "to their first } share a Redis Cluster slot (start them with the same {group})",
-  example: "invoice:42",
-});
-export const Token = z.string().regex(TOKEN_PATTERN).openapi({
-  description: "Owner token: 16–128 characters of A-Z a-z 0-9 _ -",
-  example: "b3JkZXItNDItd29ya2VyLTE",
-});
+) => doc(z.string().check(z.regex(LOCK_NAME_PATTERN)), { description, example: "invoice:42" });
+export const LockName = lockName();
+/** An owner token. */
+export const token = (description = "Owner token: 16–128 characters of A-Z a-z 0-9 _ -") =>
+  doc(z.string().check(z.regex(TOKEN_PATTERN)), {
+    description,
+    example: "b3JkZXItNDItd29ya2VyLTE",
+  });
+export const Token = token();
 /** A reentrant hold's id, or a break's: chosen by the client so a retry counts once. */
-export const HoldId = z.string().regex(HOLD_ID_PATTERN).openapi({
-  description: "8–32 characters of A-Z a-z 0-9 _ -, chosen before the first attempt",
-  example: "h0ld-1d-x9Qz",
-});
+export const holdId = (
+  description = "8–32 characters of A-Z a-z 0-9 _ -, chosen before the first attempt",
+) => doc(z.string().check(z.regex(HOLD_ID_PATTERN)), { description, example: "h0ld-1d-x9Qz" });
+/** An integer, described. */
+export const int = (description?: string) =>
+  description === undefined
+    ? z.number().check(z.int())
+    : doc(z.number().check(z.int()), { description });
+/** A duration setting, within the library's limits for `field`. */
 export const duration = (field: keyof typeof LIMITS, description: string) =>
-  z.number().int().min(LIMITS[field].min).max(LIMITS[field].max).openapi({ description });
-export const Meta = z.record(z.string(), z.unknown()).refine(
-  (meta) => new TextEncoder().encode(JSON.stringify(meta)).length <= MAX_META_BYTES,
-  { message: `meta must be at most ${MAX_META_BYTES} bytes as JSON` },
-).openapi({ description: "A JSON object of at most 1 KiB, shown by GET" });
-
-export const Problem = z.object({
-  type: z.string(),
-  title: z.string(),
-  status: z.number().int(),
-  detail: z.string(),
-  code: z.string(),
-  retryAfterMs: z.number().int().optional(),
-  errors: z.array(z.object({ path: z.string(), message: z.string() })).optional(),
-}).openapi("Problem");
-
-export const problemDoc = (description: string) => ({
-  description,
-  content: { "application/problem+json": { schema: Problem } },
+  doc(z.number().check(z.int(), z.minimum(LIMITS[field].min), z.maximum(LIMITS[field].max)), {
+    description,
+  });
+/** A JSON object of at most `max` bytes. */
+export const jsonObject = (
+  field: string,
+  max: number,
+  meta: { id?: string; description: string },
+) =>
+  doc(
+    z.record(z.string(), z.unknown()).check(z.refine(
+      (value) => new TextEncoder().encode(JSON.stringify(value)).length <= max,
+      `${field} must be at most ${max} bytes as JSON`,
+    )),
+    meta,
+  );
+export const Meta = jsonObject("meta", MAX_META_BYTES, {
+  description: "A JSON object of at most 1 KiB, shown by GET",
 });
-export const json = <T extends z.ZodType>(schema: T, description: string) => ({
+/** The path parameter `{name}` of the lock routes. */
+export const NameParams = z.object({ name: LockName });
+
+export const Problem = doc(
+  z.object({
+    type: z.string(),
+    title: z.string(),
+    status: int(),
+    detail: z.string(),
+    code: z.string(),
+    retryAfterMs: z.optional(int()),
+    errors: z.optional(z.array(z.object({ path: z.string(), message: z.string() }))),
+  }),
+  { id: "Problem" },
+);
+
+export const problemDoc = (description: string): Reply => ({
   description,
-  content: { "application/json": { schema } },
+  schema: Problem,
+  type: "application/problem+json",
 });
-export const body = <T extends z.ZodType>(schema: T) => ({
-  required: true,
-  content: { "application/json": { schema } },
+export const json = (schema: z.ZodMiniType, description: string): Reply => ({
+  description,
+  schema,
 });
 export const common = {
   400: problemDoc("invalid_request"),
@@ -65,50 +91,33 @@ export const common = {
   503: problemDoc("backend_unavailable"),
 };
 
-/** A path parameter that is a name. */
-export const nameParam = (name: string) =>
-  Name.openapi({
-    param: { name, in: "path" },
-    description: "1–200 characters of A-Z a-z 0-9 . _ : -",
-  });
-
 /** `{ token }`: the body of the routes that end a claim or a run. */
-export const TokenBody = z.strictObject({ token: Token }).openapi("TokenRequest");
+export const TokenBody = doc(z.strictObject({ token: Token }), { id: "TokenRequest" });
 /** A claim's lease, ms. */
-export const leaseMs = duration("leaseMs", "Claim lease, ms (default 30000)").optional();
+export const leaseMs = z.optional(duration("leaseMs", "Claim lease, ms (default 30000)"));
 /** How long a completed record is kept, ms. */
 export const retentionMs = (fallback: string) =>
-  duration("retentionMs", `How long the result is kept, ms (default ${fallback})`).optional();
+  z.optional(duration("retentionMs", `How long the result is kept, ms (default ${fallback})`));
 /** A granted claim. */
 export const Claimed = z.object({
   state: z.literal("claimed"),
   token: Token,
-  fence: z.number().int(),
-  leaseExpiresAt: z.number().int(),
+  fence: int(),
+  leaseExpiresAt: int(),
 });
-/** What every route behind the API key declares. */
-export const secured = (tag: string) => ({ security: [{ bearer: [] }], tags: [tag] });
 /** A POST route with path params and a JSON body. */
-export const post = <P extends z.ZodType, B extends z.ZodType>(
+export const post = <P, B>(
   tag: string,
   operationId: string,
   path: string,
   params: P,
-  schema: B,
-) => ({
-  ...secured(tag),
-  method: "post" as const,
-  path,
-  operationId,
-  request: { params, body: body(schema) },
-});
+  body: B,
+) => ({ tags: [tag], method: "post" as const, path, operationId, params, body });
 
 /** How a held lock is held: what `GET /v1/locks/{name}` and `GET /v1/locks` tell. */
-export const Holding = z.object({
-  mode: z.enum(["exclusive", "shared", "semaphore"]).optional(),
-  holders: z.number().int().optional().openapi({ description: "How many hold it" }),
-  permits: z.number().int().optional().openapi({
-    description: "A semaphore's permits held; an exclusive lease's hold count",
-  }),
-  limit: z.number().int().optional().openapi({ description: "A semaphore's permits in all" }),
-});
+export const holding = {
+  mode: z.optional(z.enum(["exclusive", "shared", "semaphore"])),
+  holders: z.optional(int("How many hold it")),
+  permits: z.optional(int("A semaphore's permits held; an exclusive lease's hold count")),
+  limit: z.optional(int("A semaphore's permits in all")),
+};

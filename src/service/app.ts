@@ -1,4 +1,5 @@
-import { createRoute, OpenAPIHono, z } from "@hono/zod-openapi";
+import * as z from "zod/mini";
+import { Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { matchedRoutes } from "hono/route";
 import { type ApiKey, authenticator } from "./auth.ts";
@@ -14,6 +15,8 @@ import type { AppEnv, TenantStores } from "./_env.ts";
 import { problemResponse, toEdgelockError } from "./_errors.ts";
 import { type TenantLimiter, tenantLimiter, type TenantLimits } from "./_limits.ts";
 import { json, problemDoc } from "./_schemas.ts";
+import { route } from "./_route.ts";
+import DOCUMENT from "./openapi.json" with { type: "json" };
 import { jobRoutes } from "./routes/jobs.ts";
 import { lockRoutes } from "./routes/locks.ts";
 import { recordRoutes } from "./routes/records.ts";
@@ -49,12 +52,6 @@ export interface AppDeps {
   limits?: TenantLimits;
   /** Where each request's log line goes. @default one JSON line on the console */
   log?: (entry: RequestLog) => void;
-  /**
-   * The OpenAPI document served at `/openapi.json`, built ahead of time (`deno task openapi`
-   * writes `worker/openapi.json`), so no request pays for generating it. @default generated on
-   * the first request, then kept
-   */
-  openapi?: object;
 }
 
 /**
@@ -95,23 +92,8 @@ export function requestIdFrom(header: string | null | undefined): string {
   return header && REQUEST_ID.test(header) ? header : crypto.randomUUID();
 }
 
-const healthRoute = createRoute({
-  method: "get",
-  path: "/healthz",
-  operationId: "health",
-  summary: "200 when Redis answers",
-  tags: ["service"],
-  security: [],
-  responses: {
-    200: json(z.object({ ok: z.literal(true) }), "Healthy"),
-    405: problemDoc("method_not_allowed: a method other than GET or HEAD"),
-    500: problemDoc("config_error: Redis refuses the service's credentials"),
-    503: problemDoc("backend_unavailable"),
-  },
-});
-
 /** The edgelock HTTP service as a Hono app; runtime-agnostic. */
-export function createApp(deps: AppDeps): OpenAPIHono<AppEnv> {
+export function createApp(deps: AppDeps): Hono<AppEnv> {
   const { redis, apiKeys, operatorKeys = [], log = logLine, stats = true } = deps;
   if (apiKeys.length === 0) throw new RangeError("createApp needs at least one API key");
   const timeoutMs = checkTimeout(deps.redisTimeoutMs);
@@ -119,7 +101,7 @@ export function createApp(deps: AppDeps): OpenAPIHono<AppEnv> {
   const limiter = tenantLimiter(deps.limits);
   const byTenant = tenantStores(deps, { timeoutMs, keyLocking, stats }, limiter);
 
-  const app = new OpenAPIHono<AppEnv>({ defaultHook: refuseInvalid });
+  const app = new Hono<AppEnv>();
   app.use("*", requestLogger(log));
   app.use("/v1/*", bodyLimit({ maxSize: MAX_BODY_BYTES, onError: tooLarge }));
   const authenticate = authenticator(apiKeys, operatorKeys, byTenant, limiter);
@@ -131,11 +113,25 @@ export function createApp(deps: AppDeps): OpenAPIHono<AppEnv> {
   lockRoutes(app);
   recordRoutes(app);
   jobRoutes(app);
-  app.openapi(healthRoute, async (c) => {
+  route(app, {
+    method: "get",
+    path: "/healthz",
+    operationId: "health",
+    summary: "200 when Redis answers",
+    tags: ["service"],
+    secured: false,
+    responses: {
+      200: json(z.object({ ok: z.literal(true) }), "Healthy"),
+      405: problemDoc("method_not_allowed: a method other than GET or HEAD"),
+      500: problemDoc("config_error: Redis refuses the service's credentials"),
+      503: problemDoc("backend_unavailable"),
+    },
+  }, async (c) => {
     await runScript(redis, PING, [], [], { timeoutMs, keyLocking });
     return c.json({ ok: true as const }, 200);
   });
-  documentApi(app, deps.openapi);
+  // The OpenAPI document, built from the routes ahead of time (`deno task openapi`).
+  app.get("/openapi.json", (c) => c.json(DOCUMENT));
   answerProblems(app);
   return app;
 }
@@ -160,17 +156,6 @@ function tenantStores(
       charge: (requests: number) => limiter.charge(tenant, requests),
     }];
   }));
-}
-
-// A request that does not match its route's schema: 400, with each issue's path and message.
-function refuseInvalid(result: { success: boolean; error?: z.ZodError }): void {
-  if (result.success) return;
-  throw new EdgelockError("invalid_request", "The request does not match the schema", {
-    cause: result.error?.issues.map((issue) => ({
-      path: issue.path.map(String).join(".") || "(body)",
-      message: issue.message,
-    })),
-  });
 }
 
 function tooLarge(): never {
@@ -204,37 +189,8 @@ function requestLogger(log: (entry: RequestLog) => void): MiddlewareHandler<AppE
   };
 }
 
-// The OpenAPI document's own fields; the routes give the rest.
-const DOCUMENT = {
-  openapi: "3.1.0",
-  servers: [{ url: "/", description: "This service" }],
-  info: {
-    title: "edgelock",
-    version: "1",
-    description: "Distributed locks with fencing tokens for edge runtimes",
-    license: { name: "MIT", url: "https://opensource.org/license/mit" },
-  },
-};
-
-/** The service's OpenAPI document, generated from its routes (what `/openapi.json` serves). */
-export function openApiDocument(app: OpenAPIHono<AppEnv>): object {
-  return app.getOpenAPI31Document(DOCUMENT);
-}
-
-// The OpenAPI document at /openapi.json: the prebuilt one, or generated once (generating it takes
-// milliseconds of CPU, which a Worker's request cannot spare).
-function documentApi(app: OpenAPIHono<AppEnv>, prebuilt: object | undefined): void {
-  app.openAPIRegistry.registerComponent("securitySchemes", "bearer", {
-    type: "http",
-    scheme: "bearer",
-    description: "A tenant's secret from LOCK_API_KEYS",
-  });
-  let document = prebuilt;
-  app.get("/openapi.json", (c) => c.json(document ??= openApiDocument(app)));
-}
-
 // Every failure as problem+json: no route (404, or 405 with Allow), and any error thrown.
-function answerProblems(app: OpenAPIHono<AppEnv>): void {
+function answerProblems(app: Hono<AppEnv>): void {
   const allowed = methodsByPath(app);
   app.notFound((c) => {
     const allow = allowed(c.req.path);
@@ -253,7 +209,7 @@ function answerProblems(app: OpenAPIHono<AppEnv>): void {
 }
 
 /** For a path no route of its method matches: the methods that routes of that path take. */
-function methodsByPath(app: OpenAPIHono<AppEnv>): (path: string) => string[] {
+function methodsByPath(app: Hono<AppEnv>): (path: string) => string[] {
   let patterns: { pattern: RegExp; method: string }[] | undefined;
   return (path) => {
     patterns ??= app.routes.filter((route) => route.method !== "ALL").map((route) => ({

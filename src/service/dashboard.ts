@@ -3,7 +3,7 @@
 // leases as SVG charts, the uses' counters and the audit; operators break locks from it. The API
 // key is typed in and kept in sessionStorage, never in a URL or a cookie; the page's CSP allows
 // only its own script, style and API.
-import type { OpenAPIHono } from "@hono/zod-openapi";
+import type { Hono } from "hono";
 import type { AppEnv } from "./_env.ts";
 
 const HTML = `<!doctype html>
@@ -237,7 +237,7 @@ const CSP = "default-src 'none'; script-src 'self'; style-src 'self'; connect-sr
   "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /** Registers GET /dashboard and its script and style (outside the API key: they hold no data). */
-export function dashboardRoutes(app: OpenAPIHono<AppEnv>): void {
+export function dashboardRoutes(app: Hono<AppEnv>): void {
   const headers = (type: string) => ({
     "content-type": type,
     "content-security-policy": CSP,

@@ -1,0 +1,117 @@
+// The service's routes as data: each is mounted on the app with its request checked against its
+// schemas (zod/mini), and the same table is the OpenAPI document (see ./openapi.ts).
+import * as z from "zod/mini";
+import { en } from "zod/locales";
+import type { Context, Hono } from "hono";
+import { EdgelockError } from "../core/errors.ts";
+import type { AppEnv } from "./_env.ts";
+
+// Messages in English ("Too big: expected number to be <=300000"), not "Invalid input".
+z.config(en());
+
+/** Descriptions and component names for the document; validation never reads them. */
+export const DOCS = z.registry<{ id?: string; description?: string; example?: unknown }>();
+
+/** `schema`, described in the OpenAPI document (an `id` makes it a named component). */
+export function doc<T extends z.ZodMiniType>(
+  schema: T,
+  meta: { id?: string; description?: string; example?: unknown },
+): T {
+  DOCS.add(schema, meta);
+  return schema;
+}
+
+/** One reply of a route, as the document lists it. */
+export interface Reply {
+  description: string;
+  /** The body's schema; `type` says its media type. @default none */
+  schema?: z.ZodMiniType;
+  /** @default "application/json" */
+  type?: string;
+}
+
+type Obj = z.ZodMiniType<Record<string, unknown>>;
+
+/** A route: what it takes, what it answers, and what the document says of it. */
+export interface RouteSpec<
+  P extends Obj = Obj,
+  Q extends Obj = Obj,
+  B extends z.ZodMiniType = z.ZodMiniType,
+> {
+  method: "get" | "post";
+  /** In the document's form: `/v1/locks/{name}/acquire`. */
+  path: string;
+  operationId: string;
+  summary: string;
+  tags: string[];
+  /** Whether the route takes the API key. @default true */
+  secured?: boolean;
+  params?: P;
+  query?: Q;
+  body?: B;
+  /** An empty body reads as `{}`. @default false */
+  bodyOptional?: boolean;
+  responses: Record<number, Reply>;
+}
+
+/** What a route's handler gets: its checked path params, query and body. */
+export interface Input<P, Q, B> {
+  params: P;
+  query: Q;
+  body: B;
+}
+
+type Out<T> = T extends z.ZodMiniType ? z.output<T> : undefined;
+
+const tables = new WeakMap<object, RouteSpec[]>();
+
+/** The routes mounted on `app` with {@linkcode route}, in order. */
+export function routesOf(app: Hono<AppEnv>): readonly RouteSpec[] {
+  return tables.get(app) ?? [];
+}
+
+/** Mounts `spec` on `app`: a request that does not match its schemas is 400 invalid_request. */
+export function route<P extends Obj, Q extends Obj, B extends z.ZodMiniType>(
+  app: Hono<AppEnv>,
+  spec: RouteSpec<P, Q, B>,
+  handler: (
+    c: Context<AppEnv>,
+    input: Input<Out<P>, Out<Q>, Out<B>>,
+  ) => Response | Promise<Response>,
+): void {
+  if (!tables.has(app)) tables.set(app, []);
+  tables.get(app)!.push(spec as unknown as RouteSpec);
+  const path = spec.path.replace(/\{([A-Za-z]+)\}/g, ":$1");
+  app.on(spec.method.toUpperCase(), path, async (c) => {
+    const params = spec.params && check(spec.params, c.req.param());
+    const query = spec.query && check(spec.query, c.req.query());
+    const body = spec.body && check(spec.body, await readJson(c, spec.bodyOptional ?? false));
+    return await handler(c, { params, query, body } as Input<Out<P>, Out<Q>, Out<B>>);
+  });
+}
+
+function check<T extends z.ZodMiniType>(schema: T, value: unknown): z.output<T> {
+  const result = schema.safeParse(value);
+  if (result.success) return result.data;
+  throw new EdgelockError("invalid_request", "The request does not match the schema", {
+    cause: result.error.issues.map((issue) => ({
+      path: issue.path.map(String).join(".") || "(body)",
+      message: issue.message,
+    })),
+  });
+}
+
+const JSON_TYPE = /^application\/([a-z.-]+\+)?json(;|$)/i;
+
+async function readJson(c: Context<AppEnv>, optional: boolean): Promise<unknown> {
+  const text = await c.req.text();
+  if (optional && text === "") return {};
+  if (!JSON_TYPE.test(c.req.header("content-type") ?? "")) {
+    throw new EdgelockError("invalid_request", "Send the body as Content-Type: application/json");
+  }
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new EdgelockError("invalid_request", "The body is not valid JSON");
+  }
+}
