@@ -355,8 +355,11 @@ export const BROKEN_RULES = [
   "handoff",
   "permits",
 ] as const;
-/** One of {@linkcode BROKEN_RULES}. */
-export type BrokenRule = typeof BROKEN_RULES[number];
+/**
+ * One of {@linkcode BROKEN_RULES}, or a rule whose break costs only liveness, which tests catch by
+ * what a waiter misses: `bell`, a release that never rings the readers' bell.
+ */
+export type BrokenRule = typeof BROKEN_RULES[number] | "bell";
 
 // Each broken rule as a script run in place of the real one: its source with one check removed.
 const BREAKS: Record<BrokenRule, [Script | Script[], string, string]> = {
@@ -402,6 +405,11 @@ local places, position = {}, -1`,
   ],
   // A release (or a hand-over) gives a semaphore's waiter its permits whether or not they fit.
   permits: [[RELEASE, HAND_OVER], "if used + permits > offer.limit then return nil end", ""],
+  bell: [
+    [RELEASE, HAND_OVER],
+    "if not live or (r.shared and r.limit == 0) then ringReaders() end",
+    "",
+  ],
 };
 
 /** Runs the script of `rule` with its check removed, in place of the real one. */

@@ -551,7 +551,7 @@ if (import.meta.main) {
   if (flags.bridge) await bridgeMain(flags);
   if (flags.hostile) await hostileMain(flags);
   const broken = flags.broken === "" ? undefined : flags.broken as BrokenRule;
-  if (broken !== undefined && !BROKEN_RULES.includes(broken)) {
+  if (broken !== undefined && !(BROKEN_RULES as readonly string[]).includes(broken)) {
     console.error(`--broken must be one of ${BROKEN_RULES.join(", ")}`);
     Deno.exit(2);
   }

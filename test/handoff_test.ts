@@ -461,6 +461,92 @@ Deno.test("a shared waiter is not handed the lock; an exclusive one behind reade
   await locks.release(read);
 });
 
+// Readers block on the readers' bell (XREAD) for their whole wait unless it rings: the writer's
+// lease outlasts the wait. A client that counts the XREADs that a ring answered.
+const READER_WAIT_MS = 1_900;
+function listening(redis: Redis) {
+  const heard = { rung: 0, silent: 0 };
+  const client = withExec(redis, async (command, exec) => {
+    const reply = await exec(command);
+    if (command[0] === "XREAD") heard[reply === null ? "silent" : "rung"]++;
+    return reply;
+  });
+  return { client, heard };
+}
+
+// Five readers queue behind a writer, which then releases; their leases.
+async function readersBehindWriter(locks: Locks, redis: Redis, name: string) {
+  const writer = acquired(await locks.acquire(name, { ttlMs: 60_000 }));
+  const readers = [0, 1, 2, 3, 4].map(() =>
+    locks.acquire(name, { mode: "shared", ttlMs: 10_000, waitMs: READER_WAIT_MS })
+  );
+  await queued(redis, name, 5);
+  assert.equal(await locks.release(writer), true);
+  const leases = (await Promise.all(readers)).map(acquired);
+  for (const lease of leases) assert.ok(lease.fence > writer.fence, "granted after the writer");
+  return leases;
+}
+
+Deno.test("readers behind a writer all wake at its release and take the lock together", async () => {
+  const { backend } = await fixture();
+  const { client, heard } = listening(backend.redis);
+  const { locks, looks } = tracked(client);
+  const name = keygen("h");
+  const leases = await readersBehindWriter(locks, backend.redis, name);
+  assert.deepEqual(heard, { rung: 5, silent: 0 }, "each reader listened once, and heard the ring");
+  assert.equal(looks(), 5, "one busy look each, then the look the ring called for");
+  const info = await locks.inspect(name);
+  assert.ok(info.held);
+  assert.equal(info.holders, 5);
+  for (const lease of leases) assert.equal(await locks.release(lease), true);
+  // The bell is one entry that outlives its ring by a few seconds, not a growing log.
+  const bell = `${lockKeys(name)[0]}:readers`;
+  assert.equal(await backend.redis.xlen(bell), 1);
+  const ttl = await backend.redis.pttl(bell);
+  assert.ok(ttl > 0 && ttl <= 5_000, `the bell lives ${ttl} ms`);
+});
+
+Deno.test("with the bell removed, readers sleep through the release (the test above catches it)", async () => {
+  const { backend } = await fixture();
+  const { client, heard } = listening(withBroken(backend.redis, "bell"));
+  const locks = new Locks(client);
+  const leases = await readersBehindWriter(locks, backend.redis, keygen("h"));
+  // Each takes the lock only at its wait's last look.
+  assert.deepEqual(heard, { rung: 0, silent: 5 });
+  for (const lease of leases) await locks.release(lease);
+});
+
+Deno.test("the bell rings for readers only when they fit: after the writer ahead of them", async () => {
+  const { backend } = await fixture();
+  const locks = new Locks(backend.redis);
+  const name = keygen("h");
+  const first = acquired(await locks.acquire(name, { ttlMs: 60_000 }));
+  const second = locks.acquire(name, { ttlMs: 60_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  const reader = locks.acquire(name, { mode: "shared", waitMs: READER_WAIT_MS });
+  await queued(backend.redis, name, 2);
+  await locks.release(first);
+  const written = acquired(await second); // handed over; the reader still waits
+  const bell = `${lockKeys(name)[0]}:readers`;
+  assert.equal(await backend.redis.exists(bell), 0, "no ring while a writer is ahead");
+  assert.equal(await locks.release(written), true);
+  const read = acquired(await reader);
+  assert.ok(read.fence > written.fence);
+  await locks.release(read);
+});
+
+Deno.test("readers through a bridge that refuses XREAD BLOCK poll, and are granted", async () => {
+  const { backend, refusing } = await fixture();
+  const redis = backend.client({ url: refusing.url });
+  const locks = new Locks(redis);
+  const name = keygen("h");
+  const writer = acquired(await locks.acquire(name, { ttlMs: 60_000 }));
+  const readers = [0, 1].map(() => locks.acquire(name, { mode: "shared", waitMs: 20_000 }));
+  await queued(redis, name, 2);
+  await locks.release(writer);
+  for (const lease of (await Promise.all(readers)).map(acquired)) await locks.release(lease);
+});
+
 Deno.test("the offers and wake keys carry TTLs and are gone after the wait", async () => {
   const { backend } = await fixture();
   const redis = backend.redis;

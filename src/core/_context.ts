@@ -126,15 +126,39 @@ export class LockContext {
    */
   block(key: string, ms: number, signal?: AbortSignal): Promise<string | null> {
     const seconds = (Math.ceil(ms) / 1000).toFixed(3);
-    const request = this.redis.exec!(["BLPOP", key, seconds]);
-    return withDeadline(request, ms + this.#run.timeoutMs, signal).then((reply) => {
+    return this.#blocking(["BLPOP", key, seconds], ms, signal).then((reply) => {
       if (reply === null) return null;
       if (Array.isArray(reply) && typeof reply[1] === "string") return reply[1];
       throw new EdgelockError(
         "backend_unavailable",
         "Redis answered BLPOP with an unexpected reply",
       );
-    }, (error) => {
+    });
+  }
+
+  /**
+   * Waits up to `ms` for an entry after `id` on the stream `key` (XREAD BLOCK, a request of its
+   * own): true when one came, false when none did. Rejects as {@linkcode block} does.
+   */
+  listen(key: string, id: string, ms: number, signal?: AbortSignal): Promise<boolean> {
+    const command: [string, ...string[]] = [
+      "XREAD",
+      "BLOCK",
+      String(Math.ceil(ms)),
+      "STREAMS",
+      key,
+      id,
+    ];
+    return this.#blocking(command, ms, signal).then((reply) => reply !== null);
+  }
+
+  #blocking(
+    command: [string, ...string[]],
+    ms: number,
+    signal: AbortSignal | undefined,
+  ): Promise<unknown> {
+    const request = this.redis.exec!(command);
+    return withDeadline(request, ms + this.#run.timeoutMs, signal).catch((error) => {
       throw signal?.aborted ? error : unavailableBlock(error);
     });
   }

@@ -33,6 +33,11 @@ export interface Attempt<T extends Lease | Lease[]> {
     id: string;
     lease(grant: { fence: number; ttlMs: number; now: number; next: string }): T;
   };
+  /**
+   * A shared waiter's readers' bell (a stream a release rings when readers fit) and the id its
+   * looks send to say it blocks; none for waiters that are handed leases or only poll.
+   */
+  bell?: { key: string; id: string };
 }
 
 /** One look: the ticket it takes, the time waited so far, and the wake id when it will block. */
@@ -83,7 +88,12 @@ export async function waitFor<T extends Lease | Lease[]>(
     const grant = await leaveQueues(context, names, attempt.members, why, attempt.wake);
     return grant && attempt.wake!.lease(grant);
   };
-  let blocking = attempt.wake !== undefined && context.canBlock;
+  let blocking = (attempt.wake ?? attempt.bell) !== undefined && context.canBlock;
+  const refused = (error: unknown) => {
+    if (signal?.aborted) return null; // the loop's top leaves the queue
+    blocking = false; // refused or unsupported: poll from here on
+    return error instanceof EdgelockError && error.code === "config_error" ? error : null;
+  };
 
   for (;;) {
     if (signal?.aborted) {
@@ -98,7 +108,7 @@ export async function waitFor<T extends Lease | Lease[]>(
     const waitedMs = Math.round(performance.now() - started);
     queued ||= ticketMs > 0;
     const sentAt = performance.now();
-    const wakeId = blocking && ticketMs > 0 ? attempt.wake!.id : "";
+    const wakeId = blocking && ticketMs > 0 ? (attempt.wake ?? attempt.bell)!.id : "";
     const call = attempt.call({ ticketMs, waitedMs, waiting: waitMs > 0, wakeId });
     const reply = attempt.decode(await context.run(attempt.script, call));
     if (reply.status === "granted") return granted(reply.granted, sentAt);
@@ -127,17 +137,28 @@ export async function waitFor<T extends Lease | Lease[]>(
     if (signal?.aborted) continue;
     const { position } = reply;
     context.emit({ type: "wait", name: label, position, retryAfterMs, ...timing(sentAt) });
-    if (wakeId !== "" && position >= 0) {
+    if (attempt.bell && reply.bellId && wakeId !== "" && position >= 0) {
+      // Listen for the readers' bell, at most until the first holder's lease ends (readers may
+      // fit then, unannounced), then look again: a ring says readers fit, not that this one does.
+      const ends = reply.firstEndsIn || reply.pttl;
+      const blockMs = Math.min(remaining, BLOCK_MS, ends > 0 ? ends + 1 : BLOCK_MS);
+      const rung = await context.listen(
+        attempt.bell.key,
+        reply.bellId,
+        Math.max(1, blockMs),
+        signal,
+      )
+        .catch(refused);
+      if (rung instanceof Error) throw rung;
+      continue;
+    }
+    if (attempt.wake && wakeId !== "" && position >= 0) {
       // Block until a release hands the lock over; the head no longer than the holder's lease (a
       // semaphore's first holder's), so a holder that vanished is followed at its lease end.
       const ends = reply.firstEndsIn || reply.pttl;
       const blockMs = Math.min(remaining, BLOCK_MS, position === 0 ? ends + 1 : BLOCK_MS);
-      const message = await context.block(attempt.wake!.key, Math.max(1, blockMs), signal)
-        .catch((error) => {
-          if (signal?.aborted) return null; // the loop's top leaves the queue
-          blocking = false; // refused or unsupported: poll from here on
-          return error instanceof EdgelockError && error.code === "config_error" ? error : null;
-        });
+      const message = await context.block(attempt.wake.key, Math.max(1, blockMs), signal)
+        .catch(refused);
       if (message instanceof Error) throw message;
       // A grant made before this look (the server clock says so) is no live lease: look again.
       const parsed = message === null ? undefined : parseGrant(message);
@@ -147,7 +168,7 @@ export async function waitFor<T extends Lease | Lease[]>(
       if (grant) {
         const moved = sentAt + (grant.now - reply.now); // never before sentAt: grant.now >= reply.now
         const grantedAt = moved <= performance.now() ? moved : sentAt; // past now: a stepped clock
-        return granted(attempt.wake!.lease(grant), grantedAt);
+        return granted(attempt.wake.lease(grant), grantedAt);
       }
       continue;
     }

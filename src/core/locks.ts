@@ -120,8 +120,8 @@ export class Locks implements LockClient {
     { mode, limit, permits }: ReturnType<typeof checkMode>,
     hold: string,
   ): Attempt<Lease> {
-    const { lockKey, queueKey, ticketsKey, holdersKey, marksKey, offersKey } = this.#context.keys
-      .lock(name);
+    const { lockKey, queueKey, ticketsKey, holdersKey, marksKey, offersKey, readersKey } = this
+      .#context.keys.lock(name);
     const stats = this.#context.keys.statsKeys(name);
     const keys = { lockKey, queueKey, ticketsKey, marksKey, ...stats };
     const common = (look: Look) => ({
@@ -170,13 +170,13 @@ export class Locks implements LockClient {
       script: ACQUIRE_SHARED,
       call: (look) =>
         ACQUIRE_SHARED.call({
-          keys: { ...keys, holdersKey, offersKey, wakeKey },
+          keys: { ...keys, holdersKey, offersKey, wakeKey, readersKey },
           args: { ...common(look), limit, permits, wakeId: look.wakeId },
         }),
       members: [`${lease.token}~${limit > 0 ? permits : "s"}`],
       decode: granted(ACQUIRE_SHARED, kind),
-      // Shared waiters poll: a release would wake only one of the readers that fit.
-      ...(limit > 0 && { wake: wake(kind) }),
+      // A semaphore's waiter is handed its permits; readers listen for the readers' bell.
+      ...(limit > 0 ? { wake: wake(kind) } : { bell: { key: readersKey, id: wakeId } }),
     };
   }
 
@@ -310,7 +310,8 @@ export class Locks implements LockClient {
   async release(lease: LeaseRef): Promise<boolean> {
     const { name, token } = checkLease(lease);
     const keys = this.#context.keys;
-    const { lockKey, holdersKey, marksKey, queueKey, ticketsKey, offersKey } = keys.lock(name);
+    const { lockKey, holdersKey, marksKey, queueKey, ticketsKey, offersKey, readersKey } = keys
+      .lock(name);
     const hint = this.#hints.get(`${name}\n${token}`) ?? "";
     const call = RELEASE.call({
       keys: {
@@ -321,6 +322,7 @@ export class Locks implements LockClient {
         ticketsKey,
         offersKey,
         wakeKey: keys.wake(name, hint),
+        readersKey,
         ...keys.statsKeys(name),
       },
       args: {
@@ -354,8 +356,8 @@ export class Locks implements LockClient {
 
   // Best effort: a head not handed the lock here takes it at its next look (within BLOCK_MS).
   async #handOver(name: string, wakeId: string): Promise<void> {
-    const { lockKey, queueKey, ticketsKey, offersKey, marksKey, holdersKey } = this.#context.keys
-      .lock(name);
+    const { lockKey, queueKey, ticketsKey, offersKey, marksKey, holdersKey, readersKey } = this
+      .#context.keys.lock(name);
     const wakeKey = this.#context.keys.wake(name, wakeId);
     await this.#context.run(
       HAND_OVER,
@@ -368,6 +370,7 @@ export class Locks implements LockClient {
           marksKey,
           wakeKey,
           holdersKey,
+          readersKey,
           ...this.#context.keys.statsKeys(name),
         },
         args: { graceMs: this.#context.fenceWindowMs, name, wakeId },

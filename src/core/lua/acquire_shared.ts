@@ -48,6 +48,7 @@ export const ACQUIRE_SHARED = defineScript(
       "marksKey",
       "offersKey",
       "wakeKey",
+      "readersKey?",
       ...STATS_KEYS,
     ],
     args: {
@@ -57,7 +58,7 @@ export const ACQUIRE_SHARED = defineScript(
       hold: "string",
       limit: "number", // 0: shared; else a semaphore's permits in all
       permits: "number", // what this caller takes: 1 when shared
-      wakeId: "string", // a semaphore's waiter that blocks between looks: its wake key's id, else ''
+      wakeId: "string", // a waiter that blocks between looks: its wake key's id, else ''
     },
   },
   [NOW, RECORD_LUA, HOLDERS_LUA, QUEUE_LUA, INDEX_LUA, STATS_LUA, ACQUIRE_LUA, HANDOFF_LUA],
@@ -117,7 +118,7 @@ end
 local holdMs = holdEstimate(r)
 if permits > free then
   local offer
-  -- A semaphore's waiter blocks: a release may hand it permits.
+  -- A semaphore's waiter blocks: a release may hand it permits (a reader, the bell below).
   if wakeId ~= '' and limit > 0 then offer = blockingOffer(limit) end
   local reply = busy(r, exclusive or live, holdMs, member, head, offersKey, offer)
   -- When the first holder's lease ends, ms (0: none): a waiter may fit then, unannounced.
@@ -126,6 +127,11 @@ if permits > free then
     if soonest == 0 or h.leaseEnd - nowMs < soonest then soonest = h.leaseEnd - nowMs end
   end
   reply[6] = soonest
+  -- A shared waiter blocks on the readers' bell from its last ring: the stream's last id.
+  if wakeId ~= '' and limit == 0 and readersKey and reply[4] >= 0 then
+    local last = redis.call('XREVRANGE', readersKey, '+', '-', 'COUNT', 1)[1]
+    reply[7] = (last and last[1]) or '0-0'
+  end
   return reply
 end
 local nextHead = head and leaveQueue(queueKey, ticketsKey, member, offersKey) or nil

@@ -27,6 +27,7 @@ export const HAND_OVER = defineScript(
       "marksKey",
       "wakeKey",
       "holdersKey",
+      "readersKey?",
       ...STATS_KEYS,
     ],
     args: { graceMs: "number", name: "string", wakeId: "string" },

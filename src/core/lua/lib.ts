@@ -56,6 +56,9 @@ export const RELEASED_MARKS = 1000;
 /** The most holds one reentrant lease (or one shared holder) counts; one more is `hold_limit`. */
 export const MAX_HOLDS = 64;
 
+/** How long the readers' bell outlives its last ring, ms: past any reader's block on it. */
+export const BELL_MS = 5000;
+
 /**
  * How long a name remembers a release (or a break) by its token (or break id), so that a retry
  * answers the same: ten minutes, far beyond any client's retries.
@@ -318,6 +321,14 @@ local function blockingOffer(limit)
   return string.format('%d|%d|', ttlMs, nowMs - waitedMs) .. wakeId .. '|' .. hold .. '|' .. limit ..
     '|' .. meta
 end
+-- Rings the readers' bell (\`readersKey\`, a stream): every shared waiter blocked on it wakes and
+-- looks. A reader is never handed a lease: one release could wake only one of the readers that fit,
+-- so it wakes them all, and each takes its lease at its own look, in queue order as always.
+local function ringReaders()
+  if not readersKey then return end
+  redis.call('XADD', readersKey, 'MAXLEN', '1', '*', 'at', nowMs)
+  redis.call('PEXPIRE', readersKey, ${BELL_MS})
+end
 -- The wake id of \`head\` (the waiter at the head of the queue), '' when it left no offer.
 local function nextWake(head)
   local offer = head and readOffer(head)
@@ -326,13 +337,18 @@ end
 -- Grants the name (r, its record) to the head of the queue when it left an offer whose wake key
 -- is \`wakeKey\` (\`wakeId\` its id, '' for none declared) and it fits: an exclusive waiter when
 -- the name is free, a semaphore's (member \`<token>~<permits>\`) when its permits fit beside the
--- holders' of the same limit. Returns 1 when handed over, the head's wake id when it left an
--- offer under another, or nil. Needs HOLDERS_LUA and \`holdersKey\` for a semaphore's waiter.
+-- holders' of the same limit; a shared waiter's, when readers fit, rings the readers' bell instead.
+-- Returns 1 when handed over, the head's wake id when it left an offer under another, or nil.
+-- Needs HOLDERS_LUA and \`holdersKey\` for a semaphore's waiter.
 local function handOver(r, wakeKey, wakeId)
   local head = queueHead(queueKey, ticketsKey, nowMs, ${MAX_QUEUE}, offersKey)
+  local live = not r.free and r.leaseEnd ~= nil and nowMs < r.leaseEnd
+  if head and string.sub(head, -2) == '~s' then -- a reader: rung when readers fit
+    if not live or (r.shared and r.limit == 0) then ringReaders() end
+    return nil
+  end
   local offer = head and readOffer(head)
   if not offer then return nil end
-  local live = not r.free and r.leaseEnd ~= nil and nowMs < r.leaseEnd
   local token, permits = string.match(head, '^([%w_-]+)~(%d+)$')
   if token then
     permits = tonumber(permits)

@@ -57,6 +57,7 @@ export const RELEASE = defineScript(
       "ticketsKey",
       "offersKey",
       "wakeKey",
+      "readersKey?",
       ...STATS_KEYS,
     ],
     args: {

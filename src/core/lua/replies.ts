@@ -26,6 +26,8 @@ export interface Busy {
   position: number;
   pttl: number;
   firstEndsIn: number;
+  /** For a shared waiter that blocks: the readers' bell's last ring, to listen from. */
+  bellId?: string;
 }
 
 /**
@@ -69,7 +71,17 @@ function decodeNotGranted(script: Script, reply: unknown): Busy | Mismatch {
   const [, retryAfterMs, now, position, pttl] = integers(script, reply, 5) as Tuple5;
   const first = (reply as unknown[])[5];
   const firstEndsIn = Number.isSafeInteger(first) && (first as number) > 0 ? first as number : 0;
-  return { status: "busy", retryAfterMs, now, position, pttl, firstEndsIn };
+  const bell = (reply as unknown[])[6];
+  const bellId = typeof bell === "string" && /^\d+-\d+$/.test(bell) ? bell : undefined;
+  return {
+    status: "busy",
+    retryAfterMs,
+    now,
+    position,
+    pttl,
+    firstEndsIn,
+    ...(bellId && { bellId }),
+  };
 }
 
 /** A renewal: the lease as the acquire's grant, or lost. */
