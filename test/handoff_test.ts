@@ -596,6 +596,54 @@ Deno.test("semaphore waiters are handed permits in arrival order, without a seco
   assert.equal(looks(), 4, "each waiter looked once, then was handed its permits");
 });
 
+// A client that counts the waiters' blocks that ended with no hand-off (BLPOP answered nil).
+function counting(redis: Redis) {
+  const blocks = { handed: 0, empty: 0 };
+  const client = withExec(redis, async (command, exec) => {
+    const reply = await exec(command);
+    if (command[0] === "BLPOP") blocks[reply === null ? "empty" : "handed"]++;
+    return reply;
+  });
+  return { client, blocks };
+}
+
+Deno.test("two holders releasing at once hand a semaphore's permits to two waiters", async () => {
+  const { backend } = await fixture();
+  const { client, blocks } = counting(backend.redis);
+  const locks = new Locks(client);
+  const name = keygen("h");
+  const sem = { limit: 2, permits: 1, ttlMs: 60_000 };
+  // Both acquired before anyone queued: their releases know no head, and both name the first.
+  const holders = [
+    acquired(await locks.acquire(name, sem)),
+    acquired(await locks.acquire(name, sem)),
+  ];
+  const waiters = [0, 1].map(() => locks.acquire(name, { ...sem, waitMs: 20_000 }));
+  await queued(backend.redis, name, 2);
+  await Promise.all(holders.map((lease) => locks.release(lease)));
+  const leases = (await Promise.all(waiters)).map(acquired);
+  assert.deepEqual(blocks, { handed: 2, empty: 0 }, "both handed their permits, none left waiting");
+  for (const lease of leases) await locks.release(lease);
+});
+
+Deno.test("a release that frees two permits hands them to the two waiters they fit", async () => {
+  const { backend } = await fixture();
+  const { client, blocks } = counting(backend.redis);
+  const locks = new Locks(client);
+  const name = keygen("h");
+  const holder = acquired(await locks.acquire(name, { limit: 2, permits: 2, ttlMs: 60_000 }));
+  const sem = { limit: 2, permits: 1, ttlMs: 60_000, waitMs: 20_000 };
+  const first = locks.acquire(name, sem);
+  await queued(backend.redis, name, 1);
+  const second = locks.acquire(name, sem);
+  await queued(backend.redis, name, 2);
+  await locks.release(holder);
+  const leases = [acquired(await first), acquired(await second)];
+  assert.ok(leases[1]!.fence > leases[0]!.fence, "in arrival order");
+  assert.deepEqual(blocks, { handed: 2, empty: 0 }, "the second too was handed its permit");
+  for (const lease of leases) await locks.release(lease);
+});
+
 Deno.test("a semaphore waiter is handed permits only once enough are free", async () => {
   const { backend } = await fixture();
   const locks = new Locks(backend.redis);

@@ -18,7 +18,7 @@ import {
 } from "./_validate.ts";
 import { HAND_OVER } from "./lua/hand_over.ts";
 import { type Attempt, type Look, waitFor } from "./_wait.ts";
-import type { Script } from "./lua/_define.ts";
+import type { Script, ScriptCall } from "./lua/_define.ts";
 import { ACQUIRE } from "./lua/acquire.ts";
 import { ACQUIRE_ALL } from "./lua/acquire_all.ts";
 import { ACQUIRE_SHARED } from "./lua/acquire_shared.ts";
@@ -28,6 +28,7 @@ import { RENEW } from "./lua/renew.ts";
 import {
   decodeAcquire,
   decodeAcquireAll,
+  decodeHandOver,
   decodeInspect,
   decodeRelease,
   decodeRenew,
@@ -52,6 +53,8 @@ export { DEFAULT_MAX_WAITERS, DEFAULT_TTL_MS, MAX_BATCH };
 
 // How many leases' hand-off hints a Locks keeps (a lease not released in time loses its hint).
 const HINTS = 1000;
+// The most second steps one release runs to hand over (see #handOver).
+const HAND_OVER_STEPS = 4;
 
 /** Options for {@linkcode Locks}. */
 export interface LocksOptions extends LockOpsOptions {
@@ -355,27 +358,35 @@ export class Locks implements LockClient {
   }
 
   // Best effort: a head not handed the lock here takes it at its next look (within BLOCK_MS).
-  async #handOver(name: string, wakeId: string): Promise<void> {
+  // Each step may name another head to try: the head, when another release's second step got
+  // there first, or the next semaphore waiter whose permits fit too; a few steps at most.
+  async #handOver(name: string, head: string): Promise<void> {
+    for (let step = 0, wakeId = head; step < HAND_OVER_STEPS && wakeId !== ""; step++) {
+      wakeId = decodeHandOver(
+        HAND_OVER,
+        await this.#context.run(HAND_OVER, this.#handOverCall(name, wakeId)),
+      );
+    }
+  }
+
+  #handOverCall(name: string, wakeId: string): ScriptCall {
     const { lockKey, queueKey, ticketsKey, offersKey, marksKey, holdersKey, readersKey } = this
       .#context.keys.lock(name);
     const wakeKey = this.#context.keys.wake(name, wakeId);
-    await this.#context.run(
-      HAND_OVER,
-      HAND_OVER.call({
-        keys: {
-          lockKey,
-          queueKey,
-          ticketsKey,
-          offersKey,
-          marksKey,
-          wakeKey,
-          holdersKey,
-          readersKey,
-          ...this.#context.keys.statsKeys(name),
-        },
-        args: { graceMs: this.#context.fenceWindowMs, name, wakeId },
-      }),
-    );
+    return HAND_OVER.call({
+      keys: {
+        lockKey,
+        queueKey,
+        ticketsKey,
+        offersKey,
+        marksKey,
+        wakeKey,
+        holdersKey,
+        readersKey,
+        ...this.#context.keys.statsKeys(name),
+      },
+      args: { graceMs: this.#context.fenceWindowMs, name, wakeId },
+    });
   }
 
   /**

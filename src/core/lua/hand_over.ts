@@ -14,7 +14,9 @@ import {
  * Hands a name to the head of its queue, blocked on `wakeKey` (`wakeId` its id), when it fits (see
  * `HANDOFF_LUA`): the second step of a release whose caller did not know the head's wake key
  * (`./release.ts` names it). Does nothing when the name is held exclusively again, the head does
- * not fit, or the head is another. Returns 1 when handed over.
+ * not fit, or the head is another. Returns `{handed, next}`: handed 1 when handed over, else 0;
+ * next the wake id of a head to try in another step ('' for none): the head, when it blocks on
+ * another key, or after a semaphore's hand-off the next head whose permits fit too.
  */
 export const HAND_OVER = defineScript(
   "hand_over",
@@ -35,8 +37,9 @@ export const HAND_OVER = defineScript(
   [NOW, RECORD_LUA, HOLDERS_LUA, QUEUE_LUA, INDEX_LUA, STATS_LUA, HANDOFF_LUA],
   `
 local r = readRecord(lockKey) or {fence = '0', hold = 1, released = ''}
-if r.foreign or (r.token and nowMs < r.leaseEnd) then return 0 end -- held exclusively
-if handOver(r, wakeKey, wakeId) == 1 then return 1 end
-return 0
+if r.foreign or (r.token and nowMs < r.leaseEnd) then return {0, ''} end -- held exclusively
+local handed = handOver(r, wakeKey, wakeId)
+if handed == 1 then return {1, handedNext} end
+return {0, handed or ''}
 `,
 );

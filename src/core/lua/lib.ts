@@ -339,7 +339,9 @@ end
 -- the name is free, a semaphore's (member \`<token>~<permits>\`) when its permits fit beside the
 -- holders' of the same limit; a shared waiter's, when readers fit, rings the readers' bell instead.
 -- Returns 1 when handed over, the head's wake id when it left an offer under another, or nil.
--- Needs HOLDERS_LUA and \`holdersKey\` for a semaphore's waiter.
+-- After a semaphore's hand-off, \`handedNext\` is the wake id of the new head when its permits fit
+-- too (for another step), else ''. Needs HOLDERS_LUA and \`holdersKey\` for a semaphore's waiter.
+local handedNext = ''
 local function handOver(r, wakeKey, wakeId)
   local head = queueHead(queueKey, ticketsKey, nowMs, ${MAX_QUEUE}, offersKey)
   local live = not r.free and r.leaseEnd ~= nil and nowMs < r.leaseEnd
@@ -393,6 +395,8 @@ local function handOver(r, wakeKey, wakeId)
   redis.call('PEXPIRE', wakeKey, offer.ttl)
   observe(statsKey, nowMs, 'wait', nowMs - offer.since)
   indexPut(namesKey, endsKey, name, lease.leaseEnd, nowMs)
+  -- Permits may remain for the next waiter too (it is named, not granted: its key is undeclared).
+  if lease.shared and nextHead then handedNext = handOver(readRecord(lockKey), nil, '') or '' end
   return 1
 end
 `;

@@ -43,8 +43,9 @@ end
  *
  * A release that frees the name hands it to the head of the queue in place when the head blocks
  * on the wake key the caller declared (`wakeKey`, `wakeId`: the hint of its grant); `head` is the
- * head's wake id when it blocks on another, for `./hand_over.ts`, else ''; ended is 1 when the
- * lease ended (its last hold released), else absent.
+ * head's wake id when it blocks on another (or, after a semaphore's hand-off, when the next head's
+ * permits fit too), for `./hand_over.ts`, else ''; ended is 1 when the lease ended (its last hold
+ * released), else absent.
  */
 export const RELEASE = defineScript(
   "release",
@@ -81,7 +82,7 @@ end
 local function freed(r, ttl)
   r.free = true -- for the hand-off; the record written is r's, released
   local handed = r.flag == '1' and handOver(r, wakeKey, wakeId)
-  if handed == 1 then return {1, '', 1} end
+  if handed == 1 then return {1, handedNext, 1} end
   writeReleased(lockKey, r, ttl)
   return {1, handed or '', 1}
 end
@@ -131,7 +132,8 @@ if r.shared and nowMs < r.leaseEnd then
       indexPut(namesKey, endsKey, name, latest, nowMs) -- the index ends with the latest holder
       -- Permits are free: a semaphore's waiter at the head may fit now.
       local handed = r.flag == '1' and handOver(r, wakeKey, wakeId)
-      if handed and handed ~= 1 then return {1, handed, 1} end
+      if handed == 1 then return {1, handedNext, 1} end
+      if handed then return {1, handed, 1} end
     end
     return {1, '', 1}
   end

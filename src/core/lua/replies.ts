@@ -104,6 +104,12 @@ export function decodeRelease(
   return { released, head: wakeIdAt(list, 1), ended: list[2] === 1 };
 }
 
+/** A hand-over's second step: the wake id of a head to try next, '' for none. */
+export function decodeHandOver(script: Script, reply: unknown): string {
+  integers(script, reply, 1);
+  return wakeIdAt(reply as unknown[], 1);
+}
+
 /** A leave: the lease a hand-off gave the waiter before it left, if one did. */
 export function decodeLeave(
   script: Script,
