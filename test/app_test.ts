@@ -736,3 +736,67 @@ Deno.test("the library, the service and the typed client accept exactly the same
     { numRuns: 300 },
   );
 });
+
+Deno.test("a body is read as JSON whatever the media type's spelling, and empty is {}", async () => {
+  const { call, assertProblem } = await fixture();
+  const name = keygen();
+  // An empty POST takes every default (curl -X POST without -d).
+  const bare = await call(`/v1/locks/${name}/acquire`, { method: "POST" });
+  assert.equal(bare.status, 200, JSON.stringify(bare.body));
+  const token = bare.body.token as string;
+  // An empty body where a field is required names the field.
+  const renew = await call(`/v1/locks/${name}/renew`, { method: "POST" });
+  assertProblem(renew, 400, "invalid_request");
+  assert.ok((renew.body.errors as { path: string }[]).some((e) => e.path === "token"));
+  for (
+    const type of ["application/json ; charset=utf-8", "APPLICATION/JSON", "application/x+json"]
+  ) {
+    const r = await call(`/v1/locks/${name}/release`, {
+      body: { token },
+      headers: { "content-type": type },
+    });
+    assert.equal(r.status, 200, `${type}: ${JSON.stringify(r.body)}`);
+  }
+});
+
+Deno.test("a __proto__ key in a body is refused, not dropped on the way to Redis", async () => {
+  const { call, assertProblem } = await fixture();
+  const body = '{"meta":{"__proto__":{"admin":true},"a":1}}';
+  const r = await call(`/v1/locks/${keygen()}/acquire`, { body });
+  assertProblem(r, 400, "invalid_request");
+  assert.match(r.body.detail as string, /__proto__/);
+});
+
+Deno.test("a repeated or loosely written query parameter is refused, naming it", async () => {
+  const { call, assertProblem } = await fixture();
+  const twice = await call("/v1/locks?limit=5&limit=abc");
+  assertProblem(twice, 400, "invalid_request");
+  assert.match(twice.body.detail as string, /\?limit= more than once/);
+  for (const limit of ["0x10", "%205", "1e3", "5.0", "", "0", "1001"]) {
+    const r = await call(`/v1/locks?limit=${limit}`);
+    assertProblem(r, 400, "invalid_request");
+    const errors = r.body.errors as { path: string; message: string }[];
+    assert.deepEqual(errors.map((e) => e.path), ["limit"], limit);
+    assert.match(errors[0]!.message, /whole number from 1 to 1000/);
+  }
+  assert.equal((await call("/v1/locks?limit=1000")).status, 200);
+});
+
+Deno.test("a path that only looks like a route's is 404, not 405", async () => {
+  const { call, assertProblem } = await fixture();
+  assertProblem(await call("/openapiXjson", { secret: null }), 404, "not_found");
+  assertProblem(await call("/dashboard/appXjs", { secret: null }), 404, "not_found");
+});
+
+Deno.test("a job's tick that is neither a name nor a whole number is named in the error", async () => {
+  const { call, assertProblem } = await fixture();
+  for (const tick of [1.5, {}, -1, ""]) {
+    const r = await call(`/v1/jobs/${keygen("j")}/start`, { body: { atMostMs: 1000, tick } });
+    assertProblem(r, 400, "invalid_request");
+    const errors = r.body.errors as { path: string; message: string }[];
+    assert.ok(
+      errors.some((e) => e.path === "tick" && /tick must be/.test(e.message)),
+      `${tick}`,
+    );
+  }
+});

@@ -241,3 +241,25 @@ Deno.test("keys are kept to their roles, and bad queries are 400s, never 5xx", a
     assert.ok(!JSON.stringify(r.body).includes(keyPrefix), "no key names in replies");
   }
 });
+
+Deno.test("a tenant's key may not break a lock, whatever body it sends", async () => {
+  const { call } = await fixture();
+  for (const body of [undefined, { reason: 42 }, "{nope"]) {
+    const r = await call("/v1/locks/x/break", { method: "POST", body });
+    assert.equal(r.status, 403, JSON.stringify(r.body));
+    assert.equal(r.body.code, "forbidden");
+  }
+});
+
+Deno.test("without stats, the stats routes are 404 and say the service keeps none", async () => {
+  const { backend } = await fixture();
+  const app = createApp({ redis: backend.redis, apiKeys, stats: false, log: () => {} });
+  for (const path of ["/v1/stats", "/v1/locks", "/metrics"]) {
+    const res = await app.request(path, { headers: { authorization: `Bearer ${A}` } });
+    const body = await res.json();
+    assert.equal(res.status, 404, path);
+    assert.equal(body.code, "not_found");
+    assert.match(body.detail, /keeps no stats/);
+    assert.doesNotMatch(body.detail, /createApp/);
+  }
+});

@@ -1,13 +1,34 @@
 // The service's routes as data: each is mounted on the app with its request checked against its
 // schemas (zod/mini), and the same table is the OpenAPI document (see ./openapi.ts).
 import * as z from "zod/mini";
-import { en } from "zod/locales";
 import type { Context, Hono } from "hono";
 import { EdgelockError } from "../core/errors.ts";
 import type { AppEnv } from "./_env.ts";
 
-// Messages in English ("Too big: expected number to be <=300000"), not "Invalid input".
-z.config(en());
+// Each issue in a few words ("at most 300000", "unknown field: ttl"), where zod/mini alone says
+// "Invalid input"; a schema's own message (a refine's, a regex's) wins.
+z.config({ localeError: describeIssue });
+
+function describeIssue(issue: z.core.$ZodRawIssue): string {
+  const { code } = issue;
+  const bound = (word: string, n: unknown, origin: unknown, inclusive: unknown) => {
+    const unit = origin === "string" ? " character" : origin === "array" ? " item" : "";
+    const plural = unit && n !== 1 ? "s" : "";
+    return `${word} ${n}${unit}${plural}${inclusive === false ? " (exclusive)" : ""}`;
+  };
+  if (code === "invalid_type") {
+    const expected = ({ int: "a whole number", record: "an object" } as Record<string, string>)[
+      issue.expected
+    ] ?? issue.expected;
+    return issue.input === undefined ? "required" : `expected ${expected}`;
+  }
+  if (code === "too_big") return bound("at most", issue.maximum, issue.origin, issue.inclusive);
+  if (code === "too_small") return bound("at least", issue.minimum, issue.origin, issue.inclusive);
+  if (code === "invalid_format") return `does not match ${issue.pattern ?? issue.format}`;
+  if (code === "unrecognized_keys") return `unknown field: ${issue.keys.join(", ")}`;
+  if (code === "invalid_value") return `one of ${issue.values.join(", ")}`;
+  return "invalid";
+}
 
 /** Descriptions and component names for the document; validation never reads them. */
 export const DOCS = z.registry<{ id?: string; description?: string; example?: unknown }>();
@@ -49,7 +70,7 @@ export interface RouteSpec<
   params?: P;
   query?: Q;
   body?: B;
-  /** An empty body reads as `{}`. @default false */
+  /** Whether the document calls the body optional (any empty body reads as `{}`). @default false */
   bodyOptional?: boolean;
   responses: Record<number, Reply>;
 }
@@ -84,8 +105,8 @@ export function route<P extends Obj, Q extends Obj, B extends z.ZodMiniType>(
   const path = spec.path.replace(/\{([A-Za-z]+)\}/g, ":$1");
   app.on(spec.method.toUpperCase(), path, async (c) => {
     const params = spec.params && check(spec.params, c.req.param());
-    const query = spec.query && check(spec.query, c.req.query());
-    const body = spec.body && check(spec.body, await readJson(c, spec.bodyOptional ?? false));
+    const query = spec.query && check(spec.query, singleValued(c));
+    const body = spec.body && check(spec.body, await readJson(c));
     return await handler(c, { params, query, body } as Input<Out<P>, Out<Q>, Out<B>>);
   });
 }
@@ -101,17 +122,37 @@ function check<T extends z.ZodMiniType>(schema: T, value: unknown): z.output<T> 
   });
 }
 
-const JSON_TYPE = /^application\/([a-z.-]+\+)?json(;|$)/i;
+// The query, each parameter once: a repeated one is refused rather than read one way or another.
+function singleValued(c: Context<AppEnv>): Record<string, string> {
+  const repeated = Object.entries(c.req.queries()).find(([, values]) => values.length > 1);
+  if (repeated) {
+    throw new EdgelockError("invalid_request", `The query gives ?${repeated[0]}= more than once`);
+  }
+  return c.req.query();
+}
 
-async function readJson(c: Context<AppEnv>, optional: boolean): Promise<unknown> {
+// application/json, or a +json type, with any parameters.
+const JSON_TYPE = /^application\/([a-z0-9.-]+\+)?json$/;
+
+// The body as JSON: an empty body is `{}` (every field left to its default, or named missing).
+async function readJson(c: Context<AppEnv>): Promise<unknown> {
   const text = await c.req.text();
-  if (optional && text === "") return {};
-  if (!JSON_TYPE.test(c.req.header("content-type") ?? "")) {
+  if (text === "") return {};
+  const type = (c.req.header("content-type") ?? "").split(";")[0]!.trim().toLowerCase();
+  if (!JSON_TYPE.test(type)) {
     throw new EdgelockError("invalid_request", "Send the body as Content-Type: application/json");
   }
+  let proto = false;
+  let body: unknown;
   try {
-    return JSON.parse(text);
+    body = JSON.parse(text, (key, value) => {
+      proto ||= key === "__proto__";
+      return value;
+    });
   } catch {
     throw new EdgelockError("invalid_request", "The body is not valid JSON");
   }
+  // An own __proto__ key would be dropped on the way to Redis, silently: refused instead.
+  if (proto) throw new EdgelockError("invalid_request", "The body has a __proto__ key");
+  return body;
 }

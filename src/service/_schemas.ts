@@ -70,6 +70,8 @@ export const Problem = doc(
     detail: z.string(),
     code: z.string(),
     retryAfterMs: z.optional(int()),
+    lockExpiresAt: z.optional(int("A busy lock's lease end, epoch ms on the Redis server's clock")),
+    requestId: z.optional(z.string()),
     errors: z.optional(z.array(z.object({ path: z.string(), message: z.string() }))),
   }),
   { id: "Problem" },
@@ -88,6 +90,7 @@ export const common = {
   400: problemDoc("invalid_request"),
   401: problemDoc("unauthorized"),
   413: problemDoc("payload_too_large"),
+  429: problemDoc("too_many_requests: this tenant's concurrent waits or request rate"),
   503: problemDoc("backend_unavailable"),
 };
 

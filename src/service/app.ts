@@ -214,7 +214,9 @@ function methodsByPath(app: Hono<AppEnv>): (path: string) => string[] {
   return (path) => {
     patterns ??= app.routes.filter((route) => route.method !== "ALL").map((route) => ({
       method: route.method,
-      pattern: new RegExp(`^${route.path.replace(/:[A-Za-z]+/g, "[^/]+")}$`),
+      pattern: new RegExp(
+        `^${route.path.replace(/[.*+?^${}()|[\]\\]/g, "\\$&").replace(/:[A-Za-z]+/g, "[^/]+")}$`,
+      ),
     }));
     const methods = new Set(patterns.filter((p) => p.pattern.test(path)).map((p) => p.method));
     if (methods.has("GET")) methods.add("HEAD");

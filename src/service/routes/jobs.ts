@@ -12,9 +12,16 @@ const StartBody = doc(
     atLeastMs: z.optional(duration("atLeastMs", "Minimum time between starts, ms (≤ atMostMs)")),
     tick: z.optional(doc(
       z.union([
-        z.string().check(z.regex(/^[A-Za-z0-9._:-]{1,200}$/)),
-        z.number().check(z.int(), z.minimum(0)),
-      ]),
+        z.string().check(
+          z.regex(
+            /^[A-Za-z0-9._:-]{1,200}$/,
+            "tick must be 1–200 characters of A-Z a-z 0-9 . _ : -",
+          ),
+        ),
+        z.number().check(z.int(), z.minimum(0, "tick must be a whole number ≥ 0")),
+      ], {
+        error: "tick must be 1–200 characters of A-Z a-z 0-9 . _ : - or a whole number ≥ 0",
+      }),
       { description: "Each tick runs at most once, e.g. the scheduled time" },
     )),
     tickRetentionMs: z.optional(

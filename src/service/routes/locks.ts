@@ -131,7 +131,6 @@ const RenewManyBody = doc(
   }),
   { id: "RenewManyRequest" },
 );
-const busy = problemDoc("too_many_requests: this tenant's concurrent waits or request rate");
 
 /** Registers the lock routes on `app`. */
 export function lockRoutes(app: Hono<AppEnv>): void {
@@ -145,7 +144,6 @@ export function lockRoutes(app: Hono<AppEnv>): void {
           "another mode), limit_mismatch (a semaphore with another limit) or hold_limit (this " +
           "token holds it 64 times already)",
       ),
-      429: busy,
       ...common,
     },
   }, async (c, { params: { name }, body: options }) => {
@@ -172,7 +170,6 @@ export function lockRoutes(app: Hono<AppEnv>): void {
         "Acquired, one lease per name in order; renew and release each with the same token",
       ),
       409: problemDoc("lock_busy, queue_full or mode_mismatch, as for one lock"),
-      429: busy,
       ...common,
     },
   }, async (c, { body: { names, ...options } }) => {

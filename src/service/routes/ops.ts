@@ -27,10 +27,17 @@ const tenantField = {
   })),
 };
 const TenantQuery = z.object(tenantField);
+// A whole number from 1 to 1000, written plainly (not " 5", "1e3" or "0x10").
 const pageLimit = (description: string) =>
-  z.optional(doc(z.coerce.number().check(z.int(), z.minimum(1), z.maximum(1000)), {
-    description,
-  }));
+  z.optional(doc(
+    z.pipe(
+      z.string().check(
+        z.regex(/^(1000|[1-9][0-9]{0,2})$/, "limit must be a whole number from 1 to 1000"),
+      ),
+      z.transform(Number),
+    ),
+    { description },
+  ));
 const ListQuery = z.object({
   ...tenantField,
   prefix: z.optional(doc(z.string().check(z.regex(NAME_PREFIX_PATTERN)), {
@@ -140,9 +147,16 @@ function tenantOf(c: Context<AppEnv>): string {
 
 /** Registers the routes above. */
 export function opsRoutes(app: Hono<AppEnv>, { stats }: { stats: boolean }): void {
+  // Before the body is read: a tenant's key is told it may not break, whatever it sent.
+  app.post("/v1/locks/:name/break", async (c, next) => {
+    if (c.get("operator") === undefined) {
+      throw new EdgelockError("forbidden", "Only an operator key (OPERATOR_API_KEYS) breaks locks");
+    }
+    await next();
+  });
   // Stats and the held index exist only when the service keeps them.
   const needStats = (what: string) => {
-    if (!stats) throw new TypeError(`${what} needs stats on (createApp({ stats: true }))`);
+    if (!stats) throw new EdgelockError("not_found", `${what} is off: this service keeps no stats`);
   };
   route(app, {
     ...get("whoAmI", "/v1/me", "The key's role and the tenants it reads"),
@@ -238,10 +252,7 @@ export function opsRoutes(app: Hono<AppEnv>, { stats }: { stats: boolean }): voi
       ...denied,
     },
   }, async (c, { params: { name }, body: { reason = "", id } }) => {
-    const operator = c.get("operator");
-    if (operator === undefined) {
-      throw new EdgelockError("forbidden", "Only an operator key (OPERATOR_API_KEYS) breaks locks");
-    }
+    const operator = c.get("operator")!; // the route's check below let only operators in
     tenantOf(c);
     return c.json(await c.get("ops").break(name, { by: operator, reason, id }), 200);
   });
