@@ -1,7 +1,8 @@
 /**
  * `deno task pack`: builds the npm package from `src/` and writes its tarball under `dist/`.
  * JavaScript: `deno bundle` per entry, ESM, code-split so entries share chunks, dependencies left
- * as imports (hono and zod as dependencies, @upstash/redis a peer the user brings).
+ * as imports: @upstash/redis a peer the user brings; hono and zod optional peers, which only the
+ * service and the Hono middleware import, so a user of the lock core installs neither.
  * Types: tsc's declarations, with the `.ts` specifiers made `.js`. Targets Node 20+ and workerd.
  * Prints the tarball's path.
  *
@@ -93,10 +94,12 @@ export async function pack(): Promise<string> {
     );
   }
 
-  const exports: Record<string, { types: string; import: string }> = {};
+  // ESM only, under "default": Node's require() of it works where Node loads ES modules so
+  // (20.19+, 22.12+), and elsewhere fails with ERR_REQUIRE_ESM, which says to use import().
+  const exports: Record<string, { types: string; default: string }> = {};
   for (const entry of ENTRIES) {
     const key = entry === "core" ? "." : `./${entry}`;
-    exports[key] = { types: `./types/${entry}/mod.d.ts`, import: `./esm/${entry}/mod.js` };
+    exports[key] = { types: `./types/${entry}/mod.d.ts`, default: `./esm/${entry}/mod.js` };
   }
   await Deno.writeTextFile(
     `${out}/package.json`,
@@ -112,16 +115,19 @@ export async function pack(): Promise<string> {
         exports,
         files: ["esm/", "types/", "README.md", "LICENSE"],
         keywords: ["lock", "mutex", "redis", "upstash", "fencing", "idempotency", "edge"],
-        dependencies: {
-          hono: range("hono"),
-          zod: range("zod"),
-        },
         peerDependencies: {
           "@upstash/redis": range("@upstash/redis"),
+          hono: range("hono"),
+          zod: range("zod"),
           "@opentelemetry/api": range("@opentelemetry/api"),
         },
-        // Only `@edgelock/edgelock/otel` imports the OpenTelemetry API.
-        peerDependenciesMeta: { "@opentelemetry/api": { optional: true } },
+        // The service and the Hono middleware import hono (and the service zod); only
+        // `@edgelock/edgelock/otel` imports the OpenTelemetry API.
+        peerDependenciesMeta: {
+          hono: { optional: true },
+          zod: { optional: true },
+          "@opentelemetry/api": { optional: true },
+        },
       },
       null,
       2,

@@ -7,6 +7,8 @@ import { keygen, shared, startBackend } from "./_backend.ts";
 
 const config = JSON.parse(await Deno.readTextFile(new URL("../deno.json", import.meta.url)));
 const UPSTASH = config.imports["@upstash/redis"].replace("npm:", "");
+const HONO = config.imports["hono"].replace("npm:", "");
+const ZOD = config.imports["zod"].replace("npm:", "");
 
 async function run(cmd: string, args: string[], cwd: string, env: Record<string, string> = {}) {
   const { code, stdout, stderr } = await new Deno.Command(cmd, {
@@ -55,7 +57,7 @@ const fixture = shared(async () => {
       `${dir}/package.json`,
       JSON.stringify({ name: "scratch", private: true, type: "module" }),
     );
-    // The README's `npm install @edgelock/edgelock @upstash/redis`, with the tarball for the name.
+    // The README's install for the service, with the tarball for the name.
     await run("npm", [
       "install",
       "--no-audit",
@@ -63,6 +65,8 @@ const fixture = shared(async () => {
       "--loglevel=error",
       tarball,
       UPSTASH,
+      HONO,
+      ZOD,
       "typescript@5.9.3",
       "esbuild@0.28.2",
     ], dir);
@@ -75,6 +79,59 @@ const fixture = shared(async () => {
 }, async ({ backend, dir }) => {
   await Deno.remove(dir, { recursive: true });
   await backend.stop();
+});
+
+Deno.test("the lock core installs without hono or zod, and runs by import and by require", async () => {
+  const { backend } = await fixture();
+  const dir = await Deno.makeTempDir({ prefix: "edgelock-core-only-" });
+  try {
+    await Deno.writeTextFile(
+      `${dir}/package.json`,
+      JSON.stringify({ name: "core", private: true }),
+    );
+    // The README's `npm install @edgelock/edgelock @upstash/redis`, nothing else.
+    await run("npm", [
+      "install",
+      "--no-audit",
+      "--no-fund",
+      "--loglevel=error",
+      await pack(),
+      UPSTASH,
+    ], dir);
+    const installed = [...Deno.readDirSync(`${dir}/node_modules`)].map((entry) => entry.name);
+    for (const name of ["hono", "zod", "@hono"]) {
+      assert.ok(!installed.includes(name), `${name} was installed: ${installed.join(", ")}`);
+    }
+    await Deno.writeTextFile(
+      `${dir}/cycle.mjs`,
+      `import { Redis } from "@upstash/redis";
+import { Locks } from "@edgelock/edgelock";
+const NAME = process.env.NAME;
+const locks = new Locks(new Redis({ url: process.env.URL, token: process.env.TOKEN, enableTelemetry: false }));
+${CYCLE}
+console.log(JSON.stringify(out));
+`,
+    );
+    await Deno.writeTextFile(
+      `${dir}/require.cjs`,
+      `const { Locks, withLock } = require("@edgelock/edgelock");
+console.log(JSON.stringify([typeof Locks, typeof withLock]));
+`,
+    );
+    const env = {
+      URL: backend.bridge.url,
+      TOKEN: backend.token,
+      NAME: keygen("core"),
+      PATH: Deno.env.get("PATH") ?? "",
+    };
+    assert.deepEqual(JSON.parse(await run("node", ["cycle.mjs"], dir, env)), EXPECTED);
+    assert.deepEqual(JSON.parse(await run("node", ["require.cjs"], dir, env)), [
+      "function",
+      "function",
+    ]);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
 });
 
 Deno.test("Node 20+: every entry imports by name; Locks runs against Redis", async () => {
