@@ -455,3 +455,34 @@ Deno.test("an unreachable backend becomes backend_unavailable, not a raw client 
     return true;
   });
 });
+
+Deno.test("an option a call does not take is a TypeError naming it and the likeliest meant", async () => {
+  const { redis } = await fixture();
+  const cases: [() => unknown, RegExp][] = [
+    [
+      () => new Locks(redis, { prefx: "a" } as never),
+      /new Locks\(\) has no option "prefx"; did you mean "prefix"\?/,
+    ],
+    [
+      () => new LockOps(redis, { maxWaiters: 3 } as never),
+      /new LockOps\(\) has no option "maxWaiters"/,
+    ],
+    [() => new Locks(redis, "edgelock" as never), /new Locks\(\) takes an options object/],
+  ];
+  for (const [call, message] of cases) assert.throws(call, { name: "TypeError", message });
+  const locks = new Locks(redis, { maxWaiters: 3 });
+  const lease = acquired(await locks.acquire(keygen(), { ttlMs: 5_000 }));
+  await assert.rejects(
+    locks.acquire(keygen(), { ttl: 5_000 } as never),
+    { name: "TypeError", message: 'acquire() has no option "ttl"; did you mean "ttlMs"?' },
+  );
+  await assert.rejects(
+    locks.acquireAll([keygen()], { mode: "shared" } as never),
+    { name: "TypeError", message: 'acquireAll() has no option "mode"' },
+  );
+  await assert.rejects(
+    locks.renew(lease, { tllMs: 5_000 } as never),
+    { name: "TypeError", message: 'renew() has no option "tllMs"; did you mean "ttlMs"?' },
+  );
+  assert.equal(await locks.release(lease), true);
+});

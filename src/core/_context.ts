@@ -10,7 +10,14 @@ import {
   runScripts,
 } from "./_runner.ts";
 import { KeySpace } from "./_keys.ts";
-import { checkDuration, checkPrefix, DEFAULT_PREFIX, FENCE_GRACE_MS } from "./_validate.ts";
+import {
+  checkDuration,
+  checkOptions,
+  checkPrefix,
+  DEFAULT_PREFIX,
+  FENCE_GRACE_MS,
+  STORE_OPTIONS,
+} from "./_validate.ts";
 import type { Script, ScriptCall } from "./lua/_define.ts";
 import { EdgelockError } from "./errors.ts";
 import type { LockEvent } from "./types.ts";
@@ -88,7 +95,9 @@ export class LockContext {
     redis: RedisLike,
     what: string,
     options: LockOpsOptions & { stats?: unknown },
+    more: readonly string[] = [],
   ) {
+    checkOptions(options, [...STORE_OPTIONS, ...more], `new ${what}()`);
     const { prefix = DEFAULT_PREFIX, timeoutMs, fenceWindowMs, cluster = false } = options;
     const { stats = true } = options;
     checkRedis(redis, what);

@@ -237,3 +237,58 @@ export function checkFlag(value: unknown, what: string): boolean {
   if (typeof value !== "boolean") throw new TypeError(`${what} must be a boolean`);
   return value;
 }
+
+/**
+ * Refuses an options object that names an option `where` does not take (a typo such as `ttl` or
+ * `prefx` would otherwise be a default, silently): a TypeError naming it and the likeliest meant.
+ */
+export function checkOptions(options: unknown, known: readonly string[], where: string): void {
+  if (options === undefined) return;
+  if (typeof options !== "object" || options === null || Array.isArray(options)) {
+    throw new TypeError(`${where} takes an options object`);
+  }
+  for (const key of Object.keys(options)) {
+    if (known.includes(key)) continue;
+    const lower = key.toLowerCase();
+    const near = known.find((option) => {
+      const other = option.toLowerCase();
+      return other.startsWith(lower) || lower.startsWith(other) || distance(other, lower) <= 2;
+    });
+    throw new TypeError(
+      `${where} has no option "${key}"${near ? `; did you mean "${near}"?` : ""}`,
+    );
+  }
+}
+
+// Edit distance (insertions, deletions, substitutions) between two short strings.
+function distance(a: string, b: string): number {
+  let row = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const next = [i];
+    for (let j = 1; j <= b.length; j++) {
+      next[j] = Math.min(
+        row[j]! + 1,
+        next[j - 1]! + 1,
+        row[j - 1]! + (a[i - 1] === b[j - 1] ? 0 : 1),
+      );
+    }
+    row = next;
+  }
+  return row[b.length]!;
+}
+
+/** What every store's constructor takes (`Locks`, `LockOps`, `Records`, `Jobs`). */
+export const STORE_OPTIONS = [
+  "prefix",
+  "timeoutMs",
+  "fenceWindowMs",
+  "stats",
+  "cluster",
+  "keyLocking",
+  "blocking",
+  "onEvent",
+] as const;
+/** What a lease's acquire takes (`acquireAll` too). */
+export const LEASE_OPTIONS = ["ttlMs", "waitMs", "token", "meta", "signal"] as const;
+/** What one name's acquire takes besides. */
+export const MODE_OPTIONS = ["mode", "limit", "permits", "reentrant", "hold"] as const;

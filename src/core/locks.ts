@@ -9,11 +9,14 @@ import {
   checkLockNames,
   checkMeta,
   checkMode,
+  checkOptions,
   checkSignal,
   checkToken,
   DEFAULT_MAX_WAITERS,
   DEFAULT_TTL_MS,
+  LEASE_OPTIONS,
   MAX_BATCH,
+  MODE_OPTIONS,
   newToken,
 } from "./_validate.ts";
 import { HAND_OVER } from "./lua/hand_over.ts";
@@ -93,7 +96,7 @@ export class Locks implements LockClient {
   /** Locks on `redis` (an `@upstash/redis` client), their keys under `prefix`. */
   constructor(redis: RedisLike, options: LocksOptions = {}) {
     const { maxWaiters = DEFAULT_MAX_WAITERS } = options;
-    this.#context = new LockContext(redis, "Locks", options);
+    this.#context = new LockContext(redis, "Locks", options, ["maxWaiters"]);
     if (!Number.isInteger(maxWaiters) || maxWaiters < 1 || maxWaiters > 1000) {
       throw new RangeError("maxWaiters must be an integer from 1 to 1000");
     }
@@ -109,6 +112,7 @@ export class Locks implements LockClient {
    */
   async acquire(name: string, options: AcquireOptions = {}): Promise<AcquireResult> {
     checkLockName(name);
+    checkOptions(options, [...LEASE_OPTIONS, ...MODE_OPTIONS], "acquire()");
     const lease = checkLeaseOptions(options);
     const attempt = this.#acquireAttempt(name, lease, checkMode(options), checkHold(options));
     return await this.#context.observe(name, "acquire", async () => {
@@ -206,6 +210,7 @@ export class Locks implements LockClient {
     options: LeaseOptions = {},
   ): Promise<AcquireAllResult> {
     checkLockNames(names, this.#context.keys.cluster);
+    checkOptions(options, LEASE_OPTIONS, "acquireAll()");
     const lease = checkLeaseOptions(options);
     const each = names.map((name) => this.#context.keys.lock(name));
     const attempt: Attempt<Lease[]> = {
@@ -248,6 +253,7 @@ export class Locks implements LockClient {
   /** Extends a lease still held by its token; the fence stays the same. */
   async renew(lease: LeaseRef, options: RenewOptions = {}): Promise<RenewResult> {
     const { name } = checkLease(lease);
+    checkOptions(options, ["ttlMs"], "renew()");
     const ttlMs = checkDuration(options.ttlMs, "ttlMs", lease.ttlMs ?? DEFAULT_TTL_MS);
     return await this.#context.observe(name, "renew", async () => {
       const started = performance.now();
@@ -265,6 +271,7 @@ export class Locks implements LockClient {
     if (!Array.isArray(leases) || leases.length === 0 || leases.length > MAX_BATCH) {
       throw new RangeError(`renewMany takes 1 to ${MAX_BATCH} leases`);
     }
+    checkOptions(options, ["ttlMs"], "renewMany()");
     const ttlMs = checkDuration(options.ttlMs, "ttlMs", DEFAULT_TTL_MS);
     const refs = leases.map(checkLease);
     const started = performance.now();
