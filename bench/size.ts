@@ -31,16 +31,18 @@ import { cli } from "../bridge/_cli.ts";
  * release rings for the shared waiters at the head, and the XREAD they block on) took the core to
  * 22.4 KB, and a hand-over that names the next semaphore waiter whose permits fit 22.6 KB.
  * Refusing unknown option names (issue 30: a TypeError naming the option and the likeliest
- * meant) took the core to 22.9 KB and the uses, whose stores check theirs, to 8.8 KB. */
+ * meant) took the core to 22.9 KB and the uses, whose stores check theirs, to 8.8 KB; naming
+ * the cause of a misconfigured client (a probe of its URL when a call fails) to 23.7, 9.5, the
+ * quorum to 6.4 and the service to 63.9 KB. */
 export const BUDGETS = {
-  ".": 23_000,
-  "./uses": 8_800,
+  ".": 23_800,
+  "./uses": 9_600,
   "./hono": 7_500,
   "./client": 5_500,
   "./otel": 9_500,
   "./tcp": 1_000,
-  "./quorum": 5_800,
-  "./service": 63_500,
+  "./quorum": 6_500,
+  "./service": 64_000,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

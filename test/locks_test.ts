@@ -5,6 +5,7 @@ import { freePort } from "../dev/redis_server.ts";
 import { FENCE_GRACE_MS } from "../src/core/_validate.ts";
 import { RELEASE_MEMORY_MS } from "../src/core/lua/lib.ts";
 import { acquired, holderOf, keygen, shared, startBackend, until } from "./_backend.ts";
+import { createApp } from "../src/service/app.ts";
 
 const lockKey = (name: string) => `edgelock:lock:{${name}}`;
 
@@ -485,4 +486,56 @@ Deno.test("an option a call does not take is a TypeError naming it and the likel
     { name: "TypeError", message: 'renew() has no option "tllMs"; did you mean "ttlMs"?' },
   );
   assert.equal(await locks.release(lease), true);
+});
+
+Deno.test("a misconfigured client's error names the cause, and never a key", async () => {
+  const { backend } = await fixture();
+  const app = createApp({
+    redis: backend.redis,
+    apiKeys: [{ tenant: "t", secret: "s".repeat(20) }],
+    log: () => {},
+  });
+  const service = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, app.fetch);
+  try {
+    const port = await freePort();
+    const cases: [string, string, RegExp][] = [
+      [
+        `http://127.0.0.1:${port}`,
+        "backend_unavailable",
+        new RegExp(`^Nothing accepts connections at http://127\\.0\\.0\\.1:${port} \\(refused\\)`),
+      ],
+      [
+        `http://127.0.0.1:${service.addr.port}`,
+        "config_error",
+        /answers HTTP 404, but not as an Upstash Redis REST endpoint: check UPSTASH_REDIS_REST_URL/,
+      ],
+      [
+        backend.bridge.url.replace("http:", "https:"),
+        "config_error",
+        /answers plain HTTP, not TLS: use http:\/\//,
+      ],
+    ];
+    for (const [url, code, message] of cases) {
+      const locks = new Locks(backend.client({ url }), { timeoutMs: 500 });
+      const error = await locks.acquire(keygen()).then(() => undefined, (e) => e);
+      assert.ok(error instanceof EdgelockError, `${url}: ${error}`);
+      assert.equal(error.code, code, error.message);
+      assert.match(error.message, message);
+      assert.doesNotMatch(error.message, /edgelock:|evalsha|command was/);
+    }
+    // An @upstash/redis client made from unset variables only warns; Locks refuses it at once.
+    const warn = console.warn;
+    console.warn = () => {};
+    try {
+      const unset = new Redis({ url: undefined as never, token: undefined as never });
+      assert.throws(() => new Locks(unset), {
+        code: "config_error",
+        message: /without a URL or token: set UPSTASH_REDIS_REST_URL and UPSTASH_REDIS_REST_TOKEN/,
+      });
+    } finally {
+      console.warn = warn;
+    }
+  } finally {
+    await service.shutdown();
+  }
 });

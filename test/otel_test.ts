@@ -14,6 +14,7 @@ import {
 import { LockOps, Locks } from "../src/core/mod.ts";
 import { openTelemetry } from "../src/otel/mod.ts";
 import { keygen, shared, startBackend } from "./_backend.ts";
+import { freePort } from "../dev/redis_server.ts";
 
 const fixture = shared(async () => {
   const backend = await startBackend();
@@ -103,7 +104,8 @@ Deno.test("lock names are hashed or kept only when asked, and a lost lease is an
 Deno.test("a Redis failure is an error span, and the call still fails as before", async () => {
   const { backend, spans, tracerProvider } = await fixture();
   spans.reset();
-  const down = new Locks(backend.client({ url: "http://127.0.0.1:9" }), {
+  // Nothing listens on a free port: connection refused, an outage to retry.
+  const down = new Locks(backend.client({ url: `http://127.0.0.1:${await freePort()}` }), {
     timeoutMs: 500,
     onEvent: openTelemetry({ tracer: tracerProvider.getTracer("e") }),
   });

@@ -33,6 +33,14 @@ export function checkRedis(redis: RedisLike, what: string): RedisLike {
   if (typeof redis?.evalsha !== "function" || typeof redis?.eval !== "function") {
     throw new TypeError(`${what} needs a Redis client with evalsha and eval (@upstash/redis)`);
   }
+  // @upstash/redis made without a URL or token (an unset variable) only warns, then fails calls.
+  if ((redis as { client?: { hasCredentials?: unknown } }).client?.hasCredentials === false) {
+    throw new EdgelockError(
+      "config_error",
+      `${what} got an @upstash/redis client without a URL or token: set UPSTASH_REDIS_REST_URL ` +
+        "and UPSTASH_REDIS_REST_TOKEN (Redis.fromEnv()), or pass { url, token }",
+    );
+  }
   return redis;
 }
 
@@ -85,7 +93,7 @@ export async function runScript(
   try {
     return await evalsha();
   } catch (error) {
-    if (!isNoScript(error)) throw unavailable(script, error);
+    if (!isNoScript(error)) throw await explained(redis, script, error);
   }
   // Calls that meet NOSCRIPT while another call's EVAL loads the script wait for it and run
   // EVALSHA again: a cold cache under a burst (a deploy, a failover, SCRIPT FLUSH) sends the
@@ -98,7 +106,7 @@ export async function runScript(
     try {
       return await evalsha();
     } catch (error) {
-      if (!isNoScript(error)) throw unavailable(script, error);
+      if (!isNoScript(error)) throw await explained(redis, script, error);
     }
   }
   const load = deadline(redis.eval(script.source, keys, args), script, timeoutMs);
@@ -106,7 +114,7 @@ export async function runScript(
   try {
     return await load;
   } catch (error) {
-    throw unavailable(script, error);
+    throw await explained(redis, script, error);
   } finally {
     if (loads.get(sha1) === load) loads.delete(sha1);
   }
@@ -144,7 +152,7 @@ export async function runScripts(
     try {
       return await deadline(pipeline.exec({ keepErrors: true }), script, timeoutMs);
     } catch (error) {
-      throw unavailable(script, error);
+      throw await explained(redis, script, error);
     }
   };
   const replies: unknown[] = new Array(calls.length);
@@ -243,12 +251,73 @@ function unavailable(script: Script, cause: unknown): EdgelockError {
       { cause },
     );
   }
-  const reason = cause instanceof Error ? cause.message : String(cause);
+  // @upstash/redis appends the command, keys and all, which no message repeats.
+  const reason = (cause instanceof Error ? cause.message : String(cause)).replace(
+    /,? ?command was: [\s\S]*$/,
+    "",
+  );
   return new EdgelockError(
     "backend_unavailable",
     `Redis did not run the ${script.name} script: ${reason}`,
     { cause, retryAfterMs: 1000 },
   );
+}
+
+// A failure as `unavailable` says, unless a look at the client's URL names the cause: a host that
+// does not resolve, TLS to a plain HTTP server, a server that is not an Upstash REST endpoint (a
+// reply without `result`, e.g. the edgelock service's own URL) are `config_error`, which no retry
+// helps; nothing listening stays `backend_unavailable` (a restart looks the same), named. The
+// look is one POST without the token, at most a second (two for an https:// URL).
+async function explained(redis: RedisLike, script: Script, cause: unknown): Promise<EdgelockError> {
+  const error = unavailable(script, cause);
+  if (error.code !== "backend_unavailable") return error;
+  const url = (redis as { client?: { baseUrl?: unknown } }).client?.baseUrl;
+  if (typeof url !== "string" || !/^https?:\/\//.test(url)) return error;
+  const found = await diagnose(url);
+  if (!found) return error;
+  // A refused connection names the cause, but may pass (a restart): still worth a retry.
+  if (found.startsWith("Nothing accepts")) {
+    return new EdgelockError("backend_unavailable", found, { cause, retryAfterMs: 1000 });
+  }
+  return new EdgelockError("config_error", found, { cause });
+}
+
+async function diagnose(url: string): Promise<string | undefined> {
+  const { origin, protocol } = new URL(url);
+  const fix = "check UPSTASH_REDIS_REST_URL (Redis's REST URL, not the edgelock service's)";
+  const post = (to: string) =>
+    fetch(to, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: '["PING"]',
+      signal: AbortSignal.timeout(1000),
+    });
+  try {
+    const response = await post(url);
+    const body = parseJsonText(await response.text());
+    if (body && ("result" in body || "error" in body)) return undefined; // a REST endpoint
+    return `${origin} answers HTTP ${response.status}, but not as an Upstash Redis REST endpoint: ${fix}`;
+  } catch (error) {
+    const text = [error, (error as { cause?: unknown })?.cause].map((e) =>
+      e instanceof Error ? `${e.message} ${(e as { code?: string }).code ?? ""}` : ""
+    ).join(" ").trim();
+    if ((error as Error)?.name === "TimeoutError" || /abort|timed? ?out/i.test(text)) {
+      // TLS to a plain HTTP server may hang rather than fail: does it answer plain HTTP?
+      if (protocol !== "https:") return undefined;
+      const plain = await post(url.replace(/^https:/, "http:")).then(() => true, () => false);
+      return plain ? `${origin} answers plain HTTP, not TLS: use http:// (${fix})` : undefined;
+    }
+    if (/refused/i.test(text)) return `Nothing accepts connections at ${origin} (refused): ${fix}`;
+    if (/ENOTFOUND|EAI_AGAIN|dns|resolve|not known/i.test(text)) {
+      return `The host of ${origin} does not resolve: ${fix}`;
+    }
+    if (
+      protocol === "https:" && /tls|ssl|certificate|handshake|wrong version|corrupt/i.test(text)
+    ) {
+      return `TLS failed with ${origin}: is it a plain http:// server? ${fix}`;
+    }
+    return `${origin} cannot be reached (${text.slice(0, 200)}): ${fix}`;
+  }
 }
 
 /** Checks that a script reply is an array of `count` numbers, then optional strings. */
