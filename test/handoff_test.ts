@@ -46,6 +46,18 @@ function withExec(
   });
 }
 
+// A client that counts the blocking `command`'s replies (BLPOP, XREAD): `answered` when something
+// came (a hand-off, a ring), `empty` when the block ended with nothing.
+function blocksOf(redis: Redis, command: "BLPOP" | "XREAD") {
+  const blocks = { answered: 0, empty: 0 };
+  const client = withExec(redis, async (sent, exec) => {
+    const reply = await exec(sent);
+    if (sent[0] === command) blocks[reply === null ? "empty" : "answered"]++;
+    return reply;
+  });
+  return { client, blocks };
+}
+
 // The fence of the lease that holds `name`, if one does.
 async function fenceOf(locks: Locks, name: string): Promise<number | undefined> {
   const info = await locks.inspect(name);
@@ -462,17 +474,8 @@ Deno.test("a shared waiter is not handed the lock; an exclusive one behind reade
 });
 
 // Readers block on the readers' bell (XREAD) for their whole wait unless it rings: the writer's
-// lease outlasts the wait. A client that counts the XREADs that a ring answered.
+// lease outlasts the wait.
 const READER_WAIT_MS = 1_900;
-function listening(redis: Redis) {
-  const heard = { rung: 0, silent: 0 };
-  const client = withExec(redis, async (command, exec) => {
-    const reply = await exec(command);
-    if (command[0] === "XREAD") heard[reply === null ? "silent" : "rung"]++;
-    return reply;
-  });
-  return { client, heard };
-}
 
 // Five readers queue behind a writer, which then releases; their leases.
 async function readersBehindWriter(locks: Locks, redis: Redis, name: string) {
@@ -489,11 +492,15 @@ async function readersBehindWriter(locks: Locks, redis: Redis, name: string) {
 
 Deno.test("readers behind a writer all wake at its release and take the lock together", async () => {
   const { backend } = await fixture();
-  const { client, heard } = listening(backend.redis);
+  const { client, blocks } = blocksOf(backend.redis, "XREAD");
   const { locks, looks } = tracked(client);
   const name = keygen("h");
   const leases = await readersBehindWriter(locks, backend.redis, name);
-  assert.deepEqual(heard, { rung: 5, silent: 0 }, "each reader listened once, and heard the ring");
+  assert.deepEqual(
+    blocks,
+    { answered: 5, empty: 0 },
+    "each reader listened once, and heard the ring",
+  );
   assert.equal(looks(), 5, "one busy look each, then the look the ring called for");
   const info = await locks.inspect(name);
   assert.ok(info.held);
@@ -508,11 +515,11 @@ Deno.test("readers behind a writer all wake at its release and take the lock tog
 
 Deno.test("with the bell removed, readers sleep through the release (the test above catches it)", async () => {
   const { backend } = await fixture();
-  const { client, heard } = listening(withBroken(backend.redis, "bell"));
+  const { client, blocks } = blocksOf(withBroken(backend.redis, "bell"), "XREAD");
   const locks = new Locks(client);
   const leases = await readersBehindWriter(locks, backend.redis, keygen("h"));
   // Each takes the lock only at its wait's last look.
-  assert.deepEqual(heard, { rung: 0, silent: 5 });
+  assert.deepEqual(blocks, { answered: 0, empty: 5 });
   for (const lease of leases) await locks.release(lease);
 });
 
@@ -596,20 +603,9 @@ Deno.test("semaphore waiters are handed permits in arrival order, without a seco
   assert.equal(looks(), 4, "each waiter looked once, then was handed its permits");
 });
 
-// A client that counts the waiters' blocks that ended with no hand-off (BLPOP answered nil).
-function counting(redis: Redis) {
-  const blocks = { handed: 0, empty: 0 };
-  const client = withExec(redis, async (command, exec) => {
-    const reply = await exec(command);
-    if (command[0] === "BLPOP") blocks[reply === null ? "empty" : "handed"]++;
-    return reply;
-  });
-  return { client, blocks };
-}
-
 Deno.test("two holders releasing at once hand a semaphore's permits to two waiters", async () => {
   const { backend } = await fixture();
-  const { client, blocks } = counting(backend.redis);
+  const { client, blocks } = blocksOf(backend.redis, "BLPOP");
   const locks = new Locks(client);
   const name = keygen("h");
   const sem = { limit: 2, permits: 1, ttlMs: 60_000 };
@@ -622,13 +618,17 @@ Deno.test("two holders releasing at once hand a semaphore's permits to two waite
   await queued(backend.redis, name, 2);
   await Promise.all(holders.map((lease) => locks.release(lease)));
   const leases = (await Promise.all(waiters)).map(acquired);
-  assert.deepEqual(blocks, { handed: 2, empty: 0 }, "both handed their permits, none left waiting");
+  assert.deepEqual(
+    blocks,
+    { answered: 2, empty: 0 },
+    "both handed their permits, none left waiting",
+  );
   for (const lease of leases) await locks.release(lease);
 });
 
 Deno.test("a release that frees two permits hands them to the two waiters they fit", async () => {
   const { backend } = await fixture();
-  const { client, blocks } = counting(backend.redis);
+  const { client, blocks } = blocksOf(backend.redis, "BLPOP");
   const locks = new Locks(client);
   const name = keygen("h");
   const holder = acquired(await locks.acquire(name, { limit: 2, permits: 2, ttlMs: 60_000 }));
@@ -640,7 +640,7 @@ Deno.test("a release that frees two permits hands them to the two waiters they f
   await locks.release(holder);
   const leases = [acquired(await first), acquired(await second)];
   assert.ok(leases[1]!.fence > leases[0]!.fence, "in arrival order");
-  assert.deepEqual(blocks, { handed: 2, empty: 0 }, "the second too was handed its permit");
+  assert.deepEqual(blocks, { answered: 2, empty: 0 }, "the second too was handed its permit");
   for (const lease of leases) await locks.release(lease);
 });
 

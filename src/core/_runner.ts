@@ -273,16 +273,31 @@ async function explained(redis: RedisLike, script: Script, cause: unknown): Prom
   if (error.code !== "backend_unavailable") return error;
   const url = (redis as { client?: { baseUrl?: unknown } }).client?.baseUrl;
   if (typeof url !== "string" || !/^https?:\/\//.test(url)) return error;
-  const found = await diagnose(url);
+  // Calls failing together share one look.
+  let look = looking.get(redis);
+  if (!look) {
+    look = diagnose(url).finally(() => looking.delete(redis));
+    looking.set(redis, look);
+  }
+  const found = await look;
   if (!found) return error;
   // A refused connection names the cause, but may pass (a restart): still worth a retry.
-  if (found.startsWith("Nothing accepts")) {
-    return new EdgelockError("backend_unavailable", found, { cause, retryAfterMs: 1000 });
-  }
-  return new EdgelockError("config_error", found, { cause });
+  return found.retry
+    ? new EdgelockError("backend_unavailable", found.message, { cause, retryAfterMs: 1000 })
+    : new EdgelockError("config_error", found.message, { cause });
 }
 
-async function diagnose(url: string): Promise<string | undefined> {
+// The look at a client's URL in flight, by client.
+const looking = new WeakMap<RedisLike, Promise<Diagnosis | undefined>>();
+
+/** What a look at a client's URL found: the cause, and whether a retry may help. */
+interface Diagnosis {
+  message: string;
+  retry: boolean;
+}
+const mistake = (message: string): Diagnosis => ({ message, retry: false });
+
+async function diagnose(url: string): Promise<Diagnosis | undefined> {
   const { origin, protocol } = new URL(url);
   const fix = "check UPSTASH_REDIS_REST_URL (Redis's REST URL, not the edgelock service's)";
   const post = (to: string) =>
@@ -296,7 +311,9 @@ async function diagnose(url: string): Promise<string | undefined> {
     const response = await post(url);
     const body = parseJsonText(await response.text());
     if (body && ("result" in body || "error" in body)) return undefined; // a REST endpoint
-    return `${origin} answers HTTP ${response.status}, but not as an Upstash Redis REST endpoint: ${fix}`;
+    return mistake(
+      `${origin} answers HTTP ${response.status}, but not as an Upstash Redis REST endpoint: ${fix}`,
+    );
   } catch (error) {
     const text = [error, (error as { cause?: unknown })?.cause].map((e) =>
       e instanceof Error ? `${e.message} ${(e as { code?: string }).code ?? ""}` : ""
@@ -305,18 +322,22 @@ async function diagnose(url: string): Promise<string | undefined> {
       // TLS to a plain HTTP server may hang rather than fail: does it answer plain HTTP?
       if (protocol !== "https:") return undefined;
       const plain = await post(url.replace(/^https:/, "http:")).then(() => true, () => false);
-      return plain ? `${origin} answers plain HTTP, not TLS: use http:// (${fix})` : undefined;
+      return plain
+        ? mistake(`${origin} answers plain HTTP, not TLS: use http:// (${fix})`)
+        : undefined;
     }
-    if (/refused/i.test(text)) return `Nothing accepts connections at ${origin} (refused): ${fix}`;
+    if (/refused/i.test(text)) {
+      return { message: `Nothing accepts connections at ${origin} (refused): ${fix}`, retry: true };
+    }
     if (/ENOTFOUND|EAI_AGAIN|dns|resolve|not known/i.test(text)) {
-      return `The host of ${origin} does not resolve: ${fix}`;
+      return mistake(`The host of ${origin} does not resolve: ${fix}`);
     }
     if (
       protocol === "https:" && /tls|ssl|certificate|handshake|wrong version|corrupt/i.test(text)
     ) {
-      return `TLS failed with ${origin}: is it a plain http:// server? ${fix}`;
+      return mistake(`TLS failed with ${origin}: is it a plain http:// server? ${fix}`);
     }
-    return `${origin} cannot be reached (${text.slice(0, 200)}): ${fix}`;
+    return mistake(`${origin} cannot be reached (${text.slice(0, 200)}): ${fix}`);
   }
 }
 

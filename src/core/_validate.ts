@@ -290,5 +290,12 @@ export const STORE_OPTIONS = [
 ] as const;
 /** What a lease's acquire takes (`acquireAll` too). */
 export const LEASE_OPTIONS = ["ttlMs", "waitMs", "token", "meta", "signal"] as const;
-/** What one name's acquire takes besides. */
-export const MODE_OPTIONS = ["mode", "limit", "permits", "reentrant", "hold"] as const;
+/** What one name's acquire takes. */
+export const ACQUIRE_OPTIONS = [
+  ...LEASE_OPTIONS,
+  "mode",
+  "limit",
+  "permits",
+  "reentrant",
+  "hold",
+] as const;

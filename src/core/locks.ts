@@ -2,6 +2,7 @@ import { LockContext, type LockOpsOptions, timing } from "./_context.ts";
 import { leaseKind } from "./_lease.ts";
 import { parseJsonText, type RedisLike } from "./_runner.ts";
 import {
+  ACQUIRE_OPTIONS,
   checkDuration,
   checkHold,
   checkHoldId,
@@ -16,7 +17,6 @@ import {
   DEFAULT_TTL_MS,
   LEASE_OPTIONS,
   MAX_BATCH,
-  MODE_OPTIONS,
   newToken,
 } from "./_validate.ts";
 import { HAND_OVER } from "./lua/hand_over.ts";
@@ -112,7 +112,7 @@ export class Locks implements LockClient {
    */
   async acquire(name: string, options: AcquireOptions = {}): Promise<AcquireResult> {
     checkLockName(name);
-    checkOptions(options, [...LEASE_OPTIONS, ...MODE_OPTIONS], "acquire()");
+    checkOptions(options, ACQUIRE_OPTIONS, "acquire()");
     const lease = checkLeaseOptions(options);
     const attempt = this.#acquireAttempt(name, lease, checkMode(options), checkHold(options));
     return await this.#context.observe(name, "acquire", async () => {

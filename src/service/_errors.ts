@@ -45,10 +45,7 @@ export function toEdgelockError(error: unknown): EdgelockError {
   if (error instanceof RangeError || error instanceof TypeError) {
     return new EdgelockError("invalid_request", error.message);
   }
-  // Hono's validators: malformed JSON (400), a body that is not application/json (415).
-  if (error instanceof HTTPException && error.status === 415) {
-    return new EdgelockError("invalid_request", "Send the body as Content-Type: application/json");
-  }
+  // A client error Hono itself raises (the routes read and check bodies in ../_route.ts).
   if (error instanceof HTTPException && error.status < 500) {
     return new EdgelockError("invalid_request", error.message || "Malformed request");
   }
