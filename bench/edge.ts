@@ -15,6 +15,7 @@ import { createClient } from "@edgelock/edgelock/client";
 import { type LockEvent, Locks } from "@edgelock/edgelock";
 import { createApp } from "@edgelock/edgelock/service";
 import { gzipSize, minifiedBundle } from "./_bundle.ts";
+import { buildWorker } from "../dev/build_worker.ts";
 import { cli } from "../bridge/_cli.ts";
 import { commandStats } from "./_commandstats.ts";
 import { startBridge } from "../bridge/mod.ts";
@@ -609,7 +610,7 @@ export default {
 `,
   );
   const hello = await minifiedBundle(`${dir}/hello.ts`, dir);
-  const service = await minifiedBundle("worker/cloudflare.ts", dir);
+  const service = await buildWorker(`${dir}/built.js`);
   const locksOnly = await minifiedBundle(`${dir}/locks_only.ts`, dir);
   const text = (bytes: Uint8Array) => new TextDecoder().decode(bytes);
   const bindings = {

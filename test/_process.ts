@@ -1,4 +1,5 @@
 // Runs a Deno entry as a subprocess and waits until its output matches `ready`.
+import { buildWorker } from "../dev/build_worker.ts";
 
 export interface Spawned {
   child: Deno.ChildProcess;
@@ -65,15 +66,10 @@ export async function spawnDeno(
 /** What `Deno.serve` prints once it listens; the first group is the port (start with PORT=0). */
 export const LISTENING = /Listening on http:\/\/127\.0\.0\.1:(\d+)\//;
 
-/** Bundles the Cloudflare Worker as `deno task build:worker` does (unminified), into a temp dir. */
+/** Builds the Cloudflare Worker as `deno task build:worker` does (what wrangler deploys), into a temp dir. */
 export async function bundleWorker(): Promise<string> {
   const dir = await Deno.makeTempDir({ prefix: "edgelock-worker-" });
   const out = `${dir}/worker.js`;
-  const { success, stderr } = await new Deno.Command(Deno.execPath(), {
-    args: ["bundle", "--quiet", "--platform", "browser", "-o", out, "worker/cloudflare.ts"],
-    stdout: "null",
-    stderr: "piped",
-  }).output();
-  if (!success) throw new Error(`deno bundle failed: ${new TextDecoder().decode(stderr)}`);
+  await buildWorker(out);
   return out;
 }

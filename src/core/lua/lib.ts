@@ -89,7 +89,7 @@ local function newHolds(hold)
   return {anon = 0, ids = {hold}}
 end
 -- The holder acquires again: a plain acquire or a hold id already there adds nothing (a retry).
--- False when the lease has ${MAX_HOLDS} holds already.
+-- False when the lease has the most holds (MAX_HOLDS) already.
 local function addHold(holds, hold)
   if hold == '' or findHold(holds, hold) then return true end
   if holdCount(holds) >= ${MAX_HOLDS} then return false end
@@ -443,7 +443,7 @@ export const ACQUIRE_LUA = `
 local function newFence(r)
   return string.format('%.0f', math.max(nowUs, ((r and tonumber(r.fence)) or 0) + 1))
 end
--- The expected hold time, for hints: the record's moving average, or ${DEFAULT_HOLD_MS} ms for a new name.
+-- The expected hold time, for hints: the record's moving average, or DEFAULT_HOLD_MS for a new name.
 local function holdEstimate(r) return clamp((r and r.hold) or ${DEFAULT_HOLD_MS}, 1, ${MAX_HOLD_MS}) end
 -- A grant's stats: the time waited (the first grant of a minute prunes the held index too).
 local function noteWaited()

@@ -1,0 +1,43 @@
+/**
+ * `deno task build:worker`: the Worker as wrangler deploys it (`main = dist/worker.js`), bundled
+ * for workerd's conditions and minified, with the Lua scripts' full-line comments dropped: they
+ * explain the scripts in the source and cost a Worker ~2.8 KB gzip. Only whole lines that start
+ * with `-- ` go, which in minified output occur only inside the scripts' template literals (the
+ * minifier keeps JavaScript on long lines, and no other multi-line text here starts a line so);
+ * a line that also holds an unescaped backtick or `${` would touch the literal itself and fails
+ * the build.
+ *
+ * @module
+ */
+import { minifiedBundle } from "../bench/_bundle.ts";
+
+const LUA_COMMENT_LINE = /^[ \t]*-- .*$\n/gm;
+
+/** Drops full-line Lua comments from minified JavaScript; refuses a line that is not plain text. */
+export function stripLuaComments(js: string): string {
+  return js.replace(LUA_COMMENT_LINE, (line) => {
+    const plain = line.replace(/\\./g, "");
+    if (plain.includes("`") || plain.includes("${")) {
+      throw new Error(`build:worker: a comment line touches its template literal: ${line}`);
+    }
+    return "";
+  });
+}
+
+/** Builds the Worker into `out` and returns its bytes. */
+export async function buildWorker(out: string): Promise<Uint8Array> {
+  const dir = await Deno.makeTempDir({ prefix: "edgelock-build-" });
+  try {
+    const js = new TextDecoder().decode(await minifiedBundle("worker/cloudflare.ts", dir));
+    const bytes = new TextEncoder().encode(stripLuaComments(js));
+    await Deno.writeFile(out, bytes);
+    return bytes;
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+}
+
+if (import.meta.main) {
+  await Deno.mkdir(new URL("../dist", import.meta.url), { recursive: true });
+  await buildWorker(new URL("../dist/worker.js", import.meta.url).pathname);
+}
