@@ -33,16 +33,18 @@ import { cli } from "../bridge/_cli.ts";
  * Refusing unknown option names (issue 30: a TypeError naming the option and the likeliest
  * meant) took the core to 22.9 KB and the uses, whose stores check theirs, to 8.8 KB; naming
  * the cause of a misconfigured client (a probe of its URL when a call fails) to 23.7, 9.5, the
- * quorum to 6.5 and the service to 63.9 KB (one probe shared by the calls failing together). */
+ * quorum to 6.5 and the service to 63.9 KB (one probe shared by the calls failing together). A
+ * waiter that gives up handing the names over (its readers and next head woken at once) and its
+ * ticket making room for its round trips: the core 23.8 KB, the service 64.1 KB. */
 export const BUDGETS = {
-  ".": 23_800,
+  ".": 23_900,
   "./uses": 9_700,
   "./hono": 7_500,
   "./client": 5_500,
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 6_600,
-  "./service": 64_000,
+  "./service": 64_200,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

@@ -376,6 +376,33 @@ Deno.test("a retried release after the hand-off answers true and frees nothing",
   await locks.release(lease);
 });
 
+Deno.test("a blocked waiter's ticket makes room for two round trips of a slow link", async () => {
+  const { backend } = await fixture();
+  const DELAY_MS = 300;
+  const tickets: number[] = [];
+  const ticketAt = Object.keys(ACQUIRE.contract.args).indexOf("ticketMs");
+  // Every script call arrives DELAY_MS late: each round trip takes at least that.
+  const slow = new Proxy(backend.redis, {
+    get(target, property, receiver) {
+      if (property !== "evalsha") return Reflect.get(target, property, receiver);
+      return async (sha: string, keys: string[], args: unknown[]) => {
+        await new Promise((resolve) => setTimeout(resolve, DELAY_MS));
+        if (args.length > ticketAt) tickets.push(Number(args[ticketAt]));
+        return await target.evalsha(sha, keys, args);
+      };
+    },
+  });
+  const locks = new Locks(slow);
+  const name = keygen("h");
+  const holder = acquired(await locks.acquire(name, { ttlMs: 60_000 }));
+  const waiting = locks.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  // The next look reaches Redis up to a block and two round trips after this one.
+  assert.ok(tickets.at(-1)! >= 2_000 + 250 + 2 * DELAY_MS, `a ticket of ${tickets.at(-1)} ms`);
+  assert.equal(await locks.release(holder), true);
+  await locks.release(acquired(await waiting));
+});
+
 Deno.test("a dead waiter at the head is skipped once its ticket lapsed", async () => {
   const { backend } = await fixture();
   const locks = new Locks(backend.redis);
@@ -540,6 +567,22 @@ Deno.test("the bell rings for readers only when they fit: after the writer ahead
   const read = acquired(await reader);
   assert.ok(read.fence > written.fence);
   await locks.release(read);
+});
+
+Deno.test("readers behind a writer that gives up are rung at once, not after their block", async () => {
+  const { backend } = await fixture();
+  const { client, blocks } = blocksOf(backend.redis, "XREAD");
+  const locks = new Locks(client);
+  const name = keygen("h");
+  const holder = acquired(await locks.acquire(name, { mode: "shared", ttlMs: 60_000 }));
+  const writer = locks.acquire(name, { ttlMs: 60_000, waitMs: 300 });
+  await queued(backend.redis, name, 1);
+  const reader = locks.acquire(name, { mode: "shared", ttlMs: 10_000, waitMs: READER_WAIT_MS });
+  await queued(backend.redis, name, 2);
+  assert.equal((await writer).acquired, false, "the writer gave up");
+  const read = acquired(await reader);
+  assert.deepEqual(blocks, { answered: 1, empty: 0 }, "the writer's leave rang the bell");
+  for (const lease of [holder, read]) assert.equal(await locks.release(lease), true);
 });
 
 Deno.test("readers through a bridge that refuses XREAD BLOCK poll, and are granted", async () => {

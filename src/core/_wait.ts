@@ -6,16 +6,28 @@ import { type LockContext, timing } from "./_context.ts";
 import { noteSentAt } from "./_granted.ts";
 import { EdgelockError } from "./errors.ts";
 import type { Script, ScriptCall } from "./lua/_define.ts";
+import { HAND_OVER } from "./lua/hand_over.ts";
 import { LEAVE_QUEUE } from "./lua/leave_queue.ts";
-import { type Busy, decodeLeave, type Mismatch, QUEUE_FULL } from "./lua/replies.ts";
+import {
+  type Busy,
+  decodeHandOver,
+  decodeLeave,
+  type Mismatch,
+  QUEUE_FULL,
+} from "./lua/replies.ts";
 import { MAX_HOLDS } from "./lua/lib.ts";
 import type { AcquireResult, Lease, LockEvent } from "./types.ts";
 
 // A polling waiter looks again at least this often, and its ticket outlives each look by the
-// margin. A blocked waiter blocks at most BLOCK_MS at a time (its ticket covers the block).
+// margin. A blocked waiter blocks at most BLOCK_MS at a time (its ticket covers the block). The
+// next look reaches Redis up to two round trips after the block ends (the reply, then the look),
+// so the margin grows by two of the last round trips seen (at most MAX_RTT_MS each).
 const MAX_POLL_MS = 1000;
 const TICKET_MARGIN_MS = 250;
+export const MAX_RTT_MS = 1000;
 export const BLOCK_MS = 2000;
+// The most steps one hand-over runs (see handOver).
+const HAND_OVER_STEPS = 4;
 
 /** One acquire's script call, the same at each look but for the ticket and the time waited. */
 export interface Attempt<T extends Lease | Lease[]> {
@@ -104,13 +116,15 @@ export async function waitFor<T extends Lease | Lease[]>(
     const left = deadline - performance.now();
     // A waiter holds a FIFO ticket that outlives its next look (or block) by a margin.
     const between = blocking ? BLOCK_MS : MAX_POLL_MS;
-    const ticketMs = left > 0 ? Math.ceil(Math.min(left, between) + TICKET_MARGIN_MS) : 0;
+    const margin = TICKET_MARGIN_MS + 2 * Math.min(context.rttMs, MAX_RTT_MS);
+    const ticketMs = left > 0 ? Math.ceil(Math.min(left, between) + margin) : 0;
     const waitedMs = Math.round(performance.now() - started);
     queued ||= ticketMs > 0;
     const sentAt = performance.now();
     const wakeId = blocking && ticketMs > 0 ? (attempt.wake ?? attempt.bell)!.id : "";
     const call = attempt.call({ ticketMs, waitedMs, waiting: waitMs > 0, wakeId });
     const reply = attempt.decode(await context.run(attempt.script, call));
+    context.rttMs = performance.now() - sentAt;
     if (reply.status === "granted") return granted(reply.granted, sentAt);
     if (reply.status === "mismatch") { // the caller's mistake, not an outcome: no acquire event
       await leave("");
@@ -192,9 +206,11 @@ export function parseGrant(
   return { fence, ttlMs: leaseEnd - now, now, next: match[4]! };
 }
 
-// Best effort: a ticket left behind lapses by itself within BLOCK_MS + TICKET_MARGIN_MS.
-// `outcome` ('timeout', 'aborted' or '') is counted in the stats, once. Returns the grant of a
-// hand-off that reached the caller's first name before it left.
+// Best effort: a ticket left behind lapses by itself within BLOCK_MS plus its margin. `outcome`
+// ('timeout', 'aborted' or '') is counted in the stats, once. Returns the grant of a hand-off
+// that reached the caller's first name before it left. A waiter that gave up may have stood
+// between the lock and those behind it (a writer ahead of readers that fit, a head whose holder
+// is gone): each name is then handed over, as a release would.
 async function leaveQueues(
   context: LockContext,
   names: readonly string[],
@@ -220,7 +236,43 @@ async function leaveQueues(
     });
   });
   const replies = await context.runMany(LEAVE_QUEUE, calls).catch(() => []);
-  return replies.length > 0 ? decodeLeave(LEAVE_QUEUE, replies[0]) : undefined;
+  const grant = replies.length > 0 ? decodeLeave(LEAVE_QUEUE, replies[0]) : undefined;
+  if (outcome !== "") await Promise.all(names.map((name) => handOver(context, name, "")));
+  return grant;
+}
+
+/**
+ * Hands `name` to the head of its queue, as a release does (see `./lua/hand_over.ts`): `wakeId`
+ * is the head's wake id, '' when unknown (the first step then only names it, or rings the readers'
+ * bell). Each step may name another head to try: the head, when another release's step got there
+ * first, or the next semaphore waiter whose permits fit too; a few steps at most. Best effort: a
+ * head not handed the lock here takes it at its next look (within one block).
+ */
+export async function handOver(context: LockContext, name: string, wakeId: string): Promise<void> {
+  const { lockKey, queueKey, ticketsKey, offersKey, marksKey, holdersKey, readersKey } = context
+    .keys.lock(name);
+  const step = (wakeId: string) =>
+    HAND_OVER.call({
+      keys: {
+        lockKey,
+        queueKey,
+        ticketsKey,
+        offersKey,
+        marksKey,
+        wakeKey: context.keys.wake(name, wakeId),
+        holdersKey,
+        readersKey,
+        ...context.keys.statsKeys(name),
+      },
+      args: { graceMs: context.fenceWindowMs, name, wakeId },
+    });
+  try {
+    for (let n = 0, next = wakeId; n < HAND_OVER_STEPS && (n === 0 || next !== ""); n++) {
+      next = decodeHandOver(HAND_OVER, await context.run(HAND_OVER, step(next)));
+    }
+  } catch {
+    // the waiters find the name at their next look
+  }
 }
 
 function mismatchError(name: string, code: Mismatch["code"]): EdgelockError {

@@ -19,9 +19,8 @@ import {
   MAX_BATCH,
   newToken,
 } from "./_validate.ts";
-import { HAND_OVER } from "./lua/hand_over.ts";
-import { type Attempt, type Look, waitFor } from "./_wait.ts";
-import type { Script, ScriptCall } from "./lua/_define.ts";
+import { type Attempt, handOver, type Look, waitFor } from "./_wait.ts";
+import type { Script } from "./lua/_define.ts";
 import { ACQUIRE } from "./lua/acquire.ts";
 import { ACQUIRE_ALL } from "./lua/acquire_all.ts";
 import { ACQUIRE_SHARED } from "./lua/acquire_shared.ts";
@@ -31,7 +30,6 @@ import { RENEW } from "./lua/renew.ts";
 import {
   decodeAcquire,
   decodeAcquireAll,
-  decodeHandOver,
   decodeInspect,
   decodeRelease,
   decodeRenew,
@@ -56,8 +54,6 @@ export { DEFAULT_MAX_WAITERS, DEFAULT_TTL_MS, MAX_BATCH };
 
 // How many leases' hand-off hints a Locks keeps (a lease not released in time loses its hint).
 const HINTS = 1000;
-// The most second steps one release runs to hand over (see #handOver).
-const HAND_OVER_STEPS = 4;
 
 /** Options for {@linkcode Locks}. */
 export interface LocksOptions extends LockOpsOptions {
@@ -352,7 +348,7 @@ export class Locks implements LockClient {
       );
       if (ended) this.#hints.delete(`${name}\n${token}`); // a reentrant lease keeps it
       // The head blocks on a wake key this release could not name: hand over in a second step.
-      if (head !== "") await this.#handOver(name, head).catch(() => {});
+      if (head !== "") await handOver(this.#context, name, head);
       this.#context.emit({
         type: "release",
         name,
@@ -361,38 +357,6 @@ export class Locks implements LockClient {
         ...timing(started),
       });
       return released;
-    });
-  }
-
-  // Best effort: a head not handed the lock here takes it at its next look (within BLOCK_MS).
-  // Each step may name another head to try: the head, when another release's second step got
-  // there first, or the next semaphore waiter whose permits fit too; a few steps at most.
-  async #handOver(name: string, head: string): Promise<void> {
-    for (let step = 0, wakeId = head; step < HAND_OVER_STEPS && wakeId !== ""; step++) {
-      wakeId = decodeHandOver(
-        HAND_OVER,
-        await this.#context.run(HAND_OVER, this.#handOverCall(name, wakeId)),
-      );
-    }
-  }
-
-  #handOverCall(name: string, wakeId: string): ScriptCall {
-    const { lockKey, queueKey, ticketsKey, offersKey, marksKey, holdersKey, readersKey } = this
-      .#context.keys.lock(name);
-    const wakeKey = this.#context.keys.wake(name, wakeId);
-    return HAND_OVER.call({
-      keys: {
-        lockKey,
-        queueKey,
-        ticketsKey,
-        offersKey,
-        marksKey,
-        wakeKey,
-        holdersKey,
-        readersKey,
-        ...this.#context.keys.statsKeys(name),
-      },
-      args: { graceMs: this.#context.fenceWindowMs, name, wakeId },
     });
   }
 
