@@ -707,3 +707,103 @@ Deno.test("the HTTP routes of the three uses follow the contract", async () => {
     assert.equal(r.type, "application/problem+json");
   }
 });
+
+// On Workers the client and the secrets live in `c.env`: the middleware is given factories.
+type WorkerEnv = {
+  Bindings: { REDIS_URL?: string; REDIS_TOKEN?: string; WEBHOOK_SECRET?: string };
+};
+
+function workerApp() {
+  const records = (c: { env: WorkerEnv["Bindings"] }) =>
+    new Records(new Redis({ url: c.env.REDIS_URL!, token: c.env.REDIS_TOKEN! }));
+  const app = new Hono<WorkerEnv>();
+  app.post(
+    "/hook",
+    webhookDedupe({
+      records,
+      secrets: (c) => [c.env.WEBHOOK_SECRET!],
+      namespace: keygen("wk").replaceAll("-", ""),
+    }),
+    (c) => c.text("processed"),
+  );
+  app.post(
+    "/orders",
+    idempotency({ records, scope: () => "user-1" }),
+    (c) => c.json({ id: crypto.randomUUID() }, 201),
+  );
+  return app;
+}
+
+Deno.test("webhookDedupe() reads its records and secrets from c.env per request, as on Workers", async () => {
+  const { backend } = await fixture();
+  const app = workerApp();
+  const env = { REDIS_URL: backend.bridge.url, REDIS_TOKEN: backend.token, WEBHOOK_SECRET: SECRET };
+  const body = "{}";
+  const timestamp = Math.floor(Date.now() / 1000);
+  const delivery = async () => ({
+    method: "POST",
+    headers: {
+      "webhook-id": "msg_env",
+      "webhook-timestamp": String(timestamp),
+      "webhook-signature": await sign("msg_env", timestamp, body),
+    },
+    body,
+  });
+  const first = await app.request("/hook", await delivery(), env);
+  assert.equal(first.status, 200);
+  assert.equal(await first.text(), "processed");
+  const again = await app.request("/hook", await delivery(), env);
+  assert.deepEqual(await jsonOf(again), { duplicate: true });
+  // Another secret in the environment: the same signature no longer matches.
+  const rotated = { ...env, WEBHOOK_SECRET: "whsec_" + btoa("another-secret-of-32-bytes-long!") };
+  assert.equal((await app.request("/hook", await delivery(), rotated)).status, 401);
+});
+
+Deno.test("a missing WEBHOOK_SECRET or Redis binding is a config_error naming it, not a bare 500", async () => {
+  const { backend } = await fixture();
+  const app = workerApp();
+  const noSecret = await app.request("/hook", { method: "POST", body: "{}" }, {
+    REDIS_URL: backend.bridge.url,
+    REDIS_TOKEN: backend.token,
+  });
+  assert.equal(noSecret.status, 500);
+  assert.equal(noSecret.headers.get("content-type"), "application/problem+json");
+  const problem = await jsonOf(noSecret);
+  assert.equal(problem.code, "config_error");
+  assert.equal(
+    problem.detail,
+    "webhookDedupe's secrets is misconfigured: Webhook secret 1 is undefined: " +
+      "set the endpoint's signing secret (whsec_…)",
+  );
+  const badSecret = await app.request("/hook", { method: "POST", body: "{}" }, {
+    REDIS_URL: backend.bridge.url,
+    REDIS_TOKEN: backend.token,
+    WEBHOOK_SECRET: "not base64!",
+  });
+  assert.match((await jsonOf(badSecret)).detail, /Webhook secret 1 must be base64/);
+  // A factory that throws (here @upstash/redis refusing a missing URL) is told with its message.
+  const noRedis = await app.request("/orders", {
+    method: "POST",
+    headers: { "idempotency-key": "k1" },
+  }, {});
+  assert.equal(noRedis.status, 500);
+  const detail = (await jsonOf(noRedis)).detail as string;
+  assert.match(
+    detail,
+    /^idempotency's records is misconfigured: Records got an @upstash\/redis client without a URL/,
+  );
+  assert.doesNotMatch(detail, new RegExp(backend.token));
+});
+
+Deno.test("idempotency() with a per-request store replays the first response", async () => {
+  const { backend } = await fixture();
+  const app = workerApp();
+  const env = { REDIS_URL: backend.bridge.url, REDIS_TOKEN: backend.token };
+  const key = keygen("order");
+  const post = () =>
+    app.request("/orders", { method: "POST", headers: { "idempotency-key": key } }, env);
+  const [first, second] = [await post(), await post()];
+  assert.equal(first.status, 201);
+  assert.equal(second.headers.get("idempotent-replayed"), "true");
+  assert.deepEqual(await jsonOf(second), await jsonOf(first));
+});

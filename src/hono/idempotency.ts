@@ -2,14 +2,24 @@ import type { Context, MiddlewareHandler } from "hono";
 import { backoffDelay, sleep } from "../core/_backoff.ts";
 import { checkDuration, DEFAULT_LEASE_MS, DEFAULT_RETENTION_MS } from "../core/_validate.ts";
 import { sha256Hex } from "../core/_crypto.ts";
-import { problem, unavailable } from "./_problem.ts";
+import {
+  checkStore,
+  type PerRequest,
+  perRequest,
+  problem,
+  storeFactory,
+  unavailable,
+} from "./_problem.ts";
 import { MAX_RESPONSE_BYTES, recordId, type RecordStore, safeName } from "../uses/records.ts";
 import { hold } from "../core/with_lock.ts";
 
 /** Options for {@linkcode idempotency}. */
 export interface IdempotencyOptions {
-  /** Where claims and stored responses live. */
-  records: RecordStore;
+  /**
+   * Where claims and stored responses live: a store, or a function that makes it per request
+   * (on Workers, from `c.env`: `(c) => new Records(Redis.fromEnv(c.env))`).
+   */
+  records: PerRequest<RecordStore>;
   /** Whose key space a request uses, typically the signed-in user's id. */
   scope: (c: Context) => string | Promise<string>;
   /** Reject requests without an `Idempotency-Key` (400). Else they pass through. @default true */
@@ -73,10 +83,17 @@ export function idempotency(options: IdempotencyOptions): MiddlewareHandler {
     const key = keyOf(c.req.header("idempotency-key"), settings.required);
     if (key === undefined) return next();
     if (key instanceof Response) return key;
+    const records = perRequest(
+      settings.records,
+      c,
+      "idempotency's records",
+      checkStore("idempotency"),
+    );
+    if (records instanceof Response) return records;
     const request = await identify(c, settings, key);
     if (request instanceof Response) return request;
     try {
-      return await claimAndRun(c, next, settings, request);
+      return await claimAndRun(c, next, { ...settings, records }, request);
     } catch (error) {
       const reply = unavailable(error, "idempotency");
       if (reply) return reply;
@@ -86,8 +103,8 @@ export function idempotency(options: IdempotencyOptions): MiddlewareHandler {
 }
 
 /** The options, checked, with their defaults. */
-interface Settings {
-  records: RecordStore;
+interface Settings<R = (c: Context) => unknown> {
+  records: R;
   scope: IdempotencyOptions["scope"];
   required: boolean;
   fingerprintHeaders: readonly string[];
@@ -115,15 +132,21 @@ function checkOptions(options: IdempotencyOptions): Settings {
     waitMs = 0,
     replayHeaders = DEFAULT_REPLAY_HEADERS,
   } = options ?? {};
-  if (typeof records?.claim !== "function") {
-    throw new TypeError("idempotency needs records: new Records(redis)");
-  }
   if (typeof scope !== "function") throw new TypeError("idempotency needs a scope function");
   checkDuration(leaseMs, "leaseMs", 0);
   checkDuration(retentionMs, "retentionMs", 0);
   checkDuration(waitMs, "waitMs", 0);
   const kept = replayHeaders.map((h) => h.toLowerCase()).filter((h) => h !== "set-cookie");
-  return { records, scope, required, fingerprintHeaders, leaseMs, retentionMs, waitMs, kept };
+  return {
+    records: storeFactory(records, "idempotency"),
+    scope,
+    required,
+    fingerprintHeaders,
+    leaseMs,
+    retentionMs,
+    waitMs,
+    kept,
+  };
 }
 
 // The Idempotency-Key: the key, a 400 when it is missing but required or malformed, or
@@ -168,7 +191,7 @@ async function identify(
 async function claimAndRun(
   c: Context,
   next: () => Promise<void>,
-  settings: Settings,
+  settings: Settings<RecordStore>,
   { id, fingerprint }: Identity,
 ): Promise<Response | undefined> {
   const { records, leaseMs, retentionMs, waitMs } = settings;
@@ -205,7 +228,7 @@ function inFlight(retryAfterMs: number): Response {
 async function runFirst(
   c: Context,
   next: () => Promise<void>,
-  settings: Settings,
+  settings: Settings<RecordStore>,
   id: string,
   token: string,
 ) {
@@ -222,7 +245,7 @@ async function runFirst(
 // Runs the handler while the claim is renewed; a thrown error releases the claim and goes on.
 async function runHeld(
   next: () => Promise<void>,
-  { records, leaseMs }: Settings,
+  { records, leaseMs }: Settings<RecordStore>,
   id: string,
   token: string,
 ) {

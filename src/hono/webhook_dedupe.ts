@@ -1,14 +1,28 @@
-import type { MiddlewareHandler } from "hono";
-import { problem, unavailable } from "./_problem.ts";
+import type { Context, MiddlewareHandler } from "hono";
+import {
+  checkStore,
+  type PerRequest,
+  perRequest,
+  problem,
+  storeFactory,
+  unavailable,
+} from "./_problem.ts";
 import { dedupe, type DedupeOptions } from "../uses/dedupe.ts";
 import type { RecordStore } from "../uses/records.ts";
 
 /** Options for {@linkcode webhookDedupe}. */
 export interface WebhookDedupeOptions extends Omit<DedupeOptions, "id"> {
-  /** Where the delivery ids are claimed. */
-  records: RecordStore;
-  /** Signing secrets (`whsec_…` base64, as Standard Webhooks and Svix issue them); any one may match. */
-  secrets: readonly string[];
+  /**
+   * Where the delivery ids are claimed: a store, or a function that makes it per request (on
+   * Workers, from `c.env`: `(c) => new Records(Redis.fromEnv(c.env))`).
+   */
+  records: PerRequest<RecordStore>;
+  /**
+   * Signing secrets (`whsec_…` base64, as Standard Webhooks and Svix issue them); any one may
+   * match. Or a function that reads them per request (on Workers: `(c) => [c.env.WEBHOOK_SECRET]`);
+   * a missing or malformed one is then a 500 `config_error` that names it.
+   */
+  secrets: PerRequest<readonly string[]>;
   /** Largest clock difference accepted for `webhook-timestamp`, seconds. @default 300 */
   toleranceSec?: number;
   /** Injectable clock, epoch ms. @default Date.now */
@@ -25,20 +39,16 @@ export interface WebhookDedupeOptions extends Omit<DedupeOptions, "id"> {
 export function webhookDedupe(
   { records, secrets, toleranceSec = 300, now = Date.now, ...options }: WebhookDedupeOptions,
 ): MiddlewareHandler {
-  if (typeof records?.claim !== "function") {
-    throw new TypeError("webhookDedupe needs records: new Records(redis)");
-  }
-  if (!Array.isArray(secrets) || secrets.length === 0) {
-    throw new TypeError("webhookDedupe needs secrets: at least one signing secret");
-  }
-  const raw = secrets.map(decodeSecret);
-  const keys = Promise.all(
-    raw.map((bytes) =>
-      crypto.subtle.importKey("raw", bytes, { name: "HMAC", hash: "SHA-256" }, false, ["verify"])
-    ),
-  );
-  keys.catch(() => {}); // a failure surfaces in the first request that awaits the keys
+  const storeOf = storeFactory(records, "webhookDedupe");
+  // Secrets given as is are checked now, at start-up; per-request ones at each request, their
+  // keys imported once per set of secrets.
+  const fixed = typeof secrets === "function" ? undefined : importKeys(secrets);
+  const keysOf = (c: Context) => fixed ?? importKeys((secrets as (c: Context) => unknown)(c));
   return async function webhookDedupeMiddleware(c, next) {
+    const store = perRequest(storeOf, c, "webhookDedupe's records", checkStore("webhookDedupe"));
+    if (store instanceof Response) return store;
+    const keys = perRequest(keysOf, c, "webhookDedupe's secrets", (keys) => keys as Keys);
+    if (keys instanceof Response) return keys;
     const id = c.req.header("webhook-id");
     const timestamp = c.req.header("webhook-timestamp");
     const signatures = c.req.header("webhook-signature");
@@ -51,16 +61,16 @@ export function webhookDedupe(
       );
     }
     if (Math.abs(now() / 1000 - Number(timestamp)) > toleranceSec) {
-      await records.noteSignatureFailure?.();
+      await store.noteSignatureFailure?.();
       return problem(401, "unauthorized", "The webhook timestamp is outside the tolerance");
     }
     if (!(await verify(await keys, `${id}.${timestamp}.${body}`, signatures))) {
-      await records.noteSignatureFailure?.();
+      await store.noteSignatureFailure?.();
       return problem(401, "unauthorized", "The webhook signature does not match");
     }
     let claim;
     try {
-      claim = await dedupe(records, { ...options, id });
+      claim = await dedupe(store, { ...options, id });
     } catch (error) {
       const reply = unavailable(error, "deduplication");
       if (reply) return reply;
@@ -85,6 +95,31 @@ export function webhookDedupe(
     } else await claim.release().catch(() => false);
     return undefined;
   };
+}
+
+type Keys = Promise<CryptoKey[]>;
+
+// The HMAC keys of a set of secrets, decoded (throwing what is wrong with one) and imported once:
+// per-request secrets are the same few sets, so the last few are kept.
+const imported = new Map<string, Keys>();
+function importKeys(secrets: unknown): Keys {
+  if (!Array.isArray(secrets) || secrets.length === 0) {
+    throw new TypeError("webhookDedupe needs secrets: at least one signing secret");
+  }
+  const raw = secrets.map(decodeSecret);
+  const id = secrets.join("\n");
+  let keys = imported.get(id);
+  if (!keys) {
+    keys = Promise.all(
+      raw.map((bytes) =>
+        crypto.subtle.importKey("raw", bytes, { name: "HMAC", hash: "SHA-256" }, false, ["verify"])
+      ),
+    );
+    keys.catch(() => {}); // a failure surfaces in the first request that awaits the keys
+    if (imported.size >= 8) imported.delete(imported.keys().next().value!);
+    imported.set(id, keys);
+  }
+  return keys;
 }
 
 // Checked when the middleware is built, so a bad secret is a clear error at start-up rather than
