@@ -36,16 +36,18 @@ import { cli } from "../bridge/_cli.ts";
  * quorum to 6.5 and the service to 63.9 KB (one probe shared by the calls failing together). A
  * waiter that gives up handing the names over (its readers and next head woken at once) and its
  * ticket making room for its round trips: the core 23.8 KB, the service 64.1 KB. The Hono
- * middleware's per-request records and secrets (Workers' c.env): the hono entry 7.5 KB. */
+ * middleware's per-request records and secrets (Workers' c.env): the hono entry 7.5 KB. The
+ * client naming a wrong baseUrl (Redis's URL, a /v1 suffix, no API there) and a Date tick: the
+ * client 5.7 KB, the uses 9.7 KB, the service 64.3 KB. */
 export const BUDGETS = {
   ".": 23_900,
-  "./uses": 9_700,
+  "./uses": 9_800,
   "./hono": 7_700,
-  "./client": 5_500,
+  "./client": 5_800,
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 6_600,
-  "./service": 64_200,
+  "./service": 64_400,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

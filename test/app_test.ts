@@ -243,13 +243,38 @@ Deno.test("malformed JSON, a wrong content type and a body over 64 KiB are refus
   assertProblem(await call(path, { body: big }), 413, "payload_too_large");
 });
 
-Deno.test("a missing or unknown API key gets 401 unauthorized", async () => {
+Deno.test("a missing or unknown API key gets 401 unauthorized, which says which it was", async () => {
   const { call, assertProblem } = await fixture();
   const path = `/v1/locks/${keygen()}`;
-  assertProblem(await call(path, { secret: null }), 401, "unauthorized");
-  assertProblem(await call(path, { secret: "wrong-secret-0123456789" }), 401, "unauthorized");
-  assertProblem(await call(path, { headers: { authorization: A } }), 401, "unauthorized");
-  assertProblem(await call(path, { secret: A.slice(0, -1) }), 401, "unauthorized");
+  const missing = "Send Authorization: Bearer <api key>";
+  const refused =
+    "The API key was refused: it is none of this service's keys (LOCK_API_KEYS, OPERATOR_API_KEYS)";
+  for (
+    const [request, detail] of [
+      [{ secret: null }, missing],
+      [{ headers: { authorization: A } }, missing],
+      [{ secret: "wrong-secret-0123456789" }, refused],
+      [{ secret: A.slice(0, -1) }, refused],
+    ] as const
+  ) {
+    const reply = await call(path, request);
+    assertProblem(reply, 401, "unauthorized");
+    assert.equal(reply.body.detail, detail);
+  }
+});
+
+Deno.test("GET / points to the API, its OpenAPI document, the dashboard and the health check", async () => {
+  const { app } = await fixture();
+  const res = await app.request("/");
+  assert.equal(res.status, 200);
+  const links = await res.json() as Json;
+  assert.equal(links.openapi, "/openapi.json");
+  assert.equal(links.dashboard, "/dashboard");
+  for (const path of [links.openapi, links.dashboard, links.health] as string[]) {
+    const linked = await app.request(path);
+    await linked.body?.cancel();
+    assert.notEqual(linked.status, 404, path);
+  }
 });
 
 Deno.test("one tenant cannot see, renew, release or take another tenant's lock", async () => {

@@ -76,6 +76,20 @@ async function jobScenario(jobs: JobStore): Promise<unknown[]> {
   return out;
 }
 
+Deno.test("jobs: a Date tick over HTTP is the same tick as the library's epoch ms", async () => {
+  const { client, jobs } = await fixture();
+  const job = keygen("job");
+  const at = new Date("2026-12-05T03:00:00Z");
+  const start = await client.jobs.start(job, { atMostMs: 5000, tick: at });
+  assert.ok(start.run && await client.jobs.finish(job, start.token));
+  const again = await jobs.start(job, { atMostMs: 5000, tick: at.getTime() });
+  assert.equal(again.run ? "ran" : again.reason, "tick_done");
+  await assert.rejects(
+    client.jobs.start(job, { atMostMs: 5000, tick: new Date(Number.NaN) }),
+    new RangeError("tick is an invalid Date"),
+  );
+});
+
 const fixture = shared(async () => {
   const backend = await startBackend();
   const app = createApp({

@@ -77,10 +77,39 @@ Deno.test("withLock() through the service aborts when the lock is stolen", async
   assert.ok(aborted);
 });
 
-Deno.test("the client reports a wrong key as unauthorized", async () => {
+Deno.test("the client reports a wrong key as refused, not as missing", async () => {
   const { port } = await fixture();
   const wrong = createClient({ baseUrl: `http://127.0.0.1:${port}`, apiKey: "nope" });
-  await assert.rejects(wrong.inspect(keygen()), { code: "unauthorized" });
+  await assert.rejects(wrong.inspect(keygen()), {
+    code: "unauthorized",
+    message: /^The API key was refused/,
+  });
+});
+
+Deno.test("the client names a wrong baseUrl as config_error: Redis's URL, a /v1 suffix, a subpath", async () => {
+  const { port, backend } = await fixture();
+  const service = `http://127.0.0.1:${port}`;
+  // The Redis REST URL in place of the service's, with either token: never "HTTP 401".
+  for (const apiKey of [SECRET, backend.token]) {
+    const redis = createClient({ baseUrl: backend.bridge.url, apiKey, retries: 0 });
+    const error = await redis.acquire(keygen()).then(() => undefined, (error) => error);
+    assert.ok(error instanceof EdgelockError && error.code === "config_error", String(error));
+    assert.match(error.message, /answered like a Redis REST endpoint .*not UPSTASH_REDIS_REST_URL/);
+    assert.equal(error.retryAfterMs, undefined, "a misconfiguration is no hint to retry");
+  }
+  assert.throws(
+    () => createClient({ baseUrl: `${service}/v1`, apiKey: SECRET }),
+    new TypeError(
+      `baseUrl "${service}/v1" ends in /v1: give the service's root (${service}); ` +
+        "the client adds /v1",
+    ),
+  );
+  const nested = createClient({ baseUrl: `${service}/locks`, apiKey: SECRET });
+  await assert.rejects(nested.inspect(keygen()), {
+    code: "config_error",
+    message: `The server at ${service}/locks has no edgelock API there (HTTP 404, no such ` +
+      "route): baseUrl is the service's root, where /openapi.json is",
+  });
 });
 
 Deno.test("the client turns an unreachable service into backend_unavailable", async () => {

@@ -492,6 +492,27 @@ Deno.test("5 concurrent triggers of one tick run the job exactly once", async ()
   assert.equal(runs, 1);
 });
 
+Deno.test("a Date tick names the same tick as its epoch ms; a bad tick is refused by name", async () => {
+  const { jobs } = await fixture();
+  const job = keygen("job");
+  const at = new Date("2026-12-05T03:00:00Z");
+  const first = await jobs.start(job, { atMostMs: 5000, tick: at });
+  assert.ok(first.run);
+  assert.ok(await jobs.finish(job, first.token));
+  const again = await jobs.start(job, { atMostMs: 5000, tick: at.getTime() });
+  assert.equal(again.run ? "ran" : again.reason, "tick_done");
+  for (
+    const [tick, error] of [
+      [new Date("not a date"), new RangeError("tick is an invalid Date")],
+      [Number.NaN, new RangeError("tick must be a finite number, not NaN")],
+      [{ at: 1 }, new TypeError("tick must be a string, a number or a Date, not an object")],
+      [null, new TypeError("tick must be a string, a number or a Date, not null")],
+    ] as const
+  ) {
+    await assert.rejects(jobs.start(job, { atMostMs: 5000, tick: tick as never }), error);
+  }
+});
+
 Deno.test("a run closer than atLeastMs to the last start is skipped as too_soon", async () => {
   const { jobs } = await fixture();
   const job = keygen("job");

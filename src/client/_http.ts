@@ -48,7 +48,7 @@ export function createHttp(options: HttpOptions): Http {
         new URL(path, base),
         init(method, body, signal),
       );
-      if (data && status !== 503) return { status, data, sentAt };
+      if (data && status !== 503) return { status, data: checked(base, status, data), sentAt };
       if (tries >= retries) {
         throw new EdgelockError(
           "backend_unavailable",
@@ -78,6 +78,16 @@ function settings(options: HttpOptions) {
   } catch {
     throw new TypeError(`baseUrl "${baseUrl}" is not a valid URL`);
   }
+  if (base.protocol !== "http:" && base.protocol !== "https:") {
+    throw new TypeError(`baseUrl "${baseUrl}" must be an http or https URL`);
+  }
+  if (base.pathname.endsWith("/v1/")) {
+    throw new TypeError(
+      `baseUrl "${baseUrl}" ends in /v1: give the service's root (${
+        new URL("..", base).href.replace(/\/$/, "")
+      }); the client adds /v1`,
+    );
+  }
   if (typeof apiKey !== "string" || apiKey === "") throw new TypeError("apiKey is required");
   if (!Number.isInteger(retries) || retries < 0 || retries > MAX_RETRIES) {
     throw new RangeError(`retries must be an integer from 0 to ${MAX_RETRIES}`);
@@ -103,6 +113,31 @@ async function attempt(
     if (init.signal?.aborted) throw init.signal.reason;
     return { status, failure: error };
   }
+}
+
+// A failure reply that is no edgelock problem is a wrong baseUrl, not an outage: say so, without
+// the other server's text. So is "no such route" on a path the client always uses.
+function checked(base: URL, status: number, data: Data): Data {
+  if (status < 400) return data;
+  const ours = typeof data.type === "string" && data.type.startsWith("urn:edgelock:problem:");
+  const where = `The server at ${base.href.replace(/\/$/, "")}`;
+  if (!ours) {
+    throw new EdgelockError(
+      "config_error",
+      "error" in data
+        ? `${where} answered like a Redis REST endpoint (HTTP ${status}): baseUrl is the lock ` +
+          "service's URL, not UPSTASH_REDIS_REST_URL"
+        : `${where} is not an edgelock service (HTTP ${status}): check baseUrl`,
+    );
+  }
+  if (status === 404 && data.detail === "No such route") {
+    throw new EdgelockError(
+      "config_error",
+      `${where} has no edgelock API there (HTTP 404, no such route): baseUrl is the service's ` +
+        "root, where /openapi.json is",
+    );
+  }
+  return data;
 }
 
 /** A lock's path, or one of its actions'. */

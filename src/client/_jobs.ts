@@ -1,5 +1,5 @@
 // Cron jobs over HTTP, with the surface of the library's `Jobs`.
-import { checkDuration, checkName, checkToken, newToken } from "../core/_validate.ts";
+import { checkDuration, checkName, checkTick, checkToken, newToken } from "../core/_validate.ts";
 import type { JobExtension, JobStart, JobStore, StartJobOptions } from "../uses/jobs.ts";
 import type { Http } from "./_http.ts";
 
@@ -13,6 +13,7 @@ export function createJobs(http: Http): JobStore {
       const body = {
         ...opts,
         token: opts.token === undefined ? newToken() : checkToken(opts.token),
+        ...(opts.tick !== undefined && { tick: checkTick(opts.tick) }),
       };
       return await http.ok("POST", jobPath(job, "start"), body);
     },

@@ -299,3 +299,26 @@ export const ACQUIRE_OPTIONS = [
   "reentrant",
   "hold",
 ] as const;
+
+/** A cron tick's text: a string or a finite number as is, a Date as its epoch ms. */
+export function checkTick(tick: unknown): string {
+  if (tick instanceof Date) {
+    if (Number.isNaN(tick.getTime())) throw new RangeError("tick is an invalid Date");
+    return String(tick.getTime());
+  }
+  if (typeof tick === "number" && !Number.isFinite(tick)) {
+    throw new RangeError(`tick must be a finite number, not ${tick}`);
+  }
+  if (typeof tick !== "string" && typeof tick !== "number") {
+    const type = typeof tick;
+    const what = tick === null
+      ? "null"
+      : Array.isArray(tick)
+      ? "an array"
+      : type === "object"
+      ? "an object"
+      : `a ${type}`;
+    throw new TypeError(`tick must be a string, a number or a Date, not ${what}`);
+  }
+  return checkName(String(tick), "tick");
+}

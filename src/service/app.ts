@@ -132,6 +132,15 @@ export function createApp(deps: AppDeps): Hono<AppEnv> {
   });
   // The OpenAPI document, built from the routes ahead of time (`deno task openapi`).
   app.get("/openapi.json", (c) => c.json(DOCUMENT));
+  // Where a newcomer who opens the service's URL goes next.
+  app.get("/", (c) =>
+    c.json({
+      service: "edgelock",
+      api: "/v1 (Authorization: Bearer <api key>)",
+      openapi: "/openapi.json",
+      dashboard: "/dashboard",
+      health: "/healthz",
+    }));
   answerProblems(app);
   return app;
 }

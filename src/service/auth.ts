@@ -125,9 +125,15 @@ export function authenticator(
     return principal;
   };
   return async (c, next) => {
-    const principal = await principalOf(BEARER.exec(c.req.header("authorization") ?? "")?.[1]);
+    const presented = BEARER.exec(c.req.header("authorization") ?? "")?.[1];
+    const principal = await principalOf(presented);
     if (!principal) {
-      throw new EdgelockError("unauthorized", "Send Authorization: Bearer <api key>");
+      throw new EdgelockError(
+        "unauthorized",
+        presented === undefined
+          ? "Send Authorization: Bearer <api key>"
+          : "The API key was refused: it is none of this service's keys (LOCK_API_KEYS, OPERATOR_API_KEYS)",
+      );
     }
     c.set("tenants", byTenant);
     const asked = c.req.query("tenant");

@@ -4,6 +4,7 @@ import { EdgelockError } from "../core/errors.ts";
 import {
   checkDuration,
   checkName,
+  checkTick,
   checkToken,
   FENCE_GRACE_MS,
   newToken,
@@ -17,8 +18,11 @@ export interface StartJobOptions {
   atMostMs: number;
   /** No other run starts until this long after this start, 0–atMostMs. @default 0 */
   atLeastMs?: number;
-  /** A scheduled tick (e.g. `controller.scheduledTime`): each tick runs at most once. */
-  tick?: string | number;
+  /**
+   * A scheduled tick (e.g. `controller.scheduledTime`, or the `Date` a Node scheduler passes):
+   * each tick runs at most once. A `Date` is its epoch ms, so it names the same tick as the number.
+   */
+  tick?: string | number | Date;
   /** How long a tick is remembered, ms. @default 7 days */
   tickRetentionMs?: number;
   /** This run's owner token. @default random */
@@ -74,7 +78,7 @@ export class Jobs implements JobStore {
       DEFAULT_TICK_RETENTION_MS,
       "tickRetentionMs",
     );
-    const tick = options.tick === undefined ? undefined : checkName(String(options.tick), "tick");
+    const tick = options.tick === undefined ? undefined : checkTick(options.tick);
     const token = options.token === undefined ? newToken() : checkToken(options.token);
     const { jobKey, fenceKey } = this.#jobKeys(job);
     const call = START_JOB.call({
