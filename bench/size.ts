@@ -38,9 +38,10 @@ import { cli } from "../bridge/_cli.ts";
  * ticket making room for its round trips: the core 23.8 KB, the service 64.1 KB. The Hono
  * middleware's per-request records and secrets (Workers' c.env): the hono entry 7.5 KB. The
  * client naming a wrong baseUrl (Redis's URL, a /v1 suffix, no API there) and a Date tick: the
- * client 5.7 KB, the uses 9.7 KB, the service 64.3 KB. */
+ * client 5.7 KB, the uses 9.7 KB, the service 64.3 KB. The Web Locks API's LockManager (issue
+ * 30) in the root entry: the core 24.7 KB. */
 export const BUDGETS = {
-  ".": 23_900,
+  ".": 24_800,
   "./uses": 9_800,
   "./hono": 7_700,
   "./client": 5_800,

@@ -30,6 +30,16 @@ export {
   MAX_BATCH,
 } from "./locks.ts";
 export { LockOps } from "./ops.ts";
+export {
+  type HeldLock,
+  LockManager,
+  type LockManagerCallback,
+  type LockManagerLockInfo,
+  type LockManagerMode,
+  type LockManagerOptions,
+  type LockManagerRequestOptions,
+  type LockManagerSnapshot,
+} from "./lock_manager.ts";
 export type { LockOpsOptions } from "./_context.ts";
 export { withLock, withLocks } from "./with_lock.ts";
 export { EdgelockError, type EdgelockErrorOptions, type ErrorCode } from "./errors.ts";

@@ -19,3 +19,4 @@
  */
 export { idempotency, type IdempotencyOptions, parseKey } from "./idempotency.ts";
 export { webhookDedupe, type WebhookDedupeOptions } from "./webhook_dedupe.ts";
+export type { PerRequest } from "./_problem.ts";
