@@ -39,7 +39,8 @@ import { cli } from "../bridge/_cli.ts";
  * middleware's per-request records and secrets (Workers' c.env): the hono entry 7.5 KB. The
  * client naming a wrong baseUrl (Redis's URL, a /v1 suffix, no API there) and a Date tick: the
  * client 5.7 KB, the uses 9.7 KB, the service 64.3 KB. The Web Locks API's LockManager (issue
- * 30) in the root entry: the core 24.7 KB. */
+ * 30) in the root entry: the core 24.7 KB. The dashboard's axes, empty states, break reasons and
+ * icon: the service 65.4 KB. */
 export const BUDGETS = {
   ".": 24_800,
   "./uses": 9_800,
@@ -48,7 +49,7 @@ export const BUDGETS = {
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 6_600,
-  "./service": 64_400,
+  "./service": 65_600,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

@@ -16,7 +16,10 @@ const operatorKeys = parseOperatorKeys(`ops:${OPS}`, apiKeys);
 // The page's globals, typed here without the DOM library (it clashes with Deno's types). Functions,
 // not strings: the page's CSP refuses eval, which string expressions need.
 type Win = {
-  document: { querySelectorAll(selector: string): { length: number } };
+  document: {
+    querySelectorAll(selector: string): { length: number };
+    querySelector(selector: string): { textContent: string | null } | null;
+  };
   localStorage: { length: number };
   sessionStorage: { getItem(key: string): string | null };
 };
@@ -54,6 +57,44 @@ Deno.test("the dashboard in headless Chromium", async (t) => {
   });
 
   try {
+    const page = await browser.newPage();
+    const requests: string[] = [];
+    page.on("request", (request) => requests.push(request.url()));
+    const missing: string[] = [];
+    page.on("response", (response) => {
+      if (response.status() === 404) missing.push(response.url());
+    });
+    const errors: string[] = [];
+    page.on("pageerror", (error) => errors.push(error.message));
+    const text = (selector: string) => page.$eval(selector, (e) => e.textContent ?? "");
+
+    await t.step("a wrong key is told as refused, and the form stays for another", async () => {
+      await page.goto(`${base}/dashboard`);
+      await page.fill("#key", "not-a-key-of-this-service");
+      await page.click("#login button");
+      await page.waitForFunction(() =>
+        (globalThis as unknown as Win).document.querySelector("#status")?.textContent !== ""
+      );
+      assert.equal(await text("#status"), "This key was refused: check it and try again.");
+      assert.equal(await page.isVisible("#key"), true);
+      assert.equal(await page.isVisible("#main"), false);
+    });
+
+    await t.step("with nothing held or broken yet, the tables and charts say so", async () => {
+      await page.fill("#key", A);
+      await page.click("#login button");
+      await page.waitForSelector("#locks tbody tr.empty");
+      assert.equal(await text("#locks tbody tr.empty"), "No locks held now.");
+      assert.equal(await text("#audit tbody tr.empty"), "No lock was broken.");
+      assert.equal(await text("#rate .none"), "No acquisitions in the last hour");
+      assert.equal(await text("#wait .none"), "No waits in the last hour");
+      // Each chart has its axes: the top value and zero, and times along the bottom.
+      const labels = await page.$$eval("#rate .label", (ts) => ts.map((t) => t.textContent ?? ""));
+      assert.equal(labels.slice(0, 2).join(" "), "1 0");
+      assert.ok(labels.slice(2).every((l) => /^\d{1,2}:\d{2}/.test(l)), labels.join(", "));
+      assert.equal(labels.length, 5, "two values and three times");
+    });
+
     const leases: Lease[] = [];
     for (const name of ["invoice:1", "invoice:2", "report:daily"]) {
       // report:daily is held by a reader.
@@ -71,20 +112,11 @@ Deno.test("the dashboard in headless Chromium", async (t) => {
       })(),
     );
 
-    const page = await browser.newPage();
-    const requests: string[] = [];
-    page.on("request", (request) => requests.push(request.url()));
-    const errors: string[] = [];
-    page.on("pageerror", (error) => errors.push(error.message));
-
     await t.step(
       "a tenant's key shows its held locks, fences and counts as the API has them",
       async () => {
-        await page.goto(`${base}/dashboard`);
-        await page.fill("#key", A);
-        await page.click("#login button");
-        await page.waitForSelector("#locks tbody tr");
-        await rowsAre(page, "#locks tbody tr", 3);
+        await page.reload(); // the key is kept for the session: the page shows the locks at once
+        await rowsAre(page, "#locks tbody tr:not(.empty)", 3);
         const rows = await page.$$eval(
           "#locks tbody tr",
           (trs) =>
@@ -110,6 +142,7 @@ Deno.test("the dashboard in headless Chromium", async (t) => {
         assert.equal(await card("granted"), "4");
         assert.equal(await card("busy"), "1");
         assert.ok((await page.$$("#rate rect")).length >= 1, "the rate chart has bars");
+        assert.equal(await page.$("#rate .none"), null);
         assert.equal(await page.$("#locks button"), null, "a tenant's key gets no break button");
         const later = Number(
           (await page.$eval("#locks tbody tr .countdown", (td) => td.textContent ?? "")).replace(
@@ -154,9 +187,9 @@ Deno.test("the dashboard in headless Chromium", async (t) => {
         await page.fill("#key", OPS);
         await page.click("#login button");
         await page.waitForSelector("#locks tbody tr button");
-        page.once("dialog", (dialog) => dialog.accept());
+        page.once("dialog", (dialog) => dialog.accept("stuck since the 14:00 deploy"));
         await page.click('#locks tbody tr[data-name="report:daily"] button');
-        await rowsAre(page, "#audit tbody tr", 1);
+        await rowsAre(page, "#audit tbody tr:not(.empty)", 1);
         const audit = await page.$$eval(
           "#audit tbody td",
           (tds) => tds.map((td) => td.textContent),
@@ -164,6 +197,7 @@ Deno.test("the dashboard in headless Chromium", async (t) => {
         assert.equal(audit[1], "ops");
         assert.equal(audit[2], "report:daily");
         assert.equal(audit[3], String(leases[2]!.fence));
+        assert.equal(audit[4], "stuck since the 14:00 deploy", "the reason typed in");
         assert.equal((await client.renew(leases[2]!)).renewed, false, "its holder lost it");
         await rowsAre(page, "#locks tbody tr", 2);
         const shot = Deno.env.get("SCREENSHOT") === "1"
@@ -173,6 +207,7 @@ Deno.test("the dashboard in headless Chromium", async (t) => {
         await page.screenshot({ path: shot, fullPage: true });
         assert.ok((await Deno.stat(shot)).size > 10_000);
         assert.deepEqual(errors, [], "no script errors on the page");
+        assert.deepEqual(missing, [], "nothing the page asked for is missing (the favicon)");
       },
     );
 

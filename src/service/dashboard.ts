@@ -3,7 +3,7 @@
 // leases as SVG charts, the uses' counters and the audit; operators break locks from it. The API
 // key is typed in and kept in sessionStorage, never in a URL or a cookie; the page's CSP allows
 // only its own script, style and API.
-import type { Hono } from "hono";
+import type { Context, Hono } from "hono";
 import type { AppEnv } from "./_env.ts";
 
 const HTML = `<!doctype html>
@@ -12,6 +12,7 @@ const HTML = `<!doctype html>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>edgelock</title>
+<link rel="icon" href="/dashboard/icon.svg" type="image/svg+xml">
 <link rel="stylesheet" href="/dashboard/app.css">
 <script src="/dashboard/app.js" defer></script>
 </head>
@@ -29,9 +30,9 @@ const HTML = `<!doctype html>
 <main id="main" hidden>
   <section class="cards" id="cards"></section>
   <section class="charts">
-    <figure><figcaption>Acquisitions per minute (granted, busy, timeout)</figcaption><svg id="rate" viewBox="0 0 600 120"></svg></figure>
-    <figure><figcaption>Wait p50 / p99, ms</figcaption><svg id="wait" viewBox="0 0 600 120"></svg></figure>
-    <figure><figcaption>Lost leases per minute</figcaption><svg id="lost" viewBox="0 0 600 120"></svg></figure>
+    <figure><figcaption>Acquisitions per minute: <span class="k-granted">granted</span>, <span class="k-busy">busy</span>, <span class="k-timeout">timeout</span></figcaption><svg id="rate" viewBox="0 0 360 120" role="img" aria-label="Acquisitions per minute"></svg></figure>
+    <figure><figcaption>Wait per minute, ms: <span class="k-p50">p50</span>, <span class="k-p99">p99</span></figcaption><svg id="wait" viewBox="0 0 360 120" role="img" aria-label="Wait p50 and p99"></svg></figure>
+    <figure><figcaption>Lost leases per minute</figcaption><svg id="lost" viewBox="0 0 360 120" role="img" aria-label="Lost leases per minute"></svg></figure>
   </section>
   <section>
     <h2>Held locks <span id="held-count"></span></h2>
@@ -66,7 +67,14 @@ table{border-collapse:collapse;background:#fff;width:100%;box-shadow:0 1px 2px #
 td,th{padding:.25rem .6rem;border-bottom:1px solid #e4e6ea;text-align:left}
 .granted{fill:#2f7d4f}.busy{fill:#d08a1c}.timeout{fill:#b33a3a}.lost{fill:#b33a3a}
 .p50{stroke:#2f62b3;fill:none;stroke-width:2}.p99{stroke:#b33a3a;fill:none;stroke-width:2}
+.k-granted{color:#2f7d4f}.k-busy{color:#d08a1c}.k-timeout,.k-p99{color:#b33a3a}.k-p50{color:#2f62b3}
+.dot-p50{fill:#2f62b3}.dot-p99{fill:#b33a3a}.axis{stroke:#9aa1ad;stroke-width:1}.label{font-size:10px;fill:#5b6270}
+.none{font-size:12px;fill:#5b6270;text-anchor:middle}.empty td{opacity:.7;font-style:italic}
 `;
+
+const ICON = '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">' +
+  '<rect width="16" height="16" rx="3" fill="#1d2330"/>' +
+  '<path d="M5 7V5a3 3 0 0 1 6 0v2h1v7H4V7zm2 0h2V5a1 1 0 0 0-2 0z" fill="#fff"/></svg>';
 
 const JS = `"use strict";
 const $ = (id) => document.getElementById(id);
@@ -79,9 +87,41 @@ async function api(path, init = {}) {
   const key = sessionStorage.getItem(KEY);
   const headers = { authorization: "Bearer " + key, ...(init.body ? { "content-type": "application/json" } : {}) };
   const res = await fetch(path, { ...init, headers, cache: "no-store", credentials: "omit" });
+  if (res.status === 401) throw new Error("This key was refused: check it and try again.");
   const body = await res.json();
   if (!res.ok) throw new Error(body.detail || res.statusText);
   return body;
+}
+
+// The plot area inside each 360×120 chart: a value axis on the left, times along the bottom.
+const X0 = 30, X1 = 354, Y0 = 6, Y1 = 100;
+const SVG = "http://www.w3.org/2000/svg";
+function el(name, attributes, text) {
+  const e = document.createElementNS(SVG, name);
+  for (const [k, v] of Object.entries(attributes)) e.setAttribute(k, String(v));
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+const hhmm = (at) => new Date(at).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+
+// Axes with the top value and zero, the first, middle and last minute's times; a line saying so
+// when there is nothing to plot.
+function frame(svg, minutes, max, empty) {
+  svg.replaceChildren(
+    el("line", { x1: X0, y1: Y0, x2: X0, y2: Y1, class: "axis" }),
+    el("line", { x1: X0, y1: Y1, x2: X1, y2: Y1, class: "axis" }),
+    el("text", { x: X0 - 4, y: Y0 + 8, class: "label", "text-anchor": "end" }, String(max)),
+    el("text", { x: X0 - 4, y: Y1, class: "label", "text-anchor": "end" }, "0"),
+  );
+  if (minutes.length > 0) {
+    const mid = minutes[Math.floor(minutes.length / 2)];
+    svg.append(
+      el("text", { x: X0, y: 116, class: "label" }, hhmm(minutes[0].at)),
+      el("text", { x: (X0 + X1) / 2, y: 116, class: "label", "text-anchor": "middle" }, hhmm(mid.at)),
+      el("text", { x: X1, y: 116, class: "label", "text-anchor": "end" }, hhmm(minutes[minutes.length - 1].at)),
+    );
+  }
+  if (empty) svg.append(el("text", { x: (X0 + X1) / 2, y: (Y0 + Y1) / 2, class: "none" }, empty));
 }
 
 function scoped(path) {
@@ -89,39 +129,46 @@ function scoped(path) {
   return path + (path.includes("?") ? "&" : "?") + "tenant=" + encodeURIComponent(tenant);
 }
 
-function bars(svg, minutes, series) {
-  svg.replaceChildren();
-  const max = Math.max(1, ...minutes.map((m) => series.reduce((s, k) => s + m[k], 0)));
-  const w = 600 / minutes.length;
+function bars(svg, minutes, series, empty) {
+  const total = (m) => series.reduce((s, k) => s + m[k], 0);
+  const max = Math.max(1, ...minutes.map(total));
+  frame(svg, minutes, max, minutes.some((m) => total(m) > 0) ? "" : empty);
+  const w = (X1 - X0) / Math.max(1, minutes.length);
   minutes.forEach((m, i) => {
-    let y = 120;
+    let y = Y1;
     for (const k of series) {
-      const h = (m[k] / max) * 110;
+      const h = (m[k] / max) * (Y1 - Y0);
       if (h <= 0) continue;
       y -= h;
-      const r = document.createElementNS("http://www.w3.org/2000/svg", "rect");
-      r.setAttribute("x", String(i * w)); r.setAttribute("y", String(y));
-      r.setAttribute("width", String(Math.max(1, w - 1))); r.setAttribute("height", String(h));
-      r.setAttribute("class", k === "lease_lost" ? "lost" : k);
-      const t = document.createElementNS("http://www.w3.org/2000/svg", "title");
-      t.textContent = new Date(m.at).toLocaleTimeString() + " " + k + ": " + m[k];
-      r.append(t); svg.append(r);
+      const r = el("rect", { x: X0 + i * w, y, width: Math.max(1, w - 1), height: h, class: k === "lease_lost" ? "lost" : k });
+      r.append(el("title", {}, hhmm(m.at) + " " + k + ": " + m[k]));
+      svg.append(r);
     }
   });
 }
 
 function lines(svg, minutes) {
-  svg.replaceChildren();
   const values = minutes.flatMap((m) => [m.wait_p50_ms, m.wait_p99_ms]).filter((v) => v !== null);
   const max = Math.max(1, ...values);
-  const w = 600 / Math.max(1, minutes.length - 1);
+  frame(svg, minutes, max, values.length > 0 ? "" : "No waits in the last hour");
+  const w = (X1 - X0) / Math.max(1, minutes.length - 1);
   for (const k of ["wait_p50_ms", "wait_p99_ms"]) {
-    const points = minutes.map((m, i) => m[k] === null ? null : (i * w) + "," + (118 - (m[k] / max) * 108)).filter(Boolean);
+    const points = minutes.map((m, i) => m[k] === null ? null : (X0 + i * w) + "," + (Y1 - (m[k] / max) * (Y1 - Y0))).filter(Boolean);
     if (points.length === 0) continue;
-    const p = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
-    p.setAttribute("points", points.join(" ")); p.setAttribute("class", k === "wait_p50_ms" ? "p50" : "p99");
-    svg.append(p);
+    const kind = k === "wait_p50_ms" ? "p50" : "p99";
+    svg.append(el("polyline", { points: points.join(" "), class: kind }));
+    // A minute alone draws no line: a dot shows it.
+    if (points.length === 1) {
+      const [cx, cy] = points[0].split(",");
+      svg.append(el("circle", { cx, cy, r: 2.5, class: "dot-" + kind }));
+    }
   }
+}
+
+// A table body's one row that says it has nothing to show.
+function none(body, columns, text) {
+  const row = body.insertRow(); row.className = "empty";
+  const td = cell(row, text); td.colSpan = columns;
 }
 
 // How a lock is held: exclusive, shared by n, or a semaphore's permits out of its limit.
@@ -134,6 +181,7 @@ function holding(lock) {
 function showLocks() {
   const body = $("locks").tBodies[0];
   body.replaceChildren();
+  if (locks.length === 0) none(body, 6, "No locks held now.");
   for (const lock of locks) {
     const row = body.insertRow();
     row.dataset.name = lock.name;
@@ -145,9 +193,10 @@ function showLocks() {
       const button = document.createElement("button");
       button.textContent = "Break";
       button.onclick = async () => {
-        if (!confirm("Break " + lock.name + "? Its holder loses the lease.")) return;
+        const reason = prompt("Break " + lock.name + "? Its holder loses the lease.\\nWhy (kept in the audit):", "");
+        if (reason === null) return;
         try {
-          await api(scoped("/v1/locks/" + encodeURIComponent(lock.name) + "/break"), { method: "POST", body: JSON.stringify({ reason: "dashboard" }) });
+          await api(scoped("/v1/locks/" + encodeURIComponent(lock.name) + "/break"), { method: "POST", body: JSON.stringify({ reason: reason.trim().slice(0, 200) }) });
         } catch (e) { $("status").textContent = e.message; }
         refresh();
       };
@@ -159,7 +208,7 @@ function showLocks() {
 
 function tick() {
   const rows = $("locks").tBodies[0].rows;
-  for (let i = 0; i < rows.length; i++) {
+  for (let i = 0; i < locks.length; i++) {
     const left = Math.max(0, locks[i].expiresAt - (Date.now() + skew));
     rows[i].querySelector(".countdown").textContent = (left / 1000).toFixed(1) + " s";
   }
@@ -188,15 +237,16 @@ async function refresh() {
       d.append(b, s); return d;
     }));
     $("held-count").textContent = "(" + stats.locks_held + ")";
-    bars($("rate"), stats.minutes, ["granted", "busy", "timeout"]);
+    bars($("rate"), stats.minutes, ["granted", "busy", "timeout"], "No acquisitions in the last hour");
     lines($("wait"), stats.minutes);
-    bars($("lost"), stats.minutes, ["lease_lost"]);
+    bars($("lost"), stats.minutes, ["lease_lost"], "No lost leases in the last hour");
     const uses = $("uses").tBodies[0]; uses.replaceChildren();
     for (const use of ["idempotency", "dedupe", "cron"]) {
       const row = uses.insertRow(); cell(row, use);
       cell(row, Object.entries(h[use]).map(([k, v]) => k + " " + v).join(" · "));
     }
     const rows = $("audit").tBodies[0]; rows.replaceChildren();
+    if (audit.entries.length === 0) none(rows, 5, "No lock was broken.");
     for (const e of audit.entries) {
       const row = rows.insertRow();
       cell(row, new Date(e.at).toLocaleString()); cell(row, e.by); cell(row, e.name); cell(row, e.fence); cell(row, e.reason);
@@ -208,7 +258,7 @@ async function refresh() {
 
 async function start() {
   try { me = await api("/v1/me"); } catch (e) {
-    sessionStorage.removeItem(KEY); $("status").textContent = e.message; return;
+    sessionStorage.removeItem(KEY); $("status").textContent = e.message; $("key").focus(); return;
   }
   const select = $("tenant");
   select.replaceChildren(...me.tenants.map((t) => new Option(t, t)));
@@ -247,4 +297,7 @@ export function dashboardRoutes(app: Hono<AppEnv>): void {
   app.get("/dashboard", (c) => c.body(HTML, 200, headers("text/html; charset=utf-8")));
   app.get("/dashboard/app.js", (c) => c.body(JS, 200, headers("text/javascript; charset=utf-8")));
   app.get("/dashboard/app.css", (c) => c.body(CSS, 200, headers("text/css; charset=utf-8")));
+  const icon = (c: Context) => c.body(ICON, 200, headers("image/svg+xml"));
+  app.get("/dashboard/icon.svg", icon);
+  app.get("/favicon.ico", icon);
 }
