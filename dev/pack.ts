@@ -20,6 +20,8 @@ const EXTERNAL = [
   "@opentelemetry/api",
 ];
 const TYPESCRIPT = "npm:typescript@5.9.3/tsc";
+/** Where the project lives: the npm package's repository, homepage and bugs, and the README's links. */
+export const REPOSITORY = "https://github.com/edgelock/edgelock";
 
 const root = new URL("../", import.meta.url).pathname;
 const config = JSON.parse(await Deno.readTextFile(`${root}deno.json`));
@@ -111,7 +113,10 @@ export async function pack(): Promise<string> {
         license: config.license,
         type: "module",
         sideEffects: false,
-        engines: { node: ">=20" },
+        engines: { node: "^20.19.0 || >=22.12.0" },
+        repository: { type: "git", url: `git+${REPOSITORY}.git` },
+        homepage: `${REPOSITORY}#readme`,
+        bugs: { url: `${REPOSITORY}/issues` },
         exports,
         files: ["esm/", "types/", "README.md", "LICENSE"],
         keywords: ["lock", "mutex", "redis", "upstash", "fencing", "idempotency", "edge"],
@@ -133,7 +138,12 @@ export async function pack(): Promise<string> {
       2,
     ) + "\n",
   );
-  await Deno.copyFile(`${root}README.md`, `${out}/README.md`);
+  // The README's links to the repository's files, made absolute: on npm they would lead nowhere.
+  const readme = (await Deno.readTextFile(`${root}README.md`)).replace(
+    /\]\((?!https?:|#)([^)\s]+)\)/g,
+    (_, path: string) => `](${REPOSITORY}/blob/main/${path})`,
+  );
+  await Deno.writeTextFile(`${out}/README.md`, readme);
   await Deno.copyFile(`${root}LICENSE`, `${out}/LICENSE`);
 
   const tarball = (await run("npm", ["pack", "--silent", "--pack-destination", `${root}dist`], out))

@@ -2,7 +2,7 @@
 // project outside the repository, imported by package name only, in Node and in workerd.
 import assert from "node:assert/strict";
 import { Miniflare } from "miniflare";
-import { pack } from "../dev/pack.ts";
+import { pack, REPOSITORY } from "../dev/pack.ts";
 import { keygen, shared, startBackend } from "./_backend.ts";
 
 const config = JSON.parse(await Deno.readTextFile(new URL("../deno.json", import.meta.url)));
@@ -252,3 +252,18 @@ export default {
     }
   },
 );
+
+Deno.test("the package names its repository, homepage and bugs, and its README links resolve on npm", async () => {
+  const { dir } = await fixture();
+  const installed = `${dir}/node_modules/@edgelock/edgelock`;
+  const manifest = JSON.parse(await Deno.readTextFile(`${installed}/package.json`));
+  assert.equal(manifest.repository.url, `git+${REPOSITORY}.git`);
+  assert.equal(manifest.homepage, `${REPOSITORY}#readme`);
+  assert.equal(manifest.bugs.url, `${REPOSITORY}/issues`);
+  assert.equal(manifest.engines.node, "^20.19.0 || >=22.12.0");
+  const readme = await Deno.readTextFile(`${installed}/README.md`);
+  const links = [...readme.matchAll(/\]\(([^)\s]+)\)/g)].map((m) => m[1]!);
+  assert.ok(links.length > 10, `${links.length} links`);
+  for (const link of links) assert.match(link, /^(https:\/\/|#)/, link);
+  assert.ok(links.includes(`${REPOSITORY}/blob/main/docs/guarantees.md`));
+});

@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { releaseProblems } from "../dev/release_check.ts";
 
 async function run(script: string, args: string[]) {
   const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
@@ -19,6 +20,7 @@ const TOOLS = [
   "bench/bench.ts",
   "bench/size.ts",
   "bench/waits.ts",
+  "dev/release_check.ts",
 ];
 
 for (const tool of TOOLS) {
@@ -54,4 +56,22 @@ Deno.test("a bad flag value is an error, not a silent default or a zero-work pas
     assert.equal(code, 2, `${tool} ${args.join(" ")}: ${text}`);
     assert.match(text, message);
   }
+});
+
+Deno.test("a release is refused unless its tag is deno.json's version and the changelog dates it", async () => {
+  const dated = "# Changelog\n\n## 0.2.0 (2027-01-15)\n\n- things\n";
+  assert.deepEqual(releaseProblems("v0.2.0", "0.2.0", dated), []);
+  assert.deepEqual(releaseProblems("v0.2.1", "0.2.0", dated), [
+    "the tag v0.2.1 is not v0.2.0, deno.json's version",
+  ]);
+  assert.deepEqual(releaseProblems("v0.3.0", "0.3.0", dated), [
+    'CHANGELOG.md has no "## 0.3.0" section',
+  ]);
+  assert.deepEqual(releaseProblems("v0.2.0", "0.2.0", "## 0.2.0 (unreleased)\n"), [
+    "CHANGELOG.md still marks 0.2.0 unreleased: give it the release date",
+  ]);
+  // This repository today: 0.1.0 is not released yet, so the workflow would stop here.
+  const today = await run("dev/release_check.ts", ["--tag", "v0.1.0"]);
+  assert.equal(today.code, 1);
+  assert.match(today.text, /still marks 0\.1\.0 unreleased/);
 });

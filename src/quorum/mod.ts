@@ -4,7 +4,7 @@
  * on a majority within the validity window (TTL less the time taken and a clock-drift
  * allowance), then commits its fence to that majority before the lease counts: the fence is
  * above the committed floor of every database it holds, and any two majorities share a database.
- * The argument, and what this does not give, are in the README ("Quorum locks").
+ * The argument, and what this does not give, are in docs/quorum.md.
  *
  * @example
  * ```ts
