@@ -267,3 +267,27 @@ Deno.test("the package names its repository, homepage and bugs, and its README l
   for (const link of links) assert.match(link, /^(https:\/\/|#)/, link);
   assert.ok(links.includes(`${REPOSITORY}/blob/main/docs/guarantees.md`));
 });
+
+Deno.test("examples/cron-node: three machines firing one tick run the job once", async () => {
+  const { backend, dir } = await fixture();
+  await Deno.copyFile(
+    new URL("../examples/cron-node/cron.mjs", import.meta.url),
+    `${dir}/cron.mjs`,
+  );
+  const env = {
+    UPSTASH_REDIS_REST_URL: backend.bridge.url,
+    UPSTASH_REDIS_REST_TOKEN: backend.token,
+    TICK: String(Date.now() - Math.floor(Math.random() * 1e9)), // a tick of this run's own
+    PATH: Deno.env.get("PATH") ?? "",
+  };
+  const outcomes = (await Promise.all([0, 1, 2].map(() => run("node", ["cron.mjs"], dir, env))))
+    .map((out) => JSON.parse(out));
+  const ran = outcomes.filter((outcome) => outcome.ran);
+  assert.equal(ran.length, 1, JSON.stringify(outcomes));
+  assert.match(ran[0].value, /^report written under fence \d+$/);
+  for (const skipped of outcomes.filter((outcome) => !outcome.ran)) {
+    assert.ok(["running", "tick_done"].includes(skipped.reason), JSON.stringify(skipped));
+  }
+  // The same tick later, on any machine: done already.
+  assert.equal(JSON.parse(await run("node", ["cron.mjs"], dir, env)).reason, "tick_done");
+});
