@@ -507,7 +507,7 @@ Deno.test("a misconfigured client's error names the cause, and never a key", asy
       [
         `http://127.0.0.1:${service.addr.port}`,
         "config_error",
-        /answers HTTP 404, but not as an Upstash Redis REST endpoint: check UPSTASH_REDIS_REST_URL/,
+        /answers HTTP 405, but not as an Upstash Redis REST endpoint: check UPSTASH_REDIS_REST_URL/,
       ],
       [
         backend.bridge.url.replace("http:", "https:"),

@@ -88,8 +88,6 @@ export class LockContext {
   readonly fenceWindowMs: number;
   /** Whether waiters may block on a wake key (the option, and a client that can send BLPOP). */
   readonly canBlock: boolean;
-  /** The last look's round trip in ms, which a waiter's ticket makes room for. */
-  rttMs = 0;
   readonly #run: RunOptions;
   readonly #onEvent: ((event: LockEvent) => void) | undefined;
 

@@ -20,8 +20,10 @@ import type { AcquireResult, Lease, LockEvent } from "./types.ts";
 
 // A polling waiter looks again at least this often, and its ticket outlives each look by the
 // margin. A blocked waiter blocks at most BLOCK_MS at a time (its ticket covers the block). The
-// next look reaches Redis up to two round trips after the block ends (the reply, then the look),
-// so the margin grows by two of the last round trips seen (at most MAX_RTT_MS each).
+// next look reaches Redis a round trip after the sleep (the reply, then the look) or two after the
+// block (the look's reply, the block's, then the look): the ticket makes room for this wait's
+// last round trips (at most MAX_RTT_MS each), and a sleep or block is cut short so the next look
+// arrives within the ticket the look took, even when the round trip grew since.
 const MAX_POLL_MS = 1000;
 const TICKET_MARGIN_MS = 250;
 export const MAX_RTT_MS = 1000;
@@ -94,6 +96,7 @@ export async function waitFor<T extends Lease | Lease[]>(
     return { acquired: true as const, granted };
   };
   let queued = false;
+  let rtt = 0; // this wait's last round trip, ms
   // Leaves the queues; a hand-off that came first is the caller's lease, returned.
   const leave = async (why: string): Promise<T | undefined> => {
     if (!queued) return undefined;
@@ -116,7 +119,7 @@ export async function waitFor<T extends Lease | Lease[]>(
     const left = deadline - performance.now();
     // A waiter holds a FIFO ticket that outlives its next look (or block) by a margin.
     const between = blocking ? BLOCK_MS : MAX_POLL_MS;
-    const margin = TICKET_MARGIN_MS + 2 * Math.min(context.rttMs, MAX_RTT_MS);
+    const margin = TICKET_MARGIN_MS + 2 * Math.min(rtt, MAX_RTT_MS);
     const ticketMs = left > 0 ? Math.ceil(Math.min(left, between) + margin) : 0;
     const waitedMs = Math.round(performance.now() - started);
     queued ||= ticketMs > 0;
@@ -124,7 +127,9 @@ export async function waitFor<T extends Lease | Lease[]>(
     const wakeId = blocking && ticketMs > 0 ? (attempt.wake ?? attempt.bell)!.id : "";
     const call = attempt.call({ ticketMs, waitedMs, waiting: waitMs > 0, wakeId });
     const reply = attempt.decode(await context.run(attempt.script, call));
-    context.rttMs = performance.now() - sentAt;
+    rtt = performance.now() - sentAt;
+    // How long after this look the next one may arrive and still find the ticket it took.
+    const within = ticketMs - TICKET_MARGIN_MS;
     if (reply.status === "granted") return granted(reply.granted, sentAt);
     if (reply.status === "mismatch") { // the caller's mistake, not an outcome: no acquire event
       await leave("");
@@ -155,7 +160,12 @@ export async function waitFor<T extends Lease | Lease[]>(
       // Listen for the readers' bell, at most until the first holder's lease ends (readers may
       // fit then, unannounced), then look again: a ring says readers fit, not that this one does.
       const ends = reply.firstEndsIn || reply.pttl;
-      const blockMs = Math.min(remaining, BLOCK_MS, ends > 0 ? ends + 1 : BLOCK_MS);
+      const blockMs = Math.min(
+        remaining,
+        BLOCK_MS,
+        within - 2 * rtt,
+        ends > 0 ? ends + 1 : BLOCK_MS,
+      );
       const rung = await context.listen(
         attempt.bell.key,
         reply.bellId,
@@ -170,7 +180,12 @@ export async function waitFor<T extends Lease | Lease[]>(
       // Block until a release hands the lock over; the head no longer than the holder's lease (a
       // semaphore's first holder's), so a holder that vanished is followed at its lease end.
       const ends = reply.firstEndsIn || reply.pttl;
-      const blockMs = Math.min(remaining, BLOCK_MS, position === 0 ? ends + 1 : BLOCK_MS);
+      const blockMs = Math.min(
+        remaining,
+        BLOCK_MS,
+        within - 2 * rtt,
+        position === 0 ? ends + 1 : BLOCK_MS,
+      );
       const message = await context.block(attempt.wake.key, Math.max(1, blockMs), signal)
         .catch(refused);
       if (message instanceof Error) throw message;
@@ -189,9 +204,8 @@ export async function waitFor<T extends Lease | Lease[]>(
     // Look again so the request arrives when the server expects our turn: the hint counts from
     // the reply's making, and half a round trip has passed since, half is still ahead. The head
     // and the next in line aim a little late (early costs a round trip); the others spread ±10 %.
-    const rtt = performance.now() - sentAt;
     const jitter = position <= 1 ? 1 + Math.random() * 0.1 : 0.9 + Math.random() * 0.2;
-    const delay = Math.min(remaining, MAX_POLL_MS, retryAfterMs * jitter - rtt);
+    const delay = Math.min(remaining, MAX_POLL_MS, within - rtt, retryAfterMs * jitter - rtt);
     await sleep(Math.max(1, delay), signal).catch(() => {}); // an abort: the loop's top
   }
 }
@@ -208,9 +222,11 @@ export function parseGrant(
 
 // Best effort: a ticket left behind lapses by itself within BLOCK_MS plus its margin. `outcome`
 // ('timeout', 'aborted' or '') is counted in the stats, once. Returns the grant of a hand-off
-// that reached the caller's first name before it left. A waiter that gave up may have stood
+// that reached the caller's first name before it left. A waiter that timed out may have stood
 // between the lock and those behind it (a writer ahead of readers that fit, a head whose holder
-// is gone): each name is then handed over, as a release would.
+// is gone): once its leave is done (never before: a hand-over could find it still at the head
+// and grant it), each name is handed over, as a release would. Not after an abort: aborts come
+// in bursts (a shutdown), and a lease handed to a waiter that aborts next is left to its TTL.
 async function leaveQueues(
   context: LockContext,
   names: readonly string[],
@@ -236,8 +252,9 @@ async function leaveQueues(
     });
   });
   const replies = await context.runMany(LEAVE_QUEUE, calls).catch(() => []);
-  const grant = replies.length > 0 ? decodeLeave(LEAVE_QUEUE, replies[0]) : undefined;
-  if (outcome !== "") await Promise.all(names.map((name) => handOver(context, name, "")));
+  if (replies.length === 0) return undefined; // not left: its ticket lapses by itself
+  const grant = decodeLeave(LEAVE_QUEUE, replies[0]);
+  if (outcome === "timeout") await Promise.all(names.map((name) => handOver(context, name, "")));
   return grant;
 }
 
