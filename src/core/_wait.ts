@@ -156,6 +156,9 @@ export async function waitFor<T extends Lease | Lease[]>(
     if (signal?.aborted) continue;
     const { position } = reply;
     context.emit({ type: "wait", name: label, position, retryAfterMs, ...timing(sentAt) });
+    if ((attempt.bell || attempt.wake) && wakeId !== "" && within - 2 * rtt <= 1) {
+      continue; // no time to block before the ticket's end: look again at once
+    }
     if (attempt.bell && reply.bellId && wakeId !== "" && position >= 0) {
       // Listen for the readers' bell, at most until the first holder's lease ends (readers may
       // fit then, unannounced), then look again: a ring says readers fit, not that this one does.
