@@ -46,8 +46,8 @@ export interface LockOpsOptions {
   stats?: boolean;
   /**
    * Lay the keys out for a Redis Cluster: every script's keys, stats included, in one slot, the
-   * names spread over 64 slots (see docs/guarantees.md). Choose it once per prefix: the two layouts do not
-   * see each other's locks. @default false
+   * names spread over 64 slots (see docs/guarantees.md). Choose it once per prefix: the two
+   * layouts do not see each other's locks. @default false
    */
   cluster?: boolean;
   /**

@@ -26,7 +26,7 @@ import type { AcquireResult, Lease, LockEvent } from "./types.ts";
 // arrives within the ticket the look took, even when the round trip grew since.
 const MAX_POLL_MS = 1000;
 const TICKET_MARGIN_MS = 250;
-export const MAX_RTT_MS = 1000;
+const MAX_RTT_MS = 1000;
 export const BLOCK_MS = 2000;
 // The most steps one hand-over runs (see handOver).
 const HAND_OVER_STEPS = 4;
