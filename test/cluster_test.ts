@@ -226,9 +226,12 @@ Deno.test("stats, lists and the audit add up over the 64 buckets", async () => {
 Deno.test("the bundled Worker in workerd, LOCK_KEY_LAYOUT=cluster: locks, stats and lists", async () => {
   const { token, bridge } = await fixture();
   const secret = "cluster-worker-secret-0123";
+  const bundled = await bundleWorker();
+  const script = await Deno.readTextFile(bundled);
+  await Deno.remove(bundled.replace(/\/worker\.js$/, ""), { recursive: true });
   const mf = new Miniflare({
     modules: true,
-    script: await Deno.readTextFile(await bundleWorker()),
+    script,
     compatibilityDate: "2026-08-01",
     bindings: {
       UPSTASH_REDIS_REST_URL: bridge.url,

@@ -200,12 +200,15 @@ Deno.test("the dashboard in headless Chromium", async (t) => {
         assert.equal(audit[4], "stuck since the 14:00 deploy", "the reason typed in");
         assert.equal((await client.renew(leases[2]!)).renewed, false, "its holder lost it");
         await rowsAre(page, "#locks tbody tr", 2);
-        const shot = Deno.env.get("SCREENSHOT") === "1"
-          ? new URL("../bench/dashboard.png", import.meta.url).pathname
-          : `${await Deno.makeTempDir()}/dashboard.png`;
+        const keep = Deno.env.get("SCREENSHOT") === "1";
+        const dir = keep ? undefined : await Deno.makeTempDir();
+        const shot = dir
+          ? `${dir}/dashboard.png`
+          : new URL("../bench/dashboard.png", import.meta.url).pathname;
         await page.setViewportSize({ width: 1200, height: 900 });
         await page.screenshot({ path: shot, fullPage: true });
         assert.ok((await Deno.stat(shot)).size > 10_000);
+        if (dir) await Deno.remove(dir, { recursive: true });
         assert.deepEqual(errors, [], "no script errors on the page");
         assert.deepEqual(missing, [], "nothing the page asked for is missing (the favicon)");
       },

@@ -26,10 +26,12 @@ const { success, stderr } = await new Deno.Command(Deno.execPath(), {
   cwd: new URL(".", import.meta.url).pathname,
   stderr: "piped",
 }).output();
+const script = success ? await Deno.readTextFile(`${dir}/worker.js`) : "";
+await Deno.remove(dir, { recursive: true });
 if (!success) throw new Error(new TextDecoder().decode(stderr));
 const mf = new Miniflare({
   modules: true,
-  script: await Deno.readTextFile(`${dir}/worker.js`),
+  script,
   compatibilityDate: "2026-08-01",
   bindings: Object.fromEntries(names.map((name) => [name, Deno.env.get(name)!])),
   host: "127.0.0.1",
@@ -39,7 +41,6 @@ const url = await mf.ready;
 console.log(`The Worker listens on ${new URL("/webhooks", url)}`);
 const stop = async () => {
   await mf.dispose();
-  await Deno.remove(dir, { recursive: true });
   Deno.exit(0);
 };
 Deno.addSignalListener("SIGINT", stop);
