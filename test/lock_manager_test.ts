@@ -5,6 +5,14 @@ import { acquired, keygen, shared, startBackend, until } from "./_backend.ts";
 
 const fixture = shared(startBackend, (backend) => backend.stop());
 
+// Until `name` is held, with `waiters` queued behind its holder.
+function heldWith(locks: Locks, name: string, waiters = 0) {
+  return until(`${name} held, ${waiters} waiting`, async () => {
+    const info = await locks.inspect(name);
+    return info.held && (info.waiters ?? 0) === waiters;
+  });
+}
+
 // A promise and the function that settles it, for callbacks the test lets finish.
 function gate<T = void>() {
   let open!: (value: T) => void;
@@ -33,10 +41,7 @@ Deno.test("a request holds the lock while its callback is pending, then the next
     assert.ok(lock!.fence > firstLock!.fence, "a higher fence");
     return "two";
   });
-  await until("second queued", async () => {
-    const info = await new Locks(backend.redis).inspect(name);
-    return info.held && info.waiters === 1;
-  });
+  await heldWith(new Locks(backend.redis), name, 1);
   assert.deepEqual(steps, ["first starts"]);
   first.open();
   assert.deepEqual(await Promise.all([one, two]), ["one", "two"]);
@@ -75,10 +80,7 @@ Deno.test("shared requests hold together; an exclusive one waits for them all", 
     assert.equal(lock!.mode, "exclusive");
     wrote = true;
   });
-  await until("the writer queued", async () => {
-    const info = await new Locks(backend.redis).inspect(name);
-    return info.held && info.waiters === 1;
-  });
+  await heldWith(new Locks(backend.redis), name, 1);
   assert.equal(wrote, false);
   readers.open();
   await Promise.all([...reads, write]);
@@ -91,7 +93,7 @@ Deno.test("ifAvailable calls back with null when the lock is held, and with the 
   const name = keygen("wl");
   const held = gate();
   const holding = manager.request(name, () => held.opened);
-  await until("held", async () => (await new Locks(backend.redis).inspect(name)).held);
+  await heldWith(new Locks(backend.redis), name);
   assert.equal(await manager.request(name, { ifAvailable: true }, (lock) => lock), null);
   held.open();
   await holding;
@@ -131,16 +133,13 @@ Deno.test("a signal aborts a wait with its reason, and the request leaves the qu
   const name = keygen("wl");
   const held = gate();
   const holding = manager.request(name, () => held.opened);
-  await until("held", async () => (await new Locks(backend.redis).inspect(name)).held);
+  await heldWith(new Locks(backend.redis), name);
   const controller = new AbortController();
   let called = false;
   const waiting = manager.request(name, { signal: controller.signal }, () => {
     called = true;
   });
-  await until("queued", async () => {
-    const info = await new Locks(backend.redis).inspect(name);
-    return info.held && info.waiters === 1;
-  });
+  await heldWith(new Locks(backend.redis), name, 1);
   assert.equal((await manager.query()).pending.length, 1);
   const reason = new DOMException("the user left", "AbortError");
   controller.abort(reason);
@@ -197,12 +196,9 @@ Deno.test("query reports the held locks, whose are this manager's, and its pendi
   const lease = acquired(await elsewhere.acquire(theirs, { mode: "shared", ttlMs: 10_000 }));
   const held = gate();
   const holding = manager.request(mine, () => held.opened);
-  await until("held", async () => (await elsewhere.inspect(mine)).held);
+  await heldWith(elsewhere, mine);
   const waiting = manager.request(theirs, () => "late");
-  await until("queued", async () => {
-    const info = await elsewhere.inspect(theirs);
-    return info.held && info.waiters === 1;
-  });
+  await heldWith(elsewhere, theirs, 1);
   const snapshot = await manager.query();
   const byName = (a: { name: string }, b: { name: string }) => a.name.localeCompare(b.name);
   assert.deepEqual(
