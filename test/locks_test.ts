@@ -521,8 +521,33 @@ Deno.test("a misconfigured client's error names the cause, and never a key", asy
       assert.ok(error instanceof EdgelockError, `${url}: ${error}`);
       assert.equal(error.code, code, error.message);
       assert.match(error.message, message);
-      assert.doesNotMatch(error.message, /edgelock:|evalsha|command was/);
+      const printed = Deno.inspect(error);
+      assert.doesNotMatch(printed, /edgelock:|evalsha|command was|[0-9a-f]{40}/, printed);
+      if (code === "backend_unavailable") assert.match(printed, /ECONNREFUSED|refused/i);
     }
+    // A Redis error for the script (a key of the wrong type) prints neither keys nor the SHA-1.
+    const name = keygen();
+    await backend.redis.lpush(lockKey(name), "x");
+    const error = await new Locks(backend.redis).acquire(name).then(() => undefined, (e) => e);
+    assert.ok(error instanceof EdgelockError, String(error));
+    const printed = Deno.inspect(error);
+    assert.match(printed, /WRONGTYPE/);
+    assert.doesNotMatch(printed, /edgelock:|evalsha|command was|[0-9a-f]{40}/, printed);
+    // The service's log line for it says as little.
+    const lines: string[] = [];
+    const logged = createApp({
+      redis: backend.redis,
+      apiKeys: [{ tenant: "t", secret: "s".repeat(20) }],
+      log: (entry) => lines.push(JSON.stringify(entry)),
+    });
+    await backend.redis.lpush(`edgelock:t:lock:{${name}}`, "x");
+    const reply = await logged.request(`/v1/locks/${name}/acquire`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${"s".repeat(20)}` },
+    });
+    assert.equal(reply.status, 503, await reply.text());
+    assert.match(lines.join("\n"), /WRONGTYPE/);
+    assert.doesNotMatch(lines.join("\n"), /edgelock:|evalsha|command was|[0-9a-f]{40}/);
     // An @upstash/redis client made from unset variables only warns; Locks refuses it at once.
     const warn = console.warn;
     console.warn = () => {};
@@ -531,6 +556,11 @@ Deno.test("a misconfigured client's error names the cause, and never a key", asy
       assert.throws(() => new Locks(unset), {
         code: "config_error",
         message: /without a URL or token: set UPSTASH_REDIS_REST_URL and UPSTASH_REDIS_REST_TOKEN/,
+      });
+      const tokenless = new Redis({ url: backend.bridge.url, token: undefined as never });
+      assert.throws(() => new Locks(tokenless), {
+        code: "config_error",
+        message: /without a token: set UPSTASH_REDIS_REST_URL and UPSTASH_REDIS_REST_TOKEN/,
       });
     } finally {
       console.warn = warn;

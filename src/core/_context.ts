@@ -4,6 +4,7 @@ import {
   checkRedis,
   checkTimeout,
   keyLockingFor,
+  redacted,
   type RedisLike,
   type RunOptions,
   runScript,
@@ -214,7 +215,8 @@ function withDeadline<T>(request: Promise<T>, ms: number, signal?: AbortSignal):
 }
 
 // A refused BLPOP is no outage: the waiter polls instead. Only a refused token is told.
-function unavailableBlock(cause: unknown): EdgelockError {
+function unavailableBlock(failure: unknown): EdgelockError {
+  const cause = redacted(failure);
   const message = cause instanceof Error ? cause.message : String(cause);
   if (/^(WRONGPASS|NOAUTH|Unauthorized|Invalid token)\b/i.test(message)) {
     return new EdgelockError(

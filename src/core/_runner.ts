@@ -33,11 +33,19 @@ export function checkRedis(redis: RedisLike, what: string): RedisLike {
   if (typeof redis?.evalsha !== "function" || typeof redis?.eval !== "function") {
     throw new TypeError(`${what} needs a Redis client with evalsha and eval (@upstash/redis)`);
   }
-  // @upstash/redis made without a URL or token (an unset variable) only warns, then fails calls.
-  if ((redis as { client?: { hasCredentials?: unknown } }).client?.hasCredentials === false) {
+  // @upstash/redis made without a URL or token (an unset variable) only warns, then fails calls;
+  // an unset token is sent as "Bearer undefined".
+  const client = (redis as { client?: { hasCredentials?: unknown; headers?: unknown } }).client;
+  const authorization = (client?.headers as { authorization?: unknown } | undefined)?.authorization;
+  const missing = client?.hasCredentials === false
+    ? "a URL or token"
+    : typeof authorization === "string" && /^Bearer (undefined|null)?$/.test(authorization)
+    ? "a token"
+    : undefined;
+  if (missing) {
     throw new EdgelockError(
       "config_error",
-      `${what} got an @upstash/redis client without a URL or token: set UPSTASH_REDIS_REST_URL ` +
+      `${what} got an @upstash/redis client without ${missing}: set UPSTASH_REDIS_REST_URL ` +
         "and UPSTASH_REDIS_REST_TOKEN (Redis.fromEnv()), or pass { url, token }",
     );
   }
@@ -222,8 +230,9 @@ function isUnknownFlag(error: unknown): boolean {
   return error instanceof Error && /Unexpected flag in script shebang/.test(error.message);
 }
 
-function unavailable(script: Script, cause: unknown): EdgelockError {
-  if (cause instanceof EdgelockError) return cause;
+function unavailable(script: Script, failure: unknown): EdgelockError {
+  if (failure instanceof EdgelockError) return failure;
+  const cause = redacted(failure);
   if (isUnknownFlag(cause)) {
     return new EdgelockError(
       "config_error",
@@ -251,11 +260,7 @@ function unavailable(script: Script, cause: unknown): EdgelockError {
       { cause },
     );
   }
-  // @upstash/redis appends the command, keys and all, which no message repeats.
-  const reason = (cause instanceof Error ? cause.message : String(cause)).replace(
-    /,? ?command was: [\s\S]*$/,
-    "",
-  );
+  const reason = cause instanceof Error ? cause.message : String(cause);
   return new EdgelockError(
     "backend_unavailable",
     `Redis did not run the ${script.name} script: ${reason}`,
@@ -268,8 +273,13 @@ function unavailable(script: Script, cause: unknown): EdgelockError {
 // reply without `result`, e.g. the edgelock service's own URL) are `config_error`, which no retry
 // helps; nothing listening stays `backend_unavailable` (a restart looks the same), named. The
 // look is one POST without the token, at most a second (two for an https:// URL).
-async function explained(redis: RedisLike, script: Script, cause: unknown): Promise<EdgelockError> {
-  const error = unavailable(script, cause);
+async function explained(
+  redis: RedisLike,
+  script: Script,
+  failure: unknown,
+): Promise<EdgelockError> {
+  if (failure instanceof EdgelockError) return failure;
+  const error = unavailable(script, failure);
   if (error.code !== "backend_unavailable") return error;
   const url = (redis as { client?: { baseUrl?: unknown } }).client?.baseUrl;
   if (typeof url !== "string" || !/^https?:\/\//.test(url)) return error;
@@ -282,9 +292,34 @@ async function explained(redis: RedisLike, script: Script, cause: unknown): Prom
   const found = await look;
   if (!found) return error;
   // A refused connection names the cause, but may pass (a restart): still worth a retry.
+  // The look's own failure (ECONNREFUSED) is the cause, rather than the request's timeout.
+  const cause = found.cause ?? error.cause;
   return found.retry
     ? new EdgelockError("backend_unavailable", found.message, { cause, retryAfterMs: 1000 })
     : new EdgelockError("config_error", found.message, { cause });
+}
+
+/**
+ * A copy of a failure that shows nothing of edgelock's internals: `@upstash/redis` appends the
+ * command to Redis's reply (the script's SHA-1, key names, lease tokens), and Redis names the
+ * script's SHA-1 in a script error. The copy keeps the name, the message without those, the
+ * `code` (`ECONNREFUSED`) and up to three causes; not the client's stack.
+ */
+export function redacted(failure: unknown, depth = 0): unknown {
+  const scrub = (text: string) =>
+    text.replace(/,? ?command was: [\s\S]*$/, "").replace(/\b[0-9a-f]{40}\b/g, "<sha1>");
+  if (typeof failure === "string") return scrub(failure);
+  if (!(failure instanceof Error)) return failure;
+  const inner = (failure as { cause?: unknown }).cause;
+  const copy = new Error(
+    scrub(failure.message),
+    inner !== undefined && depth < 3 ? { cause: redacted(inner, depth + 1) } : undefined,
+  );
+  copy.name = failure.name;
+  copy.stack = `${copy.name}: ${copy.message}`;
+  const { code } = failure as { code?: unknown };
+  if (typeof code === "string") Object.assign(copy, { code });
+  return copy;
 }
 
 // The look at a client's URL in flight, by client.
@@ -294,8 +329,9 @@ const looking = new WeakMap<RedisLike, Promise<Diagnosis | undefined>>();
 interface Diagnosis {
   message: string;
   retry: boolean;
+  /** The look's own failure, when it failed to connect. */
+  cause?: unknown;
 }
-const mistake = (message: string): Diagnosis => ({ message, retry: false });
 
 async function diagnose(url: string): Promise<Diagnosis | undefined> {
   const { origin, protocol } = new URL(url);
@@ -311,10 +347,17 @@ async function diagnose(url: string): Promise<Diagnosis | undefined> {
     const response = await post(url);
     const body = parseJsonText(await response.text());
     if (body && ("result" in body || "error" in body)) return undefined; // a REST endpoint
-    return mistake(
-      `${origin} answers HTTP ${response.status}, but not as an Upstash Redis REST endpoint: ${fix}`,
-    );
+    return {
+      message:
+        `${origin} answers HTTP ${response.status}, but not as an Upstash Redis REST endpoint: ${fix}`,
+      retry: false,
+    };
   } catch (error) {
+    const mistake = (message: string): Diagnosis => ({
+      message,
+      retry: false,
+      cause: redacted(error),
+    });
     const text = [error, (error as { cause?: unknown })?.cause].map((e) =>
       e instanceof Error ? `${e.message} ${(e as { code?: string }).code ?? ""}` : ""
     ).join(" ").trim();
@@ -327,7 +370,11 @@ async function diagnose(url: string): Promise<Diagnosis | undefined> {
         : undefined;
     }
     if (/refused/i.test(text)) {
-      return { message: `Nothing accepts connections at ${origin} (refused): ${fix}`, retry: true };
+      return {
+        message: `Nothing accepts connections at ${origin} (refused): ${fix}`,
+        retry: true,
+        cause: redacted(error),
+      };
     }
     if (/ENOTFOUND|EAI_AGAIN|dns|resolve|not known/i.test(text)) {
       return mistake(`The host of ${origin} does not resolve: ${fix}`);
