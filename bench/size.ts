@@ -40,16 +40,19 @@ import { cli } from "../bridge/_cli.ts";
  * client naming a wrong baseUrl (Redis's URL, a /v1 suffix, no API there) and a Date tick: the
  * client 5.7 KB, the uses 9.7 KB, the service 64.3 KB. The Web Locks API's LockManager (issue
  * 30) in the root entry: the core 24.7 KB. The dashboard's axes, empty states, break reasons and
- * icon: the service 65.4 KB. */
+ * icon: the service 65.4 KB. Causes redacted of the command Upstash appends, a failed connection
+ * named (shared by the library's probe and the typed client) and option names checked in the
+ * client, withLock, cronGuard and over HTTP with a did-you-mean: the core 25.2 KB, the uses
+ * 10.2 KB, the client 6.7 KB, the quorum 7.2 KB and the service 66.0 KB. */
 export const BUDGETS = {
-  ".": 24_800,
-  "./uses": 9_800,
+  ".": 25_300,
+  "./uses": 10_300,
   "./hono": 7_700,
-  "./client": 5_800,
+  "./client": 6_800,
   "./otel": 9_500,
   "./tcp": 1_000,
-  "./quorum": 6_600,
-  "./service": 65_600,
+  "./quorum": 7_300,
+  "./service": 66_100,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

@@ -185,3 +185,50 @@ Deno.test("bad record ids and kinds are RangeErrors before any request", async (
   await assert.rejects(client.records.get("other" as never, "a/b"), /kind must be/);
   await assert.rejects(client.jobs.start("a b", { atMostMs: 1000 }), /job name/);
 });
+
+Deno.test("an option the client or a helper does not take is a TypeError naming the likeliest", async () => {
+  const { client, app } = await fixture();
+  const name = keygen();
+  const slip = (where: string, key: string, meant: string) => ({
+    name: "TypeError",
+    message: `${where} has no option "${key}"; did you mean "${meant}"?`,
+  });
+  assert.throws(
+    () => createClient({ baseUrl: "http://edgelock.test", apiKey: SECRET, retry: 1 } as never),
+    slip("createClient()", "retry", "retries"),
+  );
+  await assert.rejects(
+    client.acquire(name, { ttl: 5000 } as never),
+    slip("acquire()", "ttl", "ttlMs"),
+  );
+  await assert.rejects(
+    client.acquireAll([name], { waitMS: 10 } as never),
+    slip("acquireAll()", "waitMS", "waitMs"),
+  );
+  await assert.rejects(
+    client.withLock(name, { ifAvaliable: true } as never, () => {}),
+    slip("withLock()", "ifAvaliable", "ifAvailable"),
+  );
+  await assert.rejects(
+    client.withLocks([name], { ttl: 5000 } as never, () => {}),
+    slip("withLocks()", "ttl", "ttlMs"),
+  );
+  await assert.rejects(
+    cronGuard(client.jobs, name, { atMost: 5000 } as never, () => {}),
+    slip("cronGuard()", "atMost", "atMostMs"),
+  );
+  await assert.rejects(
+    client.jobs.start(name, { atMostMs: 5000, ticks: 1 } as never),
+    slip("start()", "ticks", "tick"),
+  );
+  // Over HTTP, the service names the field it does not know and the likeliest meant.
+  const problem = await app.request(`/v1/locks/${name}/acquire`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${SECRET}`, "content-type": "application/json" },
+    body: JSON.stringify({ ttl: 5000 }),
+  });
+  assert.equal(problem.status, 400);
+  assert.deepEqual((await problem.json()).errors, [
+    { path: "(body)", message: "unknown field: ttl (did you mean ttlMs?)" },
+  ]);
+});

@@ -112,13 +112,26 @@ Deno.test("the client names a wrong baseUrl as config_error: Redis's URL, a /v1 
   });
 });
 
-Deno.test("the client turns an unreachable service into backend_unavailable", async () => {
-  const closed = createClient({
-    baseUrl: `http://127.0.0.1:${freePort()}`,
-    apiKey: SECRET,
-    retries: 1,
+Deno.test("the client names why it cannot reach the service: nothing listening, TLS to HTTP", async () => {
+  const { port } = await fixture();
+  const origin = `http://127.0.0.1:${freePort()}`;
+  const closed = createClient({ baseUrl: origin, apiKey: SECRET, retries: 1 });
+  const refused = await closed.acquire(keygen()).then(() => undefined, (error) => error);
+  assert.ok(refused instanceof EdgelockError, String(refused));
+  assert.equal(refused.code, "backend_unavailable", "a service restarting looks the same");
+  assert.equal(
+    refused.message,
+    `The lock service is unavailable: Nothing accepts connections at ${origin} (refused): ` +
+      "check baseUrl",
+  );
+  assert.match(Deno.inspect(refused), /Connection refused|ECONNREFUSED/);
+  // https:// to the plain-HTTP service: a misconfiguration, told at once, not retried.
+  const tls = createClient({ baseUrl: `https://127.0.0.1:${port}`, apiKey: SECRET, retries: 10 });
+  await assert.rejects(tls.inspect(keygen()), {
+    code: "config_error",
+    message: `TLS failed with https://127.0.0.1:${port}: is it a plain http:// server? check ` +
+      "baseUrl",
   });
-  await assert.rejects(closed.acquire(keygen()), { code: "backend_unavailable" });
 });
 
 Deno.test("deno task dev starts redis-server, bridge and service, and Ctrl-C stops them all", async () => {

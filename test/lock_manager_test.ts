@@ -181,6 +181,10 @@ Deno.test("the Web Locks refusals: a '-' name, invalid option mixes, an aborted 
     new TypeError('mode must be "exclusive" or "shared", not "write"'),
   );
   await assert.rejects(manager.request("a b", cb), RangeError);
+  await assert.rejects(
+    manager.request(name, { ifAvaliable: true } as never, cb),
+    new TypeError('request() has no option "ifAvaliable"; did you mean "ifAvailable"?'),
+  );
   assert.throws(
     () => new LockManager(backend.redis, { ttl: 5 } as never),
     /ttl.*ttlMs/,

@@ -2,6 +2,7 @@
 // and the paths the resource modules share.
 import { backoffDelay, sleep } from "../core/_backoff.ts";
 import { EdgelockError, type ErrorCode } from "../core/errors.ts";
+import { connectFailure } from "../core/_failure.ts";
 import type { ClientOptions } from "./types.ts";
 
 /** What the HTTP core needs from `ClientOptions`. */
@@ -49,11 +50,19 @@ export function createHttp(options: HttpOptions): Http {
         init(method, body, signal),
       );
       if (data && status !== 503) return { status, data: checked(base, status, data), sentAt };
+      // A connection that failed says why: nothing listening, TLS to plain HTTP, no such host.
+      const look = status === 0 ? connectFailure(failure, base.href, "check baseUrl") : undefined;
+      const found = look === "timeout" ? undefined : look;
+      if (found && !found.retry) {
+        throw new EdgelockError("config_error", found.message, { cause: found.cause });
+      }
       if (tries >= retries) {
         throw new EdgelockError(
           "backend_unavailable",
-          `The lock service at ${base.origin} is unavailable`,
-          { cause: failure ?? status, retryAfterMs: RETRY_CAP_MS },
+          found
+            ? `The lock service is unavailable: ${found.message}`
+            : `The lock service at ${base.origin} is unavailable`,
+          { cause: found?.cause ?? failure ?? `HTTP ${status}`, retryAfterMs: RETRY_CAP_MS },
         );
       }
       await sleep(backoffDelay(tries + 2, RETRY_CAP_MS), signal);

@@ -1,5 +1,13 @@
 // Cron jobs over HTTP, with the surface of the library's `Jobs`.
-import { checkDuration, checkName, checkTick, checkToken, newToken } from "../core/_validate.ts";
+import {
+  checkDuration,
+  checkName,
+  checkOptions,
+  checkTick,
+  checkToken,
+  JOB_OPTIONS,
+  newToken,
+} from "../core/_validate.ts";
 import type { JobExtension, JobStart, JobStore, StartJobOptions } from "../uses/jobs.ts";
 import type { Http } from "./_http.ts";
 
@@ -9,6 +17,7 @@ export function createJobs(http: Http): JobStore {
     `v1/jobs/${encodeURIComponent(checkName(job, "job name"))}/${action}`;
   return {
     async start(job: string, opts: StartJobOptions): Promise<JobStart> {
+      checkOptions(opts, JOB_OPTIONS, "start()");
       if (opts?.atMostMs === undefined) throw new TypeError("atMostMs is required");
       const body = {
         ...opts,

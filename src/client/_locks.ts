@@ -1,13 +1,16 @@
 // The lock calls of `Locks` over HTTP: acquire (one name or all of several), renew, release and
 // inspect. `withLock` and `withLocks` are built on them in client.ts.
 import {
+  ACQUIRE_OPTIONS,
   checkDuration,
   checkHoldId,
   checkLockName,
   checkLockNames,
   checkMode,
+  checkOptions,
   checkToken,
   DEFAULT_TTL_MS,
+  LEASE_OPTIONS,
   MAX_BATCH,
 } from "../core/_validate.ts";
 import type { LockClient, LockInfo, RenewResult } from "../core/types.ts";
@@ -30,6 +33,7 @@ function acquiring(http: Http): Pick<LockClient, "acquire" | "acquireAll"> {
   return {
     async acquire(name, opts = {}) {
       checkLockName(name);
+      checkOptions(opts, ACQUIRE_OPTIONS, "acquire()");
       const { mode, limit, permits } = checkMode(opts);
       const body = {
         ...leaseBody(opts),
@@ -48,6 +52,7 @@ function acquiring(http: Http): Pick<LockClient, "acquire" | "acquireAll"> {
     },
 
     async acquireAll(names, opts = {}) {
+      checkOptions(opts, LEASE_OPTIONS, "acquireAll()");
       // The service knows its key layout, and refuses names in different slots in the cluster one.
       const body = { names: checkLockNames(names, false), ...leaseBody(opts) };
       const { status, data, sentAt } = await http.call(
@@ -70,6 +75,7 @@ function renewing(http: Http): Pick<LockClient, "renew" | "renewMany"> {
   return {
     async renew(lease, opts = {}) {
       checkLockName(lease?.name);
+      checkOptions(opts, ["ttlMs"], "renew()");
       const body = {
         token: checkToken(lease.token),
         ttlMs: checkDuration(opts.ttlMs, "ttlMs", lease.ttlMs ?? DEFAULT_TTL_MS),
@@ -83,6 +89,7 @@ function renewing(http: Http): Pick<LockClient, "renew" | "renewMany"> {
     },
 
     async renewMany(leases, opts = {}) {
+      checkOptions(opts, ["ttlMs"], "renewMany()");
       if (!Array.isArray(leases) || leases.length === 0 || leases.length > MAX_BATCH) {
         throw new RangeError(`renewMany takes 1 to ${MAX_BATCH} leases`);
       }

@@ -5,6 +5,9 @@ import { createLocks } from "./_locks.ts";
 import { createRecords } from "./_records.ts";
 import { createJobs } from "./_jobs.ts";
 import { createOps } from "./_ops.ts";
+import { checkOptions } from "../core/_validate.ts";
+
+const CLIENT_OPTIONS = ["baseUrl", "apiKey", "fetch", "retries", "tenant"] as const;
 
 /**
  * A client for the edgelock HTTP service with the same surface as the library's `Locks`,
@@ -17,6 +20,7 @@ import { createOps } from "./_ops.ts";
  * ```
  */
 export function createClient(options: ClientOptions): EdgelockClient {
+  checkOptions(options, CLIENT_OPTIONS, "createClient()");
   const http = createHttp(options);
   const client: EdgelockClient = {
     records: createRecords(http),

@@ -4,13 +4,13 @@ import {
   checkRedis,
   checkTimeout,
   keyLockingFor,
-  redacted,
   type RedisLike,
   type RunOptions,
   runScript,
   runScripts,
 } from "./_runner.ts";
 import { KeySpace } from "./_keys.ts";
+import { redacted } from "./_failure.ts";
 import {
   checkDuration,
   checkOptions,

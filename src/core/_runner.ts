@@ -1,4 +1,5 @@
 import { EdgelockError } from "./errors.ts";
+import { connectFailure, type Diagnosis, failureText, redacted } from "./_failure.ts";
 import type { Script, ScriptCall } from "./lua/_define.ts";
 
 export type { ScriptCall };
@@ -299,39 +300,8 @@ async function explained(
     : new EdgelockError("config_error", found.message, { cause });
 }
 
-/**
- * A copy of a failure that shows nothing of edgelock's internals: `@upstash/redis` appends the
- * command to Redis's reply (the script's SHA-1, key names, lease tokens), and Redis names the
- * script's SHA-1 in a script error. The copy keeps the name, the message without those, the
- * `code` (`ECONNREFUSED`) and up to three causes; not the client's stack.
- */
-export function redacted(failure: unknown, depth = 0): unknown {
-  const scrub = (text: string) =>
-    text.replace(/,? ?command was: [\s\S]*$/, "").replace(/\b[0-9a-f]{40}\b/g, "<sha1>");
-  if (typeof failure === "string") return scrub(failure);
-  if (!(failure instanceof Error)) return failure;
-  const inner = (failure as { cause?: unknown }).cause;
-  const copy = new Error(
-    scrub(failure.message),
-    inner !== undefined && depth < 3 ? { cause: redacted(inner, depth + 1) } : undefined,
-  );
-  copy.name = failure.name;
-  copy.stack = `${copy.name}: ${copy.message}`;
-  const { code } = failure as { code?: unknown };
-  if (typeof code === "string") Object.assign(copy, { code });
-  return copy;
-}
-
 // The look at a client's URL in flight, by client.
 const looking = new WeakMap<RedisLike, Promise<Diagnosis | undefined>>();
-
-/** What a look at a client's URL found: the cause, and whether a retry may help. */
-interface Diagnosis {
-  message: string;
-  retry: boolean;
-  /** The look's own failure, when it failed to connect. */
-  cause?: unknown;
-}
 
 async function diagnose(url: string): Promise<Diagnosis | undefined> {
   const { origin, protocol } = new URL(url);
@@ -353,38 +323,18 @@ async function diagnose(url: string): Promise<Diagnosis | undefined> {
       retry: false,
     };
   } catch (error) {
-    const mistake = (message: string): Diagnosis => ({
-      message,
-      retry: false,
-      cause: redacted(error),
-    });
-    const text = [error, (error as { cause?: unknown })?.cause].map((e) =>
-      e instanceof Error ? `${e.message} ${(e as { code?: string }).code ?? ""}` : ""
-    ).join(" ").trim();
-    if ((error as Error)?.name === "TimeoutError" || /abort|timed? ?out/i.test(text)) {
-      // TLS to a plain HTTP server may hang rather than fail: does it answer plain HTTP?
-      if (protocol !== "https:") return undefined;
-      const plain = await post(url.replace(/^https:/, "http:")).then(() => true, () => false);
-      return plain
-        ? mistake(`${origin} answers plain HTTP, not TLS: use http:// (${fix})`)
-        : undefined;
+    const found = connectFailure(error, url, fix);
+    if (found === undefined) {
+      const text = failureText(error).slice(0, 200);
+      return { message: `${origin} cannot be reached (${text}): ${fix}`, retry: false };
     }
-    if (/refused/i.test(text)) {
-      return {
-        message: `Nothing accepts connections at ${origin} (refused): ${fix}`,
-        retry: true,
-        cause: redacted(error),
-      };
-    }
-    if (/ENOTFOUND|EAI_AGAIN|dns|resolve|not known/i.test(text)) {
-      return mistake(`The host of ${origin} does not resolve: ${fix}`);
-    }
-    if (
-      protocol === "https:" && /tls|ssl|certificate|handshake|wrong version|corrupt/i.test(text)
-    ) {
-      return mistake(`TLS failed with ${origin}: is it a plain http:// server? ${fix}`);
-    }
-    return mistake(`${origin} cannot be reached (${text.slice(0, 200)}): ${fix}`);
+    if (found !== "timeout") return found;
+    // TLS to a plain HTTP server may hang rather than fail: does it answer plain HTTP?
+    if (protocol !== "https:") return undefined;
+    const plain = await post(url.replace(/^https:/, "http:")).then(() => true, () => false);
+    return plain
+      ? { message: `${origin} answers plain HTTP, not TLS: use http:// (${fix})`, retry: false }
+      : undefined;
   }
 }
 

@@ -249,15 +249,24 @@ export function checkOptions(options: unknown, known: readonly string[], where: 
   }
   for (const key of Object.keys(options)) {
     if (known.includes(key)) continue;
-    const lower = key.toLowerCase();
-    const near = known.find((option) => {
-      const other = option.toLowerCase();
-      return other.startsWith(lower) || lower.startsWith(other) || distance(other, lower) <= 2;
-    });
+    const near = nearest(key, known);
     throw new TypeError(
       `${where} has no option "${key}"${near ? `; did you mean "${near}"?` : ""}`,
     );
   }
+}
+
+/**
+ * The name in `known` that `key` is likely a slip for: a prefix either way, the same first four
+ * letters, or 2 edits off.
+ */
+export function nearest(key: string, known: readonly string[]): string | undefined {
+  const lower = key.toLowerCase();
+  return known.find((option) => {
+    const other = option.toLowerCase();
+    return other.startsWith(lower) || lower.startsWith(other) ||
+      (lower.length >= 4 && other.startsWith(lower.slice(0, 4))) || distance(other, lower) <= 2;
+  });
 }
 
 // Edit distance (insertions, deletions, substitutions) between two short strings.
@@ -299,6 +308,9 @@ export const ACQUIRE_OPTIONS = [
   "reentrant",
   "hold",
 ] as const;
+
+/** What a job's start takes (`Jobs`, the client's jobs, `cronGuard`). */
+export const JOB_OPTIONS = ["atMostMs", "atLeastMs", "tick", "tickRetentionMs", "token"] as const;
 
 /** A cron tick's text: a string or a finite number as is, a Date as its epoch ms. */
 export function checkTick(tick: unknown): string {

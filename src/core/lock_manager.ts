@@ -80,6 +80,7 @@ const DEFAULT_LEASE_MS = 30_000;
 // A request waits in turns of the longest wait one acquire takes, until granted or aborted.
 const TURN_MS = 30_000;
 const MANAGER_OPTIONS = ["maxWaiters", "ttlMs", "clientId"] as const;
+const REQUEST_OPTIONS = ["mode", "ifAvailable", "steal", "signal"] as const;
 
 /**
  * The Web Locks API's `LockManager` over edgelock: `request(name, options?, callback)` holds the
@@ -142,6 +143,7 @@ export class LockManager {
     ...args: [LockManagerCallback<T>] | [LockManagerRequestOptions, LockManagerCallback<T>]
   ): Promise<T> {
     const [options, callback] = args.length === 1 ? [{}, args[0]] : args;
+    checkOptions(options ?? undefined, REQUEST_OPTIONS, "request()");
     const { mode = "exclusive", ifAvailable = false, steal = false, signal } = options ?? {};
     if (typeof callback !== "function") throw new TypeError("request needs a callback");
     if (mode !== "exclusive" && mode !== "shared") {

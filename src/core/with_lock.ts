@@ -1,5 +1,6 @@
 import { sleep } from "./_backoff.ts";
 import { sentAtOf } from "./_granted.ts";
+import { ACQUIRE_OPTIONS, checkOptions, LEASE_OPTIONS } from "./_validate.ts";
 import { busyError, EdgelockError } from "./errors.ts";
 import type { Lease, LeaseOptions, LockClient, WithLockOptions } from "./types.ts";
 
@@ -20,6 +21,7 @@ export async function withLock<T>(
   onLost?: (lease: Lease, error: EdgelockError) => void,
 ): Promise<T> {
   if (typeof fn !== "function") throw new TypeError("withLock needs a function to run");
+  checkOptions(options, [...ACQUIRE_OPTIONS, "ifAvailable"], "withLock()");
   if (options.ifAvailable !== undefined && typeof options.ifAvailable !== "boolean") {
     throw new TypeError("ifAvailable must be a boolean");
   }
@@ -71,6 +73,7 @@ export async function withLocks<T>(
   fn: (leases: Lease[], signal: AbortSignal) => Promise<T> | T,
 ): Promise<T> {
   if (typeof fn !== "function") throw new TypeError("withLocks needs a function to run");
+  checkOptions(options, LEASE_OPTIONS, "withLocks()");
   const startedAt = performance.now();
   const result = await locks.acquireAll(names, options);
   if (!result.acquired) throw busyError(names.join(", "), result);

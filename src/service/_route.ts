@@ -3,6 +3,7 @@
 import * as z from "zod/mini";
 import type { Context, Hono } from "hono";
 import { EdgelockError } from "../core/errors.ts";
+import { nearest } from "../core/_validate.ts";
 import type { AppEnv } from "./_env.ts";
 
 // Each issue in a few words ("at most 300000", "unknown field: ttl"), where zod/mini alone says
@@ -25,7 +26,12 @@ function describeIssue(issue: z.core.$ZodRawIssue): string {
   if (code === "too_big") return bound("at most", issue.maximum, issue.origin, issue.inclusive);
   if (code === "too_small") return bound("at least", issue.minimum, issue.origin, issue.inclusive);
   if (code === "invalid_format") return `does not match ${issue.pattern ?? issue.format}`;
-  if (code === "unrecognized_keys") return `unknown field: ${issue.keys.join(", ")}`;
+  if (code === "unrecognized_keys") {
+    const shape = (issue.inst as { _zod?: { def?: { shape?: object } } } | undefined)?._zod?.def
+      ?.shape;
+    const near = issue.keys.length === 1 && shape && nearest(issue.keys[0]!, Object.keys(shape));
+    return `unknown field: ${issue.keys.join(", ")}${near ? ` (did you mean ${near}?)` : ""}`;
+  }
   if (code === "invalid_value") return `one of ${issue.values.join(", ")}`;
   return "invalid";
 }

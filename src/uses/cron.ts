@@ -1,5 +1,6 @@
 import type { JobStore, StartJobOptions } from "./jobs.ts";
 import { hold } from "../core/with_lock.ts";
+import { checkOptions, JOB_OPTIONS } from "../core/_validate.ts";
 
 /** What a guarded run learns about itself. */
 export interface JobRun {
@@ -57,6 +58,7 @@ export async function cronGuard<T>(
   fn: (run: JobRun, signal: AbortSignal) => Promise<T> | T,
 ): Promise<CronResult<T>> {
   if (typeof fn !== "function") throw new TypeError("cronGuard needs a function to run");
+  checkOptions(options, JOB_OPTIONS, "cronGuard()");
   const grantedAt = performance.now();
   const start = await jobs.start(job, options);
   if (!start.run) return { ran: false, reason: start.reason, retryAfterMs: start.retryAfterMs };

@@ -4,9 +4,11 @@ import { EdgelockError } from "../core/errors.ts";
 import {
   checkDuration,
   checkName,
+  checkOptions,
   checkTick,
   checkToken,
   FENCE_GRACE_MS,
+  JOB_OPTIONS,
   newToken,
 } from "../core/_validate.ts";
 import type { StoreOptions } from "./records.ts";
@@ -68,6 +70,7 @@ export class Jobs implements JobStore {
   /** Starts a run of `job` unless it runs elsewhere, ran too recently, or ran for this tick. */
   async start(job: string, options: StartJobOptions): Promise<JobStart> {
     checkName(job, "job name");
+    checkOptions(options, JOB_OPTIONS, "start()");
     if (options?.atMostMs === undefined) throw new TypeError("atMostMs is required");
     const atMostMs = checkDuration(options.atMostMs, "atMostMs", 0);
     const atLeastMs = checkDuration(options.atLeastMs, "atLeastMs", 0);
