@@ -25,7 +25,17 @@ const portOf = (name: string, fallback: number) => {
 };
 const flags = cli(
   "edgelock dev",
-  "deno task dev [flags]   (env: PORT, BRIDGE_PORT, BRIDGE_TOKEN, REDIS_URL, LOCK_*, UPSTASH_*)",
+  `deno task dev [flags]
+
+Runs edgelock on this machine: a private redis-server in a temp dir (or the one at REDIS_URL), the
+Upstash REST bridge in front of it, and the service with a dev API key and a dev operator key, all
+on 127.0.0.1. It prints the service's URL, the keys, the dashboard's URL, and the bridge's
+UPSTASH_REDIS_REST_URL and _TOKEN for your own @upstash/redis clients or a wrangler dev Worker.
+Ctrl-C stops them all; nothing is kept.
+
+Environment: PORT, BRIDGE_PORT, BRIDGE_TOKEN (the bridge's token, random by default), REDIS_URL
+(a Redis of yours instead of a private one), UPSTASH_REDIS_REST_URL and _TOKEN (a REST endpoint
+instead of the bridge), LOCK_API_KEYS and the other LOCK_* settings (docs/deployment.md).`,
   {
     port: {
       type: "number",

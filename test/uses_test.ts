@@ -489,6 +489,21 @@ Deno.test("5 concurrent triggers of one tick run the job exactly once", async ()
   for (const r of results) if (!r.ran) assert.ok(["running", "tick_done"].includes(r.reason));
   const again = await cronGuard(jobs, job, { atMostMs: 5000, tick }, () => runs++);
   assert.deepEqual(again.ran ? "ran" : again.reason, "tick_done");
+  // The job is free (no atLeastMs): a later tick may start it now, not once the tick is forgotten.
+  assert.equal(again.ran ? -1 : again.retryAfterMs, 0);
+  const held = await cronGuard(
+    jobs,
+    job,
+    { atMostMs: 5000, atLeastMs: 3000, tick: tick + 1 },
+    () => {},
+  );
+  assert.ok(held.ran);
+  const done = await cronGuard(jobs, job, { atMostMs: 5000, tick: tick + 1 }, () => runs++);
+  assert.ok(
+    !done.ran && done.reason === "tick_done" && done.retryAfterMs > 0,
+    JSON.stringify(done),
+  );
+  assert.ok(done.retryAfterMs <= 3000, "at most until the atLeastMs window ends");
   assert.equal(runs, 1);
 });
 
@@ -793,7 +808,7 @@ Deno.test("a missing WEBHOOK_SECRET or Redis binding is a config_error naming it
   assert.equal(problem.code, "config_error");
   assert.equal(
     problem.detail,
-    "webhookDedupe's secrets is misconfigured: Webhook secret 1 is undefined: " +
+    "webhookDedupe's secrets setting is wrong: Webhook secret 1 is undefined: " +
       "set the endpoint's signing secret (whsec_…)",
   );
   const badSecret = await app.request("/hook", { method: "POST", body: "{}" }, {
@@ -811,7 +826,7 @@ Deno.test("a missing WEBHOOK_SECRET or Redis binding is a config_error naming it
   const detail = (await jsonOf(noRedis)).detail as string;
   assert.match(
     detail,
-    /^idempotency's records is misconfigured: Records got an @upstash\/redis client without a URL/,
+    /^idempotency's records setting is wrong: Records got an @upstash\/redis client without a URL/,
   );
   assert.doesNotMatch(detail, new RegExp(backend.token));
 });

@@ -46,7 +46,7 @@ export function perRequest<T>(
     return check(setting(c));
   } catch (error) {
     const cause = error instanceof Error ? error.message.slice(0, 300) : String(error);
-    return problem(500, "config_error", `${what} is misconfigured: ${cause}`);
+    return problem(500, "config_error", `${what} is wrong: ${cause}`);
   }
 }
 

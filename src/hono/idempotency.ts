@@ -86,7 +86,7 @@ export function idempotency(options: IdempotencyOptions): MiddlewareHandler {
     const records = perRequest(
       settings.records,
       c,
-      "idempotency's records",
+      "idempotency's records setting",
       checkStore("idempotency"),
     );
     if (records instanceof Response) return records;

@@ -45,9 +45,14 @@ export function webhookDedupe(
   const fixed = typeof secrets === "function" ? undefined : importKeys(secrets);
   const keysOf = (c: Context) => fixed ?? importKeys((secrets as (c: Context) => unknown)(c));
   return async function webhookDedupeMiddleware(c, next) {
-    const store = perRequest(storeOf, c, "webhookDedupe's records", checkStore("webhookDedupe"));
+    const store = perRequest(
+      storeOf,
+      c,
+      "webhookDedupe's records setting",
+      checkStore("webhookDedupe"),
+    );
     if (store instanceof Response) return store;
-    const keys = perRequest(keysOf, c, "webhookDedupe's secrets", (keys) => keys as Keys);
+    const keys = perRequest(keysOf, c, "webhookDedupe's secrets setting", (keys) => keys as Keys);
     if (keys instanceof Response) return keys;
     const id = c.req.header("webhook-id");
     const timestamp = c.req.header("webhook-timestamp");

@@ -34,7 +34,12 @@ export interface StartJobOptions {
 /** The outcome of {@linkcode Jobs.start}. */
 export type JobStart =
   | { run: true; token: string; fence: number; expiresAt: number }
-  | { run: false; reason: "running" | "too_soon" | "tick_done"; retryAfterMs: number };
+  | {
+    run: false;
+    reason: "running" | "too_soon" | "tick_done";
+    /** When the job may start again, ms: for `tick_done`, with a later tick (0: now). */
+    retryAfterMs: number;
+  };
 
 const DEFAULT_TICK_RETENTION_MS = 7 * 86_400_000;
 const JOB_REASONS = { 1: "running", 2: "too_soon", 3: "tick_done" } as const;

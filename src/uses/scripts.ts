@@ -196,7 +196,9 @@ export const START_JOB = defineScript(
   `
 if hasTick and redis.call('EXISTS', tickKey) == 1 then
   count(statsKey, nowMs, 'cron.tick_done')
-  return {0, 3, math.max(1, ttlOrSet(tickKey, tickKeepMs)), nowMs}
+  ttlOrSet(tickKey, tickKeepMs)
+  -- when the job may start again: with a later tick, once no run holds it
+  return {0, 3, math.max(0, redis.call('PTTL', jobKey)), nowMs}
 end
 local job = redis.call('HMGET', jobKey, 'token', 'finished')
 if job[1] then
