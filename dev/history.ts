@@ -357,7 +357,7 @@ export const BROKEN_RULES = [
 ] as const;
 /**
  * One of {@linkcode BROKEN_RULES}, or a rule whose break costs only liveness, which tests catch by
- * what a waiter misses: `bell`, a release that never rings the readers' bell.
+ * what a waiter misses: `bell`, a release that never grants readers nor rings their bell.
  */
 export type BrokenRule = typeof BROKEN_RULES[number] | "bell";
 
@@ -407,7 +407,7 @@ local places, position = {}, -1`,
   permits: [[RELEASE, HAND_OVER], "if used + permits > offer.limit then return nil end", ""],
   bell: [
     [RELEASE, HAND_OVER],
-    "if not live or (r.shared and r.limit == 0) then ringReaders() end",
+    "if not live or (r.shared and r.limit == 0) then return grantReaders(r) end",
     "",
   ],
 };

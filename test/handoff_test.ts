@@ -6,6 +6,8 @@ import { startBridge } from "../bridge/mod.ts";
 import { runScript } from "../src/core/_runner.ts";
 import { withBroken } from "../dev/history.ts";
 import { ACQUIRE } from "../src/core/lua/acquire.ts";
+import { ACQUIRE_SHARED } from "../src/core/lua/acquire_shared.ts";
+import type { Script } from "../src/core/lua/_define.ts";
 import { LEAVE_QUEUE } from "../src/core/lua/leave_queue.ts";
 import { acquired, keygen, lockKeys, shared, startBackend, takeTicket, until } from "./_backend.ts";
 
@@ -215,6 +217,79 @@ Deno.test("a waiter leaving the queue finds a hand-off that beat it", async () =
   assert.ok(reply[2]! > 2_000 && reply[2]! <= 3_000, `with its TTL left: ${reply[2]}`);
   assert.equal(await redis.exists(wakeKey, offersKey), 0, "the wake key and the offer are gone");
   assert.equal(await locks.release({ name, token }), true);
+});
+
+Deno.test("a reader leaving the queue finds the grant a ring of the bell gave it", async () => {
+  const { backend } = await fixture();
+  const redis = backend.redis;
+  const locks = new Locks(redis);
+  const name = keygen("h");
+  const [lockKey, queueKey, ticketsKey, marksKey] = lockKeys(name);
+  const [offersKey, holdersKey, readersKey] = [
+    `${lockKey}:offers`,
+    `${lockKey}:holders`,
+    `${lockKey}:readers`,
+  ];
+  const wakeKey = (id: string) => `${lockKey}:wake:${id}`;
+  const writer = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const look = (token: string, wakeId: string) =>
+    ACQUIRE_SHARED.call({
+      keys: {
+        lockKey,
+        queueKey,
+        ticketsKey,
+        holdersKey,
+        marksKey,
+        offersKey,
+        wakeKey: wakeKey(wakeId),
+        readersKey,
+      },
+      args: {
+        token,
+        ttlMs: 3_000,
+        meta: "",
+        graceMs: 60_000,
+        ticketMs: 2_000,
+        maxWaiters: 10,
+        name,
+        waitedMs: 0,
+        waiting: true,
+        hold: "",
+        limit: 0,
+        permits: 1,
+        wakeId,
+      },
+    });
+  const leave = (token: string, wakeId: string) =>
+    LEAVE_QUEUE.call({
+      keys: {
+        queueKey,
+        ticketsKey,
+        offersKey,
+        lockKey,
+        wakeKey: wakeKey(wakeId),
+        holdersKey,
+        readersKey,
+      },
+      args: { member: `${token}~s`, outcome: "", wakeId },
+    });
+  const run = async (call: { keys: string[]; args: (string | number)[] }, script: Script) =>
+    await runScript(redis, script, call.keys, call.args) as number[];
+  const [one, two] = ["reader-one-000000001", "reader-two-000000002"];
+  assert.equal((await run(look(one, "wReaderOne0001"), ACQUIRE_SHARED))[0], 0);
+  assert.equal((await run(look(two, "wReaderTwo0002"), ACQUIRE_SHARED))[0], 0);
+  await locks.release(writer); // the ring grants both
+  const ring = await redis.xrange(readersKey, "-", "+");
+  assert.equal(Object.keys(ring).length, 1, "one ring");
+  const reply = await run(leave(one, "wReaderOne0001"), LEAVE_QUEUE);
+  assert.equal(reply[0], 2, "the leave reports the lease");
+  assert.ok(reply[1]! > writer.fence);
+  assert.ok(reply[2]! > 2_000 && reply[2]! <= 3_000, `with its TTL left: ${reply[2]}`);
+  // Another wake id (another acquire with the token) finds no grant of its own.
+  assert.equal(await run(leave(two, "wSomeoneElse01"), LEAVE_QUEUE), 0);
+  for (const token of [one, two]) {
+    assert.equal(await locks.release({ name, token, mode: "shared" } as never), true);
+  }
 });
 
 // A waiter that never hears its BLPOP replies (withheld until aborted).
@@ -556,10 +631,28 @@ async function readersBehindWriter(locks: Locks, redis: Redis, name: string) {
   return leases;
 }
 
-Deno.test("readers behind a writer all wake at its release and take the lock together", async () => {
+// A client that counts the calls of `script` (EVALSHA or EVAL).
+function callsOf(redis: Redis, script: Script) {
+  const sha1 = script.sha1();
+  let calls = 0;
+  const client = new Proxy(redis, {
+    get(target, property, receiver) {
+      const value = Reflect.get(target, property, receiver);
+      if (property !== "evalsha" && property !== "eval") return value;
+      return async (first: string, keys: string[], args: unknown[]) => {
+        if (first === await sha1 || first === script.source) calls++;
+        return (value as typeof target.evalsha).call(target, first, keys, args);
+      };
+    },
+  });
+  return { client, calls: () => calls };
+}
+
+Deno.test("readers behind a writer are granted in the ring of its release: one look each", async () => {
   const { backend } = await fixture();
   const { client, blocks } = blocksOf(backend.redis, "XREAD");
-  const { locks, looks } = tracked(client);
+  const { client: counted, calls } = callsOf(client, ACQUIRE_SHARED);
+  const { locks, looks } = tracked(counted);
   const name = keygen("h");
   const leases = await readersBehindWriter(locks, backend.redis, name);
   assert.deepEqual(
@@ -567,7 +660,11 @@ Deno.test("readers behind a writer all wake at its release and take the lock tog
     { answered: 5, empty: 0 },
     "each reader listened once, and heard the ring",
   );
-  assert.equal(looks(), 5, "one busy look each, then the look the ring called for");
+  assert.equal(looks(), 5, "one busy look each");
+  assert.equal(calls(), 5, "and no look after the ring: its grant came in it");
+  const fences = leases.map((lease) => lease.fence);
+  assert.equal(new Set(fences).size, 5, `a fence of its own each: ${fences}`);
+  for (const lease of leases) assert.equal(lease.mode, "shared");
   const info = await locks.inspect(name);
   assert.ok(info.held);
   assert.equal(info.holders, 5);

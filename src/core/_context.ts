@@ -148,9 +148,16 @@ export class LockContext {
 
   /**
    * Waits up to `ms` for an entry after `id` on the stream `key` (XREAD BLOCK, a request of its
-   * own): true when one came, false when none did. Rejects as {@linkcode block} does.
+   * own): the value an entry holds under `field` (a reader's grant under its wake id), `""` when
+   * entries came without it, `null` when none did. Rejects as {@linkcode block} does.
    */
-  listen(key: string, id: string, ms: number, signal?: AbortSignal): Promise<boolean> {
+  listen(
+    key: string,
+    id: string,
+    field: string,
+    ms: number,
+    signal?: AbortSignal,
+  ): Promise<string | null> {
     const command: [string, ...string[]] = [
       "XREAD",
       "BLOCK",
@@ -159,7 +166,25 @@ export class LockContext {
       key,
       id,
     ];
-    return this.#blocking(command, ms, signal).then((reply) => reply !== null);
+    return this.#blocking(command, ms, signal).then((reply) => {
+      if (reply === null) return null;
+      // [[key, [[id, [field, value, …]], …]]]: the latest entry with the field wins.
+      const entries = (reply as [unknown, [unknown, unknown[]][]][])?.[0]?.[1];
+      if (!Array.isArray(entries)) {
+        throw new EdgelockError(
+          "backend_unavailable",
+          "Redis answered XREAD with an unexpected reply",
+        );
+      }
+      let found = "";
+      for (const entry of entries) {
+        const fields = Array.isArray(entry?.[1]) ? entry[1] : [];
+        for (let i = 0; i + 1 < fields.length; i += 2) {
+          if (fields[i] === field) found = String(fields[i + 1]);
+        }
+      }
+      return found;
+    });
   }
 
   #blocking(

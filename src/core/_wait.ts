@@ -48,10 +48,11 @@ export interface Attempt<T extends Lease | Lease[]> {
     lease(grant: { fence: number; ttlMs: number; now: number; next: string }): T;
   };
   /**
-   * A shared waiter's readers' bell (a stream a release rings when readers fit) and the id its
-   * looks send to say it blocks; none for waiters that are handed leases or only poll.
+   * A shared waiter's readers' bell (a stream a release rings when readers fit, with the grants of
+   * the readers at the head under their wake ids), its wake id, and the lease a grant gives; none
+   * for other waiters.
    */
-  bell?: { key: string; id: string };
+  bell?: Attempt<T>["wake"];
 }
 
 /** One look: the ticket it takes, the time waited so far, and the wake id when it will block. */
@@ -100,8 +101,9 @@ export async function waitFor<T extends Lease | Lease[]>(
   // Leaves the queues; a hand-off that came first is the caller's lease, returned.
   const leave = async (why: string): Promise<T | undefined> => {
     if (!queued) return undefined;
-    const grant = await leaveQueues(context, names, attempt.members, why, attempt.wake);
-    return grant && attempt.wake!.lease(grant);
+    const handed = attempt.wake ?? attempt.bell;
+    const grant = await leaveQueues(context, names, attempt.members, why, handed);
+    return grant && handed!.lease(grant);
   };
   let blocking = (attempt.wake ?? attempt.bell) !== undefined && context.canBlock;
   const refused = (error: unknown) => {
@@ -159,38 +161,38 @@ export async function waitFor<T extends Lease | Lease[]>(
     if ((attempt.bell || attempt.wake) && wakeId !== "" && within - 2 * rtt <= 1) {
       continue; // no time to block before the ticket's end: look again at once
     }
+    const ends = reply.firstEndsIn || reply.pttl;
+    let message: string | null | Error | undefined;
     if (attempt.bell && reply.bellId && wakeId !== "" && position >= 0) {
       // Listen for the readers' bell, at most until the first holder's lease ends (readers may
-      // fit then, unannounced), then look again: a ring says readers fit, not that this one does.
-      const ends = reply.firstEndsIn || reply.pttl;
+      // fit then, unannounced). A ring grants the readers at the head; the others look again.
       const blockMs = Math.min(
         remaining,
         BLOCK_MS,
         within - 2 * rtt,
         ends > 0 ? ends + 1 : BLOCK_MS,
       );
-      const rung = await context.listen(
+      message = await context.listen(
         attempt.bell.key,
         reply.bellId,
+        attempt.bell.id,
         Math.max(1, blockMs),
         signal,
-      )
-        .catch(refused);
-      if (rung instanceof Error) throw rung;
-      continue;
-    }
-    if (attempt.wake && wakeId !== "" && position >= 0) {
+      ).catch(refused);
+    } else if (attempt.wake && wakeId !== "" && position >= 0) {
       // Block until a release hands the lock over; the head no longer than the holder's lease (a
       // semaphore's first holder's), so a holder that vanished is followed at its lease end.
-      const ends = reply.firstEndsIn || reply.pttl;
       const blockMs = Math.min(
         remaining,
         BLOCK_MS,
         within - 2 * rtt,
         position === 0 ? ends + 1 : BLOCK_MS,
       );
-      const message = await context.block(attempt.wake.key, Math.max(1, blockMs), signal)
+      message = await context.block(attempt.wake.key, Math.max(1, blockMs), signal)
         .catch(refused);
+    }
+    const handed = attempt.wake ?? attempt.bell;
+    if (message !== undefined && handed) {
       if (message instanceof Error) throw message;
       // A grant made before this look (the server clock says so) is no live lease: look again.
       const parsed = message === null ? undefined : parseGrant(message);
@@ -200,7 +202,7 @@ export async function waitFor<T extends Lease | Lease[]>(
       if (grant) {
         const moved = sentAt + (grant.now - reply.now); // never before sentAt: grant.now >= reply.now
         const grantedAt = moved <= performance.now() ? moved : sentAt; // past now: a stepped clock
-        return granted(attempt.wake.lease(grant), grantedAt);
+        return granted(handed.lease(grant), grantedAt);
       }
       continue;
     }
@@ -238,7 +240,8 @@ async function leaveQueues(
   wake: { id: string } | undefined,
 ): Promise<{ fence: number; ttlMs: number; now: number; next: string } | undefined> {
   const calls = names.map((name, i) => {
-    const { lockKey, queueKey, ticketsKey, offersKey, holdersKey } = context.keys.lock(name);
+    const { lockKey, queueKey, ticketsKey, offersKey, holdersKey, readersKey } = context.keys
+      .lock(name);
     const { statsKey } = i === 0 ? context.keys.statsKeys(name) : {};
     const wakeId = (i === 0 && wake?.id) || "";
     return LEAVE_QUEUE.call({
@@ -249,6 +252,7 @@ async function leaveQueues(
         lockKey,
         wakeKey: context.keys.wake(name, wakeId),
         holdersKey,
+        readersKey,
         statsKey,
       },
       args: { member: members[i]!, outcome: i === 0 ? outcome : "", wakeId },

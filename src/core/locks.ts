@@ -178,8 +178,8 @@ export class Locks implements LockClient {
         }),
       members: [`${lease.token}~${limit > 0 ? permits : "s"}`],
       decode: granted(ACQUIRE_SHARED, kind),
-      // A semaphore's waiter is handed its permits; readers listen for the readers' bell.
-      ...(limit > 0 ? { wake: wake(kind) } : { bell: { key: readersKey, id: wakeId } }),
+      // A semaphore's waiter is handed its permits; a reader its lease in a ring of the bell.
+      ...(limit > 0 ? { wake: wake(kind) } : { bell: { ...wake(kind), key: readersKey } }),
     };
   }
 

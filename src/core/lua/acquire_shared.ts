@@ -18,14 +18,14 @@ import {
   HANDOFF_LUA,
   HOLDERS_LUA,
   INDEX_LUA,
+  MAX_SHARED,
   NOW,
   QUEUE_LUA,
   RECORD_LUA,
   STATS_LUA,
 } from "./lib.ts";
 
-/** The most shared holders one name has at once; one more is busy. */
-export const MAX_SHARED = 1000;
+export { MAX_SHARED };
 
 /**
  * Acquire shared (`limit` 0) or `permits` of a semaphore of `limit`. Returns `{1, fence, ttlMs,
@@ -118,8 +118,9 @@ end
 local holdMs = holdEstimate(r)
 if permits > free then
   local offer
-  -- A semaphore's waiter blocks: a release may hand it permits (a reader, the bell below).
-  if wakeId ~= '' and limit > 0 then offer = blockingOffer(limit) end
+  -- A waiter that blocks may be handed its lease: a semaphore's on its wake key, a reader's in a
+  -- ring of the readers' bell (below).
+  if wakeId ~= '' then offer = blockingOffer(limit) end
   local reply = busy(r, exclusive or live, holdMs, member, head, offersKey, offer)
   -- When the first holder's lease ends, ms (0: none): a waiter may fit then, unannounced.
   local soonest = 0

@@ -5,12 +5,23 @@ import { NOW, STATS_LUA } from "./lib.ts";
  * Leave the queue (a waiter gave up): counts the acquire's outcome, `timeout` or `aborted` ('' to
  * count nothing). Returns 1 when its ticket was removed, else 0. A waiter that blocked (`wakeId`
  * its wake key's id) drops its offer and its wake key too, and may find that a release handed
- * it the lock (or, a semaphore's waiter `<token>~<permits>`, its permits) first (the receipt the hand-off left on that wake key names the lease): then `{2, fence, ttlMs, nowMs}`, its lease (the caller's to keep or free).
+ * it the lock (or, a semaphore's waiter `<token>~<permits>`, its permits) first (the receipt the
+ * hand-off left on that wake key names the lease; a reader's, `<token>~s`, is its grant in a ring
+ * of the readers' bell): then `{2, fence, ttlMs, nowMs}`, its lease (the caller's to keep or free).
  */
 export const LEAVE_QUEUE = defineScript(
   "leave_queue",
   {
-    keys: ["queueKey", "ticketsKey", "offersKey", "lockKey", "wakeKey", "holdersKey", "statsKey?"],
+    keys: [
+      "queueKey",
+      "ticketsKey",
+      "offersKey",
+      "lockKey",
+      "wakeKey",
+      "holdersKey",
+      "readersKey?",
+      "statsKey?",
+    ],
     args: { member: "string", outcome: "string", wakeId: "string" },
   },
   [NOW, STATS_LUA],
@@ -26,7 +37,20 @@ local receipt = redis.call('LINDEX', wakeKey, -1)
 redis.call('DEL', wakeKey)
 local fence, leaseEnd, token
 local holder = string.match(member, '^([%w_-]+)~%d+$') -- a semaphore's waiter: its holder entry
-if holder then
+local reader = string.match(member, '^([%w_-]+)~s$')
+if reader then
+  -- A reader's receipt is its grant in a ring of the readers' bell, under its wake id.
+  leaseEnd, fence = string.match(redis.call('HGET', holdersKey, reader) or '', '^(%d+)|(%d+)|')
+  receipt = nil
+  for _, entry in ipairs(readersKey and fence and redis.call('XRANGE', readersKey, '-', '+') or {}) do
+    for i = 1, #entry[2], 2 do
+      if entry[2][i] == wakeId and string.match(entry[2][i + 1], '^(%d+):') == fence then
+        receipt = 'r' .. fence
+      end
+    end
+  end
+  token = fence and member
+elseif holder then
   leaseEnd, fence = string.match(redis.call('HGET', holdersKey, holder) or '', '^(%d+)|(%d+)|')
   token = fence and member
 else

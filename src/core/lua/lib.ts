@@ -58,6 +58,12 @@ export const MAX_HOLDS = 64;
 
 /** How long the readers' bell outlives its last ring, ms: past any reader's block on it. */
 export const BELL_MS = 5000;
+/** How many rings the bell keeps: a reader that listens late still finds its grant. */
+export const BELL_ENTRIES = 4;
+/** The most readers one ring grants (each with its stats); those after it look. */
+export const READERS_PER_RING = 32;
+/** The most shared holders one name has at once; one more is busy. */
+export const MAX_SHARED = 1000;
 
 /**
  * How long a name remembers a release (or a break) by its token (or break id), so that a retry
@@ -321,18 +327,58 @@ local function blockingOffer(limit)
   return string.format('%d|%d|', ttlMs, nowMs - waitedMs) .. wakeId .. '|' .. hold .. '|' .. limit ..
     '|' .. meta
 end
--- Rings the readers' bell (\`readersKey\`, a stream): every shared waiter blocked on it wakes and
--- looks. A reader is never handed a lease: one release could wake only one of the readers that fit,
--- so it wakes them all, and each takes its lease at its own look, in queue order as always.
-local function ringReaders()
-  if not readersKey then return end
-  redis.call('XADD', readersKey, 'MAXLEN', '1', '*', 'at', nowMs)
-  redis.call('PEXPIRE', readersKey, ${BELL_MS})
-end
 -- The wake id of \`head\` (the waiter at the head of the queue), '' when it left no offer.
 local function nextWake(head)
   local offer = head and readOffer(head)
   return (offer and offer.wake) or ''
+end
+-- Grants the readers at the head of the queue that left offers (up to READERS_PER_RING, in queue
+-- order, stopping at the first that did not, or at a writer or a semaphore's waiter) and rings the
+-- readers' bell (\`readersKey\`, a stream): one entry with each granted reader's grant under its
+-- wake id. Every reader blocked on the bell wakes; one granted there has its lease, the others
+-- look. Each grant is written as if the reader had acquired (its own fence). Returns 1 when it
+-- granted any (the record is then theirs), else nil. Called when readers fit: the name free, or
+-- held by readers only (\`r\`, its record).
+local function grantReaders(r)
+  if not readersKey then return nil end
+  local live = not r.free and r.shared and r.limit == 0 and r.leaseEnd ~= nil and nowMs < r.leaseEnd
+  local holders, used = {}, 0
+  if live then holders, used = readHolders(holdersKey, nowMs, true) end
+  local fence, leaseEnd, entry, head = r.fence, (live and r.leaseEnd) or 0, {}, nil
+  for _, m in ipairs(redis.call('ZRANGE', queueKey, 0, ${READERS_PER_RING} - 1)) do
+    head = m
+    local token = string.match(m, '^([%w_-]+)~s$')
+    local offer = token and not holders[token] and used < ${MAX_SHARED} and readOffer(m)
+    if not offer then break end
+    head = nil
+    if #entry == 0 and not live then redis.call('DEL', holdersKey) end -- an earlier spell's
+    fence = string.format('%.0f', math.max(nowUs, tonumber(fence) + 1))
+    local h = {leaseEnd = nowMs + offer.ttl, fence = fence, permits = 1,
+      holds = newHolds(offer.hold), meta = offer.meta}
+    writeHolder(holdersKey, token, h)
+    holders[token], used, leaseEnd = h, used + 1, math.max(leaseEnd, h.leaseEnd)
+    redis.call('ZREM', queueKey, m)
+    redis.call('ZREM', ticketsKey, m)
+    redis.call('HDEL', offersKey, m)
+    redis.call('ZREM', marksKey, token) -- a release without a fence now means this lease
+    entry[#entry + 1], entry[#entry + 2] = offer.wake, fence .. ':' .. ms(h.leaseEnd) .. ':' .. ms(nowMs)
+    observe(statsKey, nowMs, 'wait', nowMs - offer.since)
+  end
+  -- The next head (a writer, mostly) is told to each reader: a release then names its wake key.
+  if #entry > 0 then
+    local after = nextWake(head or redis.call('ZRANGE', queueKey, 0, 0)[1])
+    for i = 2, #entry, 2 do entry[i] = entry[i] .. ':' .. after end
+  end
+  redis.call('XADD', readersKey, 'MAXLEN', '${BELL_ENTRIES}', '*', 'at', nowMs, unpack(entry))
+  redis.call('PEXPIRE', readersKey, ${BELL_MS})
+  if #entry == 0 then return nil end
+  local flag = (redis.call('EXISTS', queueKey) == 1 and '1') or '0'
+  writeShared(lockKey, {fence = fence, leaseEnd = leaseEnd, at = nowMs,
+    hold = clamp(r.hold, 1, ${MAX_HOLD_MS}), flag = flag, limit = 0, released = r.released,
+    shared = true}, nowMs, graceMs)
+  redis.call('PEXPIRE', holdersKey, leaseEnd - nowMs)
+  indexPut(namesKey, endsKey, name, leaseEnd, nowMs)
+  return 1
 end
 -- Grants the name (r, its record) to the head of the queue when it left an offer whose wake key
 -- is \`wakeKey\` (\`wakeId\` its id, '' for none declared) and it fits: an exclusive waiter when
@@ -345,8 +391,8 @@ local handedNext = ''
 local function handOver(r, wakeKey, wakeId)
   local head = queueHead(queueKey, ticketsKey, nowMs, ${MAX_QUEUE}, offersKey)
   local live = not r.free and r.leaseEnd ~= nil and nowMs < r.leaseEnd
-  if head and string.sub(head, -2) == '~s' then -- a reader: rung when readers fit
-    if not live or (r.shared and r.limit == 0) then ringReaders() end
+  if head and string.sub(head, -2) == '~s' then -- readers: granted, and rung, when they fit
+    if not live or (r.shared and r.limit == 0) then return grantReaders(r) end
     return nil
   end
   local offer = head and readOffer(head)
