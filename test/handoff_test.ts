@@ -676,6 +676,32 @@ Deno.test("readers behind a writer are granted in the ring of its release: one l
   assert.ok(ttl > 0 && ttl <= 5_000, `the bell lives ${ttl} ms`);
 });
 
+Deno.test("a reader behind a queued writer hears a ring not meant for it and listens on", async () => {
+  const { backend } = await fixture();
+  const { client, blocks } = blocksOf(backend.redis, "XREAD");
+  const { client: counted, calls } = callsOf(client, ACQUIRE_SHARED);
+  const locks = new Locks(counted);
+  const name = keygen("h");
+  const first = acquired(await locks.acquire(name, { ttlMs: 60_000 }));
+  const ahead = locks.acquire(name, { mode: "shared", ttlMs: 10_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  const writer = locks.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 2);
+  const behind = locks.acquire(name, { mode: "shared", ttlMs: 10_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 3);
+  await locks.release(first); // the ring grants the reader ahead only
+  const read = acquired(await ahead);
+  await until("the reader behind heard the ring", () => Promise.resolve(blocks.answered === 2));
+  assert.equal(calls(), 2, "one look each: the reader behind did not look again");
+  await locks.release(read); // hands the lock to the writer
+  const written = acquired(await writer);
+  await locks.release(written); // the ring grants the reader behind
+  const last = acquired(await behind);
+  assert.ok(last.fence > written.fence && written.fence > read.fence);
+  assert.equal(calls(), 2, "and it was granted in the ring, still without a look");
+  await locks.release(last);
+});
+
 Deno.test("with the bell removed, readers sleep through the release (the test above catches it)", async () => {
   const { backend } = await fixture();
   const { client, blocks } = blocksOf(withBroken(backend.redis, "bell"), "XREAD");

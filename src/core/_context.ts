@@ -147,9 +147,10 @@ export class LockContext {
   }
 
   /**
-   * Waits up to `ms` for an entry after `id` on the stream `key` (XREAD BLOCK, a request of its
-   * own): the value an entry holds under `field` (a reader's grant under its wake id), `""` when
-   * entries came without it, `null` when none did. Rejects as {@linkcode block} does.
+   * Waits up to `ms` for a ring after `id` on the readers' bell `key` (XREAD BLOCK, a request of
+   * its own): the grant a ring holds under `field` (the reader's wake id), `""` for none; whether
+   * a ring asks the readers it did not grant to look (`more`); and the last ring's id. `null` when
+   * none came. Rejects as {@linkcode block} does.
    */
   listen(
     key: string,
@@ -157,7 +158,7 @@ export class LockContext {
     field: string,
     ms: number,
     signal?: AbortSignal,
-  ): Promise<string | null> {
+  ): Promise<{ grant: string; more: boolean; id: string } | null> {
     const command: [string, ...string[]] = [
       "XREAD",
       "BLOCK",
@@ -168,22 +169,23 @@ export class LockContext {
     ];
     return this.#blocking(command, ms, signal).then((reply) => {
       if (reply === null) return null;
-      // [[key, [[id, [field, value, …]], …]]]: the latest entry with the field wins.
+      // [[key, [[id, [field, value, …]], …]]]
       const entries = (reply as [unknown, [unknown, unknown[]][]][])?.[0]?.[1];
-      if (!Array.isArray(entries)) {
+      const last = Array.isArray(entries) ? entries.at(-1)?.[0] : undefined;
+      if (typeof last !== "string") {
         throw new EdgelockError(
           "backend_unavailable",
           "Redis answered XREAD with an unexpected reply",
         );
       }
-      let found = "";
-      for (const entry of entries) {
-        const fields = Array.isArray(entry?.[1]) ? entry[1] : [];
-        for (let i = 0; i + 1 < fields.length; i += 2) {
-          if (fields[i] === field) found = String(fields[i + 1]);
+      const heard = { grant: "", more: false, id: last };
+      for (const [, fields] of entries!) {
+        for (let i = 0; Array.isArray(fields) && i + 1 < fields.length; i += 2) {
+          if (fields[i] === field) heard.grant = String(fields[i + 1]);
+          if (fields[i] === "more" && String(fields[i + 1]) === "1") heard.more = true;
         }
       }
-      return found;
+      return heard;
     });
   }
 

@@ -165,20 +165,31 @@ export async function waitFor<T extends Lease | Lease[]>(
     let message: string | null | Error | undefined;
     if (attempt.bell && reply.bellId && wakeId !== "" && position >= 0) {
       // Listen for the readers' bell, at most until the first holder's lease ends (readers may
-      // fit then, unannounced). A ring grants the readers at the head; the others look again.
-      const blockMs = Math.min(
-        remaining,
-        BLOCK_MS,
-        within - 2 * rtt,
-        ends > 0 ? ends + 1 : BLOCK_MS,
+      // fit then, unannounced). A ring grants the readers at the head; a reader it did not grant
+      // listens on, unless the ring says more may fit, while its ticket leaves room for a look.
+      const listenedAt = performance.now();
+      const until = Math.min(
+        deadline,
+        listenedAt + within - 2 * rtt,
+        listenedAt + (ends > 0 ? ends + 1 : BLOCK_MS),
       );
-      message = await context.listen(
-        attempt.bell.key,
-        reply.bellId,
-        attempt.bell.id,
-        Math.max(1, blockMs),
-        signal,
-      ).catch(refused);
+      for (let from = reply.bellId; message === undefined;) {
+        const blockMs = Math.min(until - performance.now(), BLOCK_MS);
+        if (blockMs < 1) break;
+        const heard = await context.listen(
+          attempt.bell.key,
+          from,
+          attempt.bell.id,
+          blockMs,
+          signal,
+        ).catch(refused);
+        if (heard === null || heard instanceof Error || heard.grant !== "" || heard.more) {
+          message = heard instanceof Error || heard === null ? heard : heard.grant;
+        } else {
+          from = heard.id;
+        }
+      }
+      message ??= null;
     } else if (attempt.wake && wakeId !== "" && position >= 0) {
       // Block until a release hands the lock over; the head no longer than the holder's lease (a
       // semaphore's first holder's), so a holder that vanished is followed at its lease end.

@@ -365,11 +365,13 @@ local function grantReaders(r)
     observe(statsKey, nowMs, 'wait', nowMs - offer.since)
   end
   -- The next head (a writer, mostly) is told to each reader: a release then names its wake key.
-  if #entry > 0 then
-    local after = nextWake(head or redis.call('ZRANGE', queueKey, 0, 0)[1])
-    for i = 2, #entry, 2 do entry[i] = entry[i] .. ':' .. after end
-  end
-  redis.call('XADD', readersKey, 'MAXLEN', '${BELL_ENTRIES}', '*', 'at', nowMs, unpack(entry))
+  -- A reader there (one that polls, or past the most one ring grants) may fit too: \`more\` tells
+  -- the readers not granted here to look; else they listen on.
+  head = head or redis.call('ZRANGE', queueKey, 0, 0)[1]
+  local after, more = nextWake(head), (head and string.sub(head, -2) == '~s' and 1) or 0
+  for i = 2, #entry, 2 do entry[i] = entry[i] .. ':' .. after end
+  redis.call('XADD', readersKey, 'MAXLEN', '${BELL_ENTRIES}', '*', 'at', nowMs, 'more', more,
+    unpack(entry))
   redis.call('PEXPIRE', readersKey, ${BELL_MS})
   if #entry == 0 then return nil end
   local flag = (redis.call('EXISTS', queueKey) == 1 and '1') or '0'
