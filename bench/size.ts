@@ -43,16 +43,18 @@ import { cli } from "../bridge/_cli.ts";
  * icon: the service 65.4 KB. Causes redacted of the command Upstash appends, a failed connection
  * named (shared by the library's probe and the typed client) and option names checked in the
  * client, withLock, cronGuard and over HTTP with a did-you-mean: the core 25.2 KB, the uses
- * 10.2 KB, the client 6.7 KB, the quorum 7.2 KB and the service 66.0 KB. */
+ * 10.2 KB, the client 6.7 KB, the quorum 7.2 KB and the service 66.0 KB. Readers granted in the
+ * ring of the bell (the release writes their leases; a reader not granted listens on): the core
+ * 26.3 KB, the uses 10.4 KB, the service 67.2 KB (the Worker, its Lua comments dropped, 81.5 KB). */
 export const BUDGETS = {
-  ".": 25_300,
-  "./uses": 10_300,
+  ".": 26_400,
+  "./uses": 10_500,
   "./hono": 7_700,
   "./client": 6_800,
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 7_300,
-  "./service": 66_100,
+  "./service": 67_300,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

@@ -65,19 +65,25 @@ const luaList = (values: readonly (string | number)[]) =>
  * counting, never the decision.
  */
 export const STATS_LUA = `
+-- the stats key and minute whose slot this script checked already
+local checkedMinute
 local function count(key, nowMs, field)
   if not key then return end
   local minute = string.format('%d', math.floor(nowMs / 60000))
   local slot = string.format('%d', math.floor(nowMs / 60000) % ${WINDOW_MINUTES}) .. ':'
-  local held = redis.pcall('HGET', key, slot .. 'm')
-  if type(held) == 'table' then return false end
-  local turned = held ~= minute
-  if turned then
-    local old = ${luaList(FIELDS)}
-    for i, f in ipairs(old) do old[i] = slot .. f end
-    redis.pcall('HDEL', key, unpack(old))
-    redis.pcall('HSET', key, slot .. 'm', minute)
-    redis.pcall('PEXPIRE', key, ${STATS_RETENTION_MS})
+  local turned = false
+  if checkedMinute ~= key .. '@' .. minute then
+    local held = redis.pcall('HGET', key, slot .. 'm')
+    if type(held) == 'table' then return false end
+    turned = held ~= minute
+    if turned then
+      local old = ${luaList(FIELDS)}
+      for i, f in ipairs(old) do old[i] = slot .. f end
+      redis.pcall('HDEL', key, unpack(old))
+      redis.pcall('HSET', key, slot .. 'm', minute)
+      redis.pcall('PEXPIRE', key, ${STATS_RETENTION_MS})
+    end
+    checkedMinute = key .. '@' .. minute
   end
   redis.pcall('HINCRBY', key, slot .. field, 1)
   redis.pcall('HINCRBY', key, 't:' .. field, 1)

@@ -119,7 +119,8 @@ if record[1] == 'completed' then
 end
 local retentionMs = tonumber(record[3])
 if record[1] ~= 'claimed' or not retentionMs then
-  return 0 -- not a claim this script wrote (an older layout, a hand edit): not held
+  -- not a claim this script wrote (an older layout, a hand edit): not held
+  return 0
 end
 redis.call('HSET', recordKey, 'state', 'completed', 'response', response)
 redis.call('PEXPIRE', recordKey, retentionMs)
@@ -230,7 +231,8 @@ export const EXTEND_JOB = defineScript(
   `
 local job = redis.call('HMGET', jobKey, 'token', 'finished', 'fence', 'notBefore')
 if job[1] ~= token or job[2] ~= '0' or not tonumber(job[3]) or not tonumber(job[4]) then
-  return {0, nowMs} -- not this token's run, or not a run this script wrote: not held
+  -- not this token's run, or not a run this script wrote: not held
+  return {0, nowMs}
 end
 local ttl = math.max(atMostMs, tonumber(job[4]) - nowMs)
 keepFor(jobKey, fenceKey, job[3], ttl, graceMs)
@@ -258,7 +260,8 @@ if job[2] == '1' then
   return 1
 end
 if not tonumber(job[3]) then
-  return 0 -- not a run this script wrote: not held
+  -- not a run this script wrote: not held
+  return 0
 end
 local left = tonumber(job[3]) - nowMs
 if left > 0 then

@@ -2,10 +2,10 @@ import { defineScript } from "./_define.ts";
 import { ACQUIRE_ARGS, STATS_KEYS, WAIT_ARGS } from "./contracts.ts";
 import {
   ACQUIRE_LUA,
-  HANDOFF_LUA,
   INDEX_LUA,
   MAX_HOLD_MS,
   NOW,
+  OFFER_LUA,
   QUEUE_LUA,
   RECORD_LUA,
   STATS_LUA,
@@ -35,7 +35,8 @@ if fast then
   if hold ~= '' then holds = '0,' .. hold end
   redis.call('SET', lockKey, 'H' .. fence .. '|' .. string.format('%.0f|%.0f|%d', leaseEnd, nowMs, hold0) ..
     '|0|' .. token .. '|' .. released0 .. '|' .. holds .. '|' .. meta, 'PX', ttlMs + graceMs)
-  redis.call('ZREM', marksKey, token) -- a release without a fence now means this lease
+  -- a release without a fence now means this lease
+  redis.call('ZREM', marksKey, token)
   if observe(statsKey, nowMs, 'wait', waitedMs) then indexPrune(namesKey, endsKey, nowMs, 1000) end
   indexPut(namesKey, endsKey, name, leaseEnd, nowMs)
   return {1, tonumber(fence), ttlMs, nowMs, 1, ''}
@@ -81,21 +82,24 @@ export const ACQUIRE = defineScript(
       wakeId: "string", // the caller's wake key's id when it blocks between looks, else ''
     },
   },
-  [NOW, STATS_LUA, INDEX_LUA, FAST, RECORD_LUA, QUEUE_LUA, ACQUIRE_LUA, HANDOFF_LUA],
+  [NOW, STATS_LUA, INDEX_LUA, FAST, RECORD_LUA, QUEUE_LUA, ACQUIRE_LUA, OFFER_LUA],
   `
-local r = readRecord(lockKey, raw) -- read by the fast path above
+-- read by the fast path above
+local r = readRecord(lockKey, raw)
 if r and r.foreign then return foreignBusy(lockKey) end
 local held = r and (r.token or r.shared) and nowMs < r.leaseEnd
 if held and r.shared and r.limit > 0 then return {-1, 1, nowMs} end
 if held and r.token == token then
-  if hold == '' and #r.holds.ids > 0 then return {-1, 5, nowMs} end -- a plain acquire of a reentrant lease
+  -- a plain acquire of a reentrant lease
+  if hold == '' and #r.holds.ids > 0 then return {-1, 5, nowMs} end
   if not addHold(r.holds, hold) then return {-1, 3, nowMs} end
   -- No hold ends the lease before the end another hold was told.
   r.leaseEnd = math.max(r.leaseEnd, nowMs + ttlMs)
   if meta ~= '' then r.meta = meta end
   writeHeld(lockKey, r, nowMs, graceMs)
   granted(r.leaseEnd)
-  if wakeId ~= '' then redis.call('DEL', wakeKey) end -- a hand-off it learns of here
+  -- a hand-off it learns of here
+  if wakeId ~= '' then redis.call('DEL', wakeKey) end
   local nextHead = r.flag == '1' and redis.call('ZRANGE', queueKey, 0, 0)[1]
   return {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, holdCount(r.holds), nextWake(nextHead or nil)}
 end
@@ -110,7 +114,8 @@ if not held and (not head or head == token) then
     flag = flag, token = token, meta = meta, holds = newHolds(hold),
     released = (r and r.released) or ''}
   writeHeld(lockKey, grant, nowMs, graceMs)
-  redis.call('ZREM', marksKey, token) -- a release without a fence now means this lease
+  -- a release without a fence now means this lease
+  redis.call('ZREM', marksKey, token)
   granted(grant.leaseEnd)
   return {1, tonumber(grant.fence), ttlMs, nowMs, 1, nextWake(nextHead)}
 end

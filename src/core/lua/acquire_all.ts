@@ -42,7 +42,8 @@ for i = 1, n do
   records[i] = r
   held[i] = r and (r.token or r.shared) and nowMs < r.leaseEnd
   if held[i] and r.shared and r.limit > 0 then return {-1, 1, nowMs} end
-  if not (held[i] and r.token == token) then -- a name this token holds already stays granted
+  -- a name this token holds already stays granted
+  if not (held[i] and r.token == token) then
     if not r or r.flag == '1' then heads[i] = queueHead(queueKey(i), ticketsKey(i), nowMs, maxWaiters) end
     blocked[i] = held[i] or (heads[i] and heads[i] ~= token)
     if blocked[i] then ready = false end
@@ -54,7 +55,8 @@ if ready then
   for i = 1, n do
     local r = records[i]
     if held[i] then
-      r.leaseEnd = math.max(r.leaseEnd, nowMs + ttlMs) -- never before the end it was told
+      -- never before the end it was told
+      r.leaseEnd = math.max(r.leaseEnd, nowMs + ttlMs)
       if meta ~= '' then r.meta = meta end
     else
       local flag = '0'
@@ -79,7 +81,8 @@ if ticketMs > 0 then
   for i = 1, n do
     if not everywhere then leaveQueue(queueKey(i), ticketsKey(i), token) end
     places[i] = joinQueue(queueKey(i), ticketsKey(i), token, nowMs, ticketMs, maxWaiters)
-    if places[i] == -2 then -- full: in no queue at all
+    -- full: in no queue at all
+    if places[i] == -2 then
       for j = 1, i do leaveQueue(queueKey(j), ticketsKey(j), token) end
       places, position = {}, -2
       break

@@ -15,11 +15,11 @@ import { defineScript } from "./_define.ts";
 import { ACQUIRE_ARGS, STATS_KEYS, WAIT_ARGS } from "./contracts.ts";
 import {
   ACQUIRE_LUA,
-  HANDOFF_LUA,
   HOLDERS_LUA,
   INDEX_LUA,
   MAX_SHARED,
   NOW,
+  OFFER_LUA,
   QUEUE_LUA,
   RECORD_LUA,
   STATS_LUA,
@@ -61,7 +61,7 @@ export const ACQUIRE_SHARED = defineScript(
       wakeId: "string", // a waiter that blocks between looks: its wake key's id, else ''
     },
   },
-  [NOW, RECORD_LUA, HOLDERS_LUA, QUEUE_LUA, INDEX_LUA, STATS_LUA, ACQUIRE_LUA, HANDOFF_LUA],
+  [NOW, RECORD_LUA, HOLDERS_LUA, QUEUE_LUA, INDEX_LUA, STATS_LUA, ACQUIRE_LUA, OFFER_LUA],
   `
 local capacity, member = limit, token .. '~' .. permits
 if limit == 0 then capacity, member = ${MAX_SHARED}, token .. '~s' end
@@ -77,17 +77,20 @@ local holders, used = {}, 0
 if live then holders, used = readHolders(holdersKey, nowMs, true) end
 local mine = holders[token]
 if mine then
-  if mine.permits ~= permits then return {-1, 4, nowMs} end -- its permits are what it was told
+  -- its permits are what it was told
+  if mine.permits ~= permits then return {-1, 4, nowMs} end
   if hold == '' and #mine.holds.ids > 0 then return {-1, 5, nowMs} end
   if not addHold(mine.holds, hold) then return {-1, 3, nowMs} end
-  mine.leaseEnd = math.max(mine.leaseEnd, nowMs + ttlMs) -- never before another hold's end
+  -- never before another hold's end
+  mine.leaseEnd = math.max(mine.leaseEnd, nowMs + ttlMs)
   if meta ~= '' then mine.meta = meta end
   writeHolder(holdersKey, token, mine)
   r.leaseEnd = math.max(r.leaseEnd, mine.leaseEnd)
   writeShared(lockKey, r, nowMs, graceMs)
   redis.call('PEXPIRE', holdersKey, r.leaseEnd - nowMs)
   granted(r.leaseEnd)
-  if wakeId ~= '' then redis.call('DEL', wakeKey) end -- a hand-off it learns of here
+  -- a hand-off it learns of here
+  if wakeId ~= '' then redis.call('DEL', wakeKey) end
   local nextHead = r.flag == '1' and redis.call('ZRANGE', queueKey, 0, 0)[1]
   return {1, tonumber(mine.fence), mine.leaseEnd - nowMs, nowMs, holdCount(mine.holds),
     nextWake(nextHead or nil)}
@@ -137,11 +140,13 @@ if permits > free then
 end
 local nextHead = head and leaveQueue(queueKey, ticketsKey, member, offersKey) or nil
 local flag = (nextHead and '1') or '0'
-if not live then redis.call('DEL', holdersKey) end -- holders of an earlier shared spell
+-- holders of an earlier shared spell
+if not live then redis.call('DEL', holdersKey) end
 local h = {fence = newFence(r), leaseEnd = nowMs + ttlMs, permits = permits,
   holds = newHolds(hold), meta = meta}
 writeHolder(holdersKey, token, h)
-redis.call('ZREM', marksKey, token) -- a release without a fence now means this lease
+-- a release without a fence now means this lease
+redis.call('ZREM', marksKey, token)
 local grant = {fence = h.fence, leaseEnd = h.leaseEnd, at = nowMs, hold = holdMs, flag = flag,
   limit = limit, released = (r and r.released) or '', shared = true}
 if live then grant.leaseEnd = math.max(r.leaseEnd, h.leaseEnd) end

@@ -26,7 +26,8 @@ export const BREAK = defineScript(
   },
   [NOW, RECORD_LUA, INDEX_LUA, STATS_LUA],
   `
-if breakId ~= '' then -- a retry: the same answer (a fence, or 0 for not held), nothing more
+-- a retry: the same answer (a fence, or 0 for not held), nothing more
+if breakId ~= '' then
   local done = tonumber(redis.call('ZSCORE', marksKey, '~' .. breakId))
   if done == 0 then return {0, nowMs} end
   if done then return {1, done, nowMs} end

@@ -5,6 +5,7 @@ import {
   HOLDERS_LUA,
   INDEX_LUA,
   NOW,
+  OFFER_LUA,
   QUEUE_LUA,
   RECORD_LUA,
   STATS_LUA,
@@ -34,10 +35,11 @@ export const HAND_OVER = defineScript(
     ],
     args: { graceMs: "number", name: "string", wakeId: "string" },
   },
-  [NOW, RECORD_LUA, HOLDERS_LUA, QUEUE_LUA, INDEX_LUA, STATS_LUA, HANDOFF_LUA],
+  [NOW, RECORD_LUA, HOLDERS_LUA, QUEUE_LUA, INDEX_LUA, STATS_LUA, OFFER_LUA, HANDOFF_LUA],
   `
 local r = readRecord(lockKey) or {fence = '0', hold = 1, released = ''}
-if r.foreign or (r.token and nowMs < r.leaseEnd) then return {0, ''} end -- held exclusively
+-- held exclusively
+if r.foreign or (r.token and nowMs < r.leaseEnd) then return {0, ''} end
 local handed = handOver(r, wakeKey, wakeId)
 if handed == 1 then return {1, handedNext} end
 return {0, handed or ''}

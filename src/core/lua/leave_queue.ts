@@ -36,7 +36,8 @@ redis.call('HDEL', offersKey, member)
 local receipt = redis.call('LINDEX', wakeKey, -1)
 redis.call('DEL', wakeKey)
 local fence, leaseEnd, token
-local holder = string.match(member, '^([%w_-]+)~%d+$') -- a semaphore's waiter: its holder entry
+-- a semaphore's waiter: its holder entry
+local holder = string.match(member, '^([%w_-]+)~%d+$')
 local reader = string.match(member, '^([%w_-]+)~s$')
 if reader then
   -- A reader's receipt is its grant in a ring of the readers' bell, under its wake id.

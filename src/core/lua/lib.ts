@@ -133,7 +133,8 @@ ${HOLDS_LUA}local function readRecord(key, value)
   if kind == 'H' then
     local fence, leaseEnd, at, hold, flag, token, released, count, meta = string.match(value,
       '^H(%d+)|(%d+)|(%d+)|(%d+)|([01])|([%w_-]+)|([%d:%x]*)|(%d[%w_,%-]*)|(.*)$')
-    if not fence then -- written by 0.1, before hold counts: one hold
+    -- written by 0.1, before hold counts: one hold
+    if not fence then
       fence, leaseEnd, at, hold, flag, token, released, meta = string.match(value,
         '^H(%d+)|(%d+)|(%d+)|(%d+)|([01])|([%w_-]+)|([%d:%x]*)|(.*)$')
       count = '1'
@@ -227,7 +228,8 @@ export const QUEUE_LUA = `
 -- With offersKey, their offers go too.
 local function queueHead(queueKey, ticketsKey, nowMs, maxWaiters, offersKey)
   local head = redis.call('ZRANGE', queueKey, 0, 0)[1]
-  if head then -- the queue and its tickets hold the same members: no head, no tickets
+  -- the queue and its tickets hold the same members: no head, no tickets
+  if head then
     local lapsed = redis.call('ZRANGEBYSCORE', ticketsKey, '-inf', nowMs, 'LIMIT', 0, maxWaiters)
     if #lapsed > 0 then
       redis.call('ZREM', queueKey, unpack(lapsed))
@@ -309,9 +311,11 @@ end
 // the new holder's release can declare it in turn). A head whose wake key was not declared is
 // named in the reply; the caller hands over with `./hand_over.ts`. The pushed grant is only a
 // message: the record is the lease, and a waiter that missed its grant finds it at its next look.
-// Written with the names `offersKey`, `queueKey`, `ticketsKey`, `marksKey`, `lockKey`,
-// `graceMs` and `name` of the calling script, after RECORD_LUA, QUEUE_LUA, INDEX_LUA and STATS_LUA.
-export const HANDOFF_LUA = `
+// OFFER_LUA is the waiter's side (its offer, and the next head's wake id for a grant's hint),
+// HANDOFF_LUA the release's, after it. Written with the names `offersKey`, `queueKey`,
+// `ticketsKey`, `marksKey`, `lockKey`, `graceMs` and `name` of the calling script, after
+// RECORD_LUA, QUEUE_LUA, INDEX_LUA and STATS_LUA.
+export const OFFER_LUA = `
 local function readOffer(member)
   local ttl, since, wake, hold, limit, meta = string.match(redis.call('HGET', offersKey, member) or '',
     '^(%d+)|(%d+)|([%w_-]+)|([%w_-]*)|(%d+)|(.*)$')
@@ -332,6 +336,10 @@ local function nextWake(head)
   local offer = head and readOffer(head)
   return (offer and offer.wake) or ''
 end
+`;
+
+/** The release's side of the hand-off (see OFFER_LUA), after it. */
+export const HANDOFF_LUA = `
 -- Grants the readers at the head of the queue that left offers (up to READERS_PER_RING, in queue
 -- order, stopping at the first that did not, or at a writer or a semaphore's waiter) and rings the
 -- readers' bell (\`readersKey\`, a stream): one entry with each granted reader's grant under its
@@ -351,7 +359,8 @@ local function grantReaders(r)
     local offer = token and not holders[token] and used < ${MAX_SHARED} and readOffer(m)
     if not offer then break end
     head = nil
-    if #entry == 0 and not live then redis.call('DEL', holdersKey) end -- an earlier spell's
+    -- an earlier spell's
+    if #entry == 0 and not live then redis.call('DEL', holdersKey) end
     fence = string.format('%.0f', math.max(nowUs, tonumber(fence) + 1))
     local h = {leaseEnd = nowMs + offer.ttl, fence = fence, permits = 1,
       holds = newHolds(offer.hold), meta = offer.meta}
@@ -360,7 +369,8 @@ local function grantReaders(r)
     redis.call('ZREM', queueKey, m)
     redis.call('ZREM', ticketsKey, m)
     redis.call('HDEL', offersKey, m)
-    redis.call('ZREM', marksKey, token) -- a release without a fence now means this lease
+    -- a release without a fence now means this lease
+    redis.call('ZREM', marksKey, token)
     entry[#entry + 1], entry[#entry + 2] = offer.wake, fence .. ':' .. ms(h.leaseEnd) .. ':' .. ms(nowMs)
     observe(statsKey, nowMs, 'wait', nowMs - offer.since)
   end
@@ -393,7 +403,8 @@ local handedNext = ''
 local function handOver(r, wakeKey, wakeId)
   local head = queueHead(queueKey, ticketsKey, nowMs, ${MAX_QUEUE}, offersKey)
   local live = not r.free and r.leaseEnd ~= nil and nowMs < r.leaseEnd
-  if head and string.sub(head, -2) == '~s' then -- readers: granted, and rung, when they fit
+  -- readers: granted, and rung, when they fit
+  if head and string.sub(head, -2) == '~s' then
     if not live or (r.shared and r.limit == 0) then return grantReaders(r) end
     return nil
   end
@@ -412,11 +423,13 @@ local function handOver(r, wakeKey, wakeId)
     end
     if used + permits > offer.limit then return nil end
   elseif live or string.find(head, '~', 1, true) then
-    return nil -- an exclusive waiter takes the name only free; a shared one is not handed it
+    -- an exclusive waiter takes the name only free; a shared one is not handed it
+    return nil
   end
   -- It fits: handed over here when the caller declared its wake key, else by the caller next.
   if offer.wake ~= wakeId then return offer.wake end
-  if token and not live then redis.call('DEL', holdersKey) end -- holders of an earlier spell
+  -- holders of an earlier spell
+  if token and not live then redis.call('DEL', holdersKey) end
   local nextHead = leaveQueue(queueKey, ticketsKey, head, offersKey)
   local fence = string.format('%.0f', math.max(nowUs, tonumber(r.fence) + 1))
   local leaseEnd = nowMs + offer.ttl
@@ -434,7 +447,8 @@ local function handOver(r, wakeKey, wakeId)
     lease.token, lease.meta, lease.holds = head, offer.meta, newHolds(offer.hold)
     writeHeld(lockKey, lease, nowMs, graceMs)
   end
-  redis.call('ZREM', marksKey, token) -- a release without a fence now means this lease
+  -- a release without a fence now means this lease
+  redis.call('ZREM', marksKey, token)
   -- The grant, which the waiter's BLPOP pops, then a receipt that stays: the proof that this
   -- wake key (this acquire, not another with the same token) was handed the lease. A wake key
   -- is one acquire's, and each of its looks clears it: it holds at most the grants made since.

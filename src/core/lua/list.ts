@@ -20,14 +20,16 @@ if cursor ~= '' and cursor >= prefix then low = '(' .. cursor end
 local high = '+'
 if prefix ~= '' then high = '[' .. prefix .. '\\255' end
 local names = redis.pcall('ZRANGEBYLEX', namesKey, low, high, 'LIMIT', 0, limit * 4 + 16)
-if names.err then names = {} end -- a damaged index lists nothing
+-- a damaged index lists nothing
+if names.err then names = {} end
 local found = {nowMs, ''}
 for i, name in ipairs(names) do
   if #found - 2 == limit then
     found[2] = names[i - 1]
     return found
   end
-  local leaseEnd = tonumber(redis.pcall('ZSCORE', endsKey, name)) -- nil when damaged
+  -- nil when damaged
+  local leaseEnd = tonumber(redis.pcall('ZSCORE', endsKey, name))
   if leaseEnd and leaseEnd > nowMs then found[#found + 1] = name end
 end
 if #names == limit * 4 + 16 then found[2] = names[#names] end

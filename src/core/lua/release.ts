@@ -6,6 +6,7 @@ import {
   INDEX_LUA,
   MAX_HOLD_MS,
   NOW,
+  OFFER_LUA,
   QUEUE_LUA,
   RECORD_LUA,
   RELEASE_MEMORY_MS,
@@ -70,7 +71,7 @@ export const RELEASE = defineScript(
       wakeId: "string", // the id of wakeKey, the hinted next holder's, or ''
     },
   },
-  [NOW, STATS_LUA, INDEX_LUA, FAST, RECORD_LUA, HOLDERS_LUA, QUEUE_LUA, HANDOFF_LUA],
+  [NOW, STATS_LUA, INDEX_LUA, FAST, RECORD_LUA, HOLDERS_LUA, QUEUE_LUA, OFFER_LUA, HANDOFF_LUA],
   `
 local function lost()
   count(statsKey, nowMs, 'release.lost')
@@ -80,7 +81,8 @@ end
 -- its lease), else the record says released (\`ttl\` its TTL, nil to keep it). The reply's third
 -- element says the lease ended (1), for the caller's hand-off hint.
 local function freed(r, ttl)
-  r.free = true -- for the hand-off; the record written is r's, released
+  -- for the hand-off; the record written is r's, released
+  r.free = true
   local handed = r.flag == '1' and handOver(r, wakeKey, wakeId)
   if handed == 1 then return {1, handedNext, 1} end
   writeReleased(lockKey, r, ttl)
@@ -102,7 +104,8 @@ local function retried(released, sha)
   if fence == '' then return mark ~= nil end
   return mark == tonumber(fence) or released == fence .. ':' .. sha
 end
-local r = readRecord(lockKey, raw) -- read by the fast path above
+-- read by the fast path above
+local r = readRecord(lockKey, raw)
 if not r then
   if retried('', '') then return {1, ''} end
   return lost()
@@ -119,7 +122,8 @@ if r.shared and nowMs < r.leaseEnd then
     redis.call('HDEL', holdersKey, token)
     markReleased(marksKey, token, h.fence)
     local _, used, latest = readHolders(holdersKey, nowMs, true)
-    sampleHold(r, math.floor(tonumber(h.fence) / 1000)) -- a fence is its grant time in µs, or just past
+    -- a fence is its grant time in µs, or just past
+    sampleHold(r, math.floor(tonumber(h.fence) / 1000))
     if used == 0 then
       r.released = h.fence .. ':' .. sha
       redis.call('DEL', holdersKey)
@@ -129,7 +133,8 @@ if r.shared and nowMs < r.leaseEnd then
       r.leaseEnd = latest
       writeShared(lockKey, r, nowMs, graceMs)
       redis.call('PEXPIRE', holdersKey, latest - nowMs)
-      indexPut(namesKey, endsKey, name, latest, nowMs) -- the index ends with the latest holder
+      -- the index ends with the latest holder
+      indexPut(namesKey, endsKey, name, latest, nowMs)
       -- Permits are free: a semaphore's waiter at the head may fit now.
       local handed = r.flag == '1' and handOver(r, wakeKey, wakeId)
       if handed == 1 then return {1, handedNext, 1} end
@@ -139,7 +144,8 @@ if r.shared and nowMs < r.leaseEnd then
   end
 end
 if r.free or r.token ~= token or nowMs >= r.leaseEnd or (fence ~= '' and r.fence ~= fence) then
-  if retried(r.released, sha) then return {1, ''} end -- not held by this lease now
+  -- not held by this lease now
+  if retried(r.released, sha) then return {1, ''} end
   return lost()
 end
 if dropHold(r.holds, hold) > 0 then

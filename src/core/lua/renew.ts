@@ -28,7 +28,8 @@ end
 h.leaseEnd = math.max(h.leaseEnd, nowMs + ttlMs)
 if r.shared then
   writeHolder(holdersKey, token, h)
-  r.leaseEnd = math.max(r.leaseEnd, h.leaseEnd) -- the latest holder's
+  -- the latest holder's
+  r.leaseEnd = math.max(r.leaseEnd, h.leaseEnd)
   writeShared(lockKey, r, nowMs, graceMs)
   redis.call('PEXPIRE', holdersKey, r.leaseEnd - nowMs)
 else
