@@ -1,7 +1,7 @@
 // The hand-off at release: blocked waiters are granted the lock by the release itself.
 import assert from "node:assert/strict";
 import type { Redis } from "@upstash/redis";
-import { type LockEvent, LockOps, Locks } from "@edgelock/edgelock";
+import { type AcquireResult, type LockEvent, LockOps, Locks } from "@edgelock/edgelock";
 import { startBridge } from "../bridge/mod.ts";
 import { runScript } from "../src/core/_runner.ts";
 import fc from "fast-check";
@@ -10,6 +10,8 @@ import { ACQUIRE } from "../src/core/lua/acquire.ts";
 import { ACQUIRE_SHARED } from "../src/core/lua/acquire_shared.ts";
 import type { Script } from "../src/core/lua/_define.ts";
 import { LEAVE_QUEUE } from "../src/core/lua/leave_queue.ts";
+import { HAND_OVER } from "../src/core/lua/hand_over.ts";
+import { BELL_ENTRIES } from "../src/core/lua/lib.ts";
 import { acquired, keygen, lockKeys, shared, startBackend, takeTicket, until } from "./_backend.ts";
 
 const fixture = shared(async () => {
@@ -210,7 +212,7 @@ Deno.test("a waiter leaving the queue finds a hand-off that beat it", async () =
   assert.equal(await redis.llen(wakeKey), 2, "the grant and its receipt wait on the wake key");
   const leave = LEAVE_QUEUE.call({
     keys: { queueKey, ticketsKey, offersKey, lockKey, wakeKey, holdersKey: `${lockKey}:holders` },
-    args: { member: token, outcome: "", wakeId: "wTestWake0001" },
+    args: { member: token, outcome: "", wakeId: "wTestWake0001", lookedAt: 0 },
   });
   const reply = await runScript(redis, LEAVE_QUEUE, leave.keys, leave.args) as number[];
   assert.equal(reply[0], 2, "the leave reports the lease");
@@ -220,7 +222,7 @@ Deno.test("a waiter leaving the queue finds a hand-off that beat it", async () =
   assert.equal(await locks.release({ name, token }), true);
 });
 
-Deno.test("a reader leaving the queue finds the grant a ring of the bell gave it", async () => {
+Deno.test("a reader leaving the queue finds the lease a ring granted it since its last look", async () => {
   const { backend } = await fixture();
   const redis = backend.redis;
   const locks = new Locks(redis);
@@ -261,36 +263,132 @@ Deno.test("a reader leaving the queue finds the grant a ring of the bell gave it
         wakeId,
       },
     });
-  const leave = (token: string, wakeId: string) =>
+  const leave = (token: string, wakeId: string, lookedAt: number) =>
     LEAVE_QUEUE.call({
-      keys: {
-        queueKey,
-        ticketsKey,
-        offersKey,
-        lockKey,
-        wakeKey: wakeKey(wakeId),
-        holdersKey,
-        readersKey,
-      },
-      args: { member: `${token}~s`, outcome: "", wakeId },
+      keys: { queueKey, ticketsKey, offersKey, lockKey, wakeKey: wakeKey(wakeId), holdersKey },
+      args: { member: `${token}~s`, outcome: "", wakeId, lookedAt },
     });
   const run = async (call: { keys: string[]; args: (string | number)[] }, script: Script) =>
     await runScript(redis, script, call.keys, call.args) as number[];
   const [one, two] = ["reader-one-000000001", "reader-two-000000002"];
+  const [seconds] = await redis.time();
+  const lookedAt = Number(seconds) * 1000 - 1000; // the server's clock, before the looks
   assert.equal((await run(look(one, "wReaderOne0001"), ACQUIRE_SHARED))[0], 0);
   assert.equal((await run(look(two, "wReaderTwo0002"), ACQUIRE_SHARED))[0], 0);
   await locks.release(writer); // the ring grants both
   const ring = await redis.xrange(readersKey, "-", "+");
   assert.equal(Object.keys(ring).length, 1, "one ring");
-  const reply = await run(leave(one, "wReaderOne0001"), LEAVE_QUEUE);
+  const reply = await run(leave(one, "wReaderOne0001", lookedAt), LEAVE_QUEUE);
   assert.equal(reply[0], 2, "the leave reports the lease");
   assert.ok(reply[1]! > writer.fence);
   assert.ok(reply[2]! > 2_000 && reply[2]! <= 3_000, `with its TTL left: ${reply[2]}`);
-  // Another wake id (another acquire with the token) finds no grant of its own.
-  assert.equal(await run(leave(two, "wSomeoneElse01"), LEAVE_QUEUE), 0);
+  // A lease granted before the leaver's last look is not its grant.
+  assert.equal(await run(leave(two, "wReaderTwo0002", lookedAt + 60_000), LEAVE_QUEUE), 0);
   for (const token of [one, two]) {
     assert.equal(await locks.release({ name, token, mode: "shared" } as never), true);
   }
+});
+
+Deno.test("a reader that times out as a ring grants it keeps the lease, however many rings follow", async () => {
+  const { backend } = await fixture();
+  const redis = backend.redis;
+  const locks = new Locks(redis);
+  const name = keygen("h");
+  const [lockKey, queueKey, ticketsKey, marksKey] = lockKeys(name);
+  const [offersKey, holdersKey, readersKey] = [
+    `${lockKey}:offers`,
+    `${lockKey}:holders`,
+    `${lockKey}:readers`,
+  ];
+  const writer = acquired(await locks.acquire(name, { ttlMs: 60_000 }));
+  const leaveSha = await LEAVE_QUEUE.sha1();
+  // A reader that polls (no offer), queued last: the ring stops at it, and every hand-over while
+  // readers hold rings again (for the readers behind it, which may fit).
+  const poller = ACQUIRE_SHARED.call({
+    keys: {
+      lockKey,
+      queueKey,
+      ticketsKey,
+      holdersKey,
+      marksKey,
+      offersKey,
+      wakeKey: `${lockKey}:wake:`,
+      readersKey,
+    },
+    args: {
+      token: "poller-000000000001",
+      ttlMs: 1000,
+      meta: "",
+      graceMs: 60_000,
+      ticketMs: 20_000,
+      maxWaiters: 100,
+      name,
+      waitedMs: 0,
+      waiting: true,
+      hold: "",
+      limit: 0,
+      permits: 1,
+      wakeId: "",
+    },
+  });
+  const ring = HAND_OVER.call({
+    keys: {
+      lockKey,
+      queueKey,
+      ticketsKey,
+      offersKey,
+      marksKey,
+      wakeKey: `${lockKey}:wake:`,
+      holdersKey,
+      readersKey,
+    },
+    args: { graceMs: 60_000, name, wakeId: "" },
+  });
+  let others: Promise<AcquireResult>[] = [];
+  // The leave of the reader that gives up is held back while the writer releases (its ring grants
+  // every reader) and 20 more rings follow, past what the bell keeps.
+  const slow = new Proxy(redis, {
+    get(target, property, receiver) {
+      if (property !== "evalsha") return Reflect.get(target, property, receiver);
+      return async (sha: string, keys: string[], args: unknown[]) => {
+        if (sha === leaveSha) {
+          await locks.release(writer);
+          for (let i = 0; i < 20; i++) await runScript(redis, HAND_OVER, ring.keys, ring.args);
+        }
+        return await target.evalsha(sha, keys, args);
+      };
+    },
+  });
+  const gaveUp = new Locks(slow).acquire(name, { mode: "shared", ttlMs: 30_000, waitMs: 400 });
+  await queued(redis, name, 1);
+  others = [1, 2, 3, 4].map(() =>
+    locks.acquire(name, { mode: "shared", ttlMs: 30_000, waitMs: 20_000 })
+  );
+  await queued(redis, name, 5);
+  await runScript(redis, ACQUIRE_SHARED, poller.keys, poller.args);
+  const result = await gaveUp;
+  assert.ok(
+    result.acquired,
+    `told ${JSON.stringify(result)}: ${JSON.stringify(await locks.inspect(name))}`,
+  );
+  assert.ok(await redis.xlen(readersKey) >= BELL_ENTRIES, "its ring is trimmed from the bell");
+  for (const other of await Promise.all(others)) await locks.release(acquired(other));
+  assert.equal(await locks.release(result.lease), true);
+});
+
+Deno.test("a bell key of another type costs the readers their ring, never the release", async () => {
+  const { backend } = await fixture();
+  const locks = new Locks(backend.redis);
+  const name = keygen("h");
+  const writer = acquired(await locks.acquire(name, { ttlMs: 60_000 }));
+  const reader = locks.acquire(name, { mode: "shared", ttlMs: 10_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  await backend.redis.set(`${lockKeys(name)[0]}:readers`, "a hand edit", { px: 60_000 });
+  assert.equal(await locks.release(writer), true);
+  const read = acquired(await reader); // at its next look, within a block
+  assert.ok(read.fence > writer.fence);
+  assert.equal(await locks.release(read), true);
+  assert.equal((await locks.inspect(name)).held, false);
 });
 
 // A waiter that never hears its BLPOP replies (withheld until aborted).

@@ -409,7 +409,7 @@ Deno.test("a script's call puts named keys and arguments where its generated hea
     () =>
       scripts.LEAVE_QUEUE.call({
         keys: { queueKey: "q" } as never,
-        args: { member: "m", outcome: "", wakeId: "" },
+        args: { member: "m", outcome: "", wakeId: "", lookedAt: 0 },
       }),
     /The leave_queue script's call lacks the key ticketsKey/,
   );

@@ -98,11 +98,12 @@ export async function waitFor<T extends Lease | Lease[]>(
   };
   let queued = false;
   let rtt = 0; // this wait's last round trip, ms
+  let lookedAt = 0; // the server's time at the last look, ms
   // Leaves the queues; a hand-off that came first is the caller's lease, returned.
   const leave = async (why: string): Promise<T | undefined> => {
     if (!queued) return undefined;
     const handed = attempt.wake ?? attempt.bell;
-    const grant = await leaveQueues(context, names, attempt.members, why, handed);
+    const grant = await leaveQueues(context, names, attempt.members, why, handed, lookedAt);
     return grant && handed!.lease(grant);
   };
   let blocking = (attempt.wake ?? attempt.bell) !== undefined && context.canBlock;
@@ -130,6 +131,7 @@ export async function waitFor<T extends Lease | Lease[]>(
     const call = attempt.call({ ticketMs, waitedMs, waiting: waitMs > 0, wakeId });
     const reply = attempt.decode(await context.run(attempt.script, call));
     rtt = performance.now() - sentAt;
+    if (reply.status === "busy") lookedAt = reply.now;
     // How long after this look the next one may arrive and still find the ticket it took.
     const within = ticketMs - TICKET_MARGIN_MS;
     if (reply.status === "granted") return granted(reply.granted, sentAt);
@@ -249,10 +251,10 @@ async function leaveQueues(
   members: string[],
   outcome: string,
   wake: { id: string } | undefined,
+  lookedAt: number,
 ): Promise<{ fence: number; ttlMs: number; now: number; next: string } | undefined> {
   const calls = names.map((name, i) => {
-    const { lockKey, queueKey, ticketsKey, offersKey, holdersKey, readersKey } = context.keys
-      .lock(name);
+    const { lockKey, queueKey, ticketsKey, offersKey, holdersKey } = context.keys.lock(name);
     const { statsKey } = i === 0 ? context.keys.statsKeys(name) : {};
     const wakeId = (i === 0 && wake?.id) || "";
     return LEAVE_QUEUE.call({
@@ -263,10 +265,9 @@ async function leaveQueues(
         lockKey,
         wakeKey: context.keys.wake(name, wakeId),
         holdersKey,
-        readersKey,
         statsKey,
       },
-      args: { member: members[i]!, outcome: i === 0 ? outcome : "", wakeId },
+      args: { member: members[i]!, outcome: i === 0 ? outcome : "", wakeId, lookedAt },
     });
   });
   const replies = await context.runMany(LEAVE_QUEUE, calls).catch(() => []);

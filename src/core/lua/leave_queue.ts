@@ -6,8 +6,8 @@ import { NOW, STATS_LUA } from "./lib.ts";
  * count nothing). Returns 1 when its ticket was removed, else 0. A waiter that blocked (`wakeId`
  * its wake key's id) drops its offer and its wake key too, and may find that a release handed
  * it the lock (or, a semaphore's waiter `<token>~<permits>`, its permits) first (the receipt the
- * hand-off left on that wake key names the lease; a reader's, `<token>~s`, is its grant in a ring
- * of the readers' bell): then `{2, fence, ttlMs, nowMs}`, its lease (the caller's to keep or free).
+ * hand-off left on that wake key names the lease; a reader's, `<token>~s`, is a lease of its token
+ * granted since its last look): then `{2, fence, ttlMs, nowMs}`, its lease (the caller's to keep or free).
  */
 export const LEAVE_QUEUE = defineScript(
   "leave_queue",
@@ -19,10 +19,14 @@ export const LEAVE_QUEUE = defineScript(
       "lockKey",
       "wakeKey",
       "holdersKey",
-      "readersKey?",
       "statsKey?",
     ],
-    args: { member: "string", outcome: "string", wakeId: "string" },
+    args: {
+      member: "string",
+      outcome: "string",
+      wakeId: "string",
+      lookedAt: "number", // the server's time at the waiter's last look, ms (0: none)
+    },
   },
   [NOW, STATS_LUA],
   `
@@ -40,16 +44,12 @@ local fence, leaseEnd, token
 local holder = string.match(member, '^([%w_-]+)~%d+$')
 local reader = string.match(member, '^([%w_-]+)~s$')
 if reader then
-  -- A reader's receipt is its grant in a ring of the readers' bell, under its wake id.
+  -- A reader is granted in a ring of the bell, which keeps only its last rings: its receipt is a
+  -- live lease of its token granted since its last look (\`lookedAt\`, the server's ms then).
+  -- Another call with the token shares that holder entry anyway (a reader's acquire again with
+  -- it is a retry).
   leaseEnd, fence = string.match(redis.call('HGET', holdersKey, reader) or '', '^(%d+)|(%d+)|')
-  receipt = nil
-  for _, entry in ipairs(readersKey and fence and redis.call('XRANGE', readersKey, '-', '+') or {}) do
-    for i = 1, #entry[2], 2 do
-      if entry[2][i] == wakeId and string.match(entry[2][i + 1], '^(%d+):') == fence then
-        receipt = 'r' .. fence
-      end
-    end
-  end
+  if fence and tonumber(fence) >= lookedAt * 1000 then receipt = 'r' .. fence end
   token = fence and member
 elseif holder then
   leaseEnd, fence = string.match(redis.call('HGET', holdersKey, holder) or '', '^(%d+)|(%d+)|')
