@@ -45,16 +45,19 @@ import { cli } from "../bridge/_cli.ts";
  * client, withLock, cronGuard and over HTTP with a did-you-mean: the core 25.2 KB, the uses
  * 10.2 KB, the client 6.7 KB, the quorum 7.2 KB and the service 66.0 KB. Readers granted in the
  * ring of the bell (the release writes their leases; a reader not granted listens on): the core
- * 26.5 KB, the uses 10.4 KB, the service 67.3 KB (the Worker, its Lua comments dropped, 81.4 KB). */
+ * 26.5 KB, the uses 10.4 KB, the service 67.3 KB (the Worker, its Lua comments dropped, 81.4 KB).
+ * Option names checked in the Hono middleware, dedupe, claims and the ops calls, and a key of
+ * another type or a REST URL with a path told as config_error: the core 26.8 KB, the uses
+ * 10.7 KB, the hono entry 8.1 KB, the quorum 7.5 KB, the service 67.7 KB (the Worker 81.8 KB). */
 export const BUDGETS = {
-  ".": 26_600,
-  "./uses": 10_500,
-  "./hono": 7_700,
+  ".": 26_800,
+  "./uses": 10_800,
+  "./hono": 8_100,
   "./client": 6_800,
   "./otel": 9_500,
   "./tcp": 1_000,
-  "./quorum": 7_300,
-  "./service": 67_500,
+  "./quorum": 7_500,
+  "./service": 67_700,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

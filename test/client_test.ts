@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { Hono } from "hono";
 import { createClient } from "@edgelock/edgelock/client";
-import { idempotency } from "@edgelock/edgelock/hono";
+import { idempotency, webhookDedupe } from "@edgelock/edgelock/hono";
 import { createApp } from "@edgelock/edgelock/service";
 import {
   cronGuard,
@@ -221,6 +221,33 @@ Deno.test("an option the client or a helper does not take is a TypeError naming 
     client.jobs.start(name, { atMostMs: 5000, ticks: 1 } as never),
     slip("start()", "ticks", "tick"),
   );
+  await assert.rejects(
+    client.records.claim("dedupe", `n/${name}`, { lease: 5 } as never),
+    slip("claim()", "lease", "leaseMs"),
+  );
+  await assert.rejects(client.list({ limt: 1 } as never), slip("list()", "limt", "limit"));
+  await assert.rejects(client.audit({ limt: 1 } as never), slip("audit()", "limt", "limit"));
+  await assert.rejects(
+    client.break(name, { reson: "x" } as never),
+    slip("break()", "reson", "reason"),
+  );
+  await assert.rejects(
+    dedupe(client.records, { namespace: "n", id: name, lease: 1 } as never),
+    slip("dedupe()", "lease", "leaseMs"),
+  );
+  const { records } = await fixture();
+  await assert.rejects(
+    records.claim("idempotency", `s/${name}`, { ttl: 5000 } as never),
+    { name: "TypeError", message: 'claim() has no option "ttl"' },
+  );
+  assert.throws(
+    () => idempotency({ records, scope: () => "u", wait: 1 } as never),
+    slip("idempotency()", "wait", "waitMs"),
+  );
+  assert.throws(
+    () => webhookDedupe({ records, secrets: ["whsec_AAAA"], namespace: "b", ttl: 1 } as never),
+    { name: "TypeError", message: 'webhookDedupe() has no option "ttl"' },
+  );
   // Over HTTP, the service names the field it does not know and the likeliest meant.
   const problem = await app.request(`/v1/locks/${name}/acquire`, {
     method: "POST",
@@ -231,4 +258,13 @@ Deno.test("an option the client or a helper does not take is a TypeError naming 
   assert.deepEqual((await problem.json()).errors, [
     { path: "(body)", message: "unknown field: ttl (did you mean ttlMs?)" },
   ]);
+  const two = await app.request(`/v1/locks/${name}/acquire`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${SECRET}`, "content-type": "application/json" },
+    body: JSON.stringify({ ttl: 5000, wait: 10, colour: "red" }),
+  });
+  assert.deepEqual((await two.json()).errors, [{
+    path: "(body)",
+    message: "unknown fields: ttl (did you mean ttlMs?), wait (did you mean waitMs?), colour",
+  }]);
 });

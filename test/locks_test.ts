@@ -3,6 +3,7 @@ import { EdgelockError, type Lease, LockOps, Locks } from "@edgelock/edgelock";
 import { Redis } from "@upstash/redis";
 import { freePort } from "../dev/redis_server.ts";
 import { FENCE_GRACE_MS } from "../src/core/_validate.ts";
+import { redacted } from "../src/core/_failure.ts";
 import { RELEASE_MEMORY_MS } from "../src/core/lua/lib.ts";
 import { acquired, holderOf, keygen, shared, startBackend, until } from "./_backend.ts";
 import { createApp } from "../src/service/app.ts";
@@ -525,13 +526,29 @@ Deno.test("a misconfigured client's error names the cause, and never a key", asy
       assert.doesNotMatch(printed, /edgelock:|evalsha|command was|[0-9a-f]{40}/, printed);
       if (code === "backend_unavailable") assert.match(printed, /ECONNREFUSED|refused/i);
     }
-    // A Redis error for the script (a key of the wrong type) prints neither keys nor the SHA-1.
+    // A key of the wrong type (something else writes under the prefix) is no outage, and what
+    // prints names neither keys nor the SHA-1.
     const name = keygen();
     await backend.redis.lpush(lockKey(name), "x");
     const error = await new Locks(backend.redis).acquire(name).then(() => undefined, (e) => e);
     assert.ok(error instanceof EdgelockError, String(error));
+    assert.equal(error.code, "config_error");
+    assert.equal(error.retryAfterMs, undefined);
+    assert.match(error.message, /holds another type of value.*a prefix of its own/);
     const printed = Deno.inspect(error);
     assert.match(printed, /WRONGTYPE/);
+    // Redis 6.2 names the script f_<sha1> in the error.
+    assert.doesNotMatch(
+      (redacted(new Error(`ERR Error running script (call to f_${"ab".repeat(20)}): x`)) as Error)
+        .message,
+      /[0-9a-f]{40}/,
+    );
+    // A REST URL with a path: the endpoint takes the path for a command.
+    const pathed = new Locks(backend.client({ url: `${backend.bridge.url}/v1` }));
+    await assert.rejects(pathed.acquire(keygen()), {
+      code: "config_error",
+      message: /without a path/,
+    });
     assert.doesNotMatch(printed, /edgelock:|evalsha|command was|[0-9a-f]{40}/, printed);
     // The service's log line for it says as little.
     const lines: string[] = [];
@@ -545,7 +562,7 @@ Deno.test("a misconfigured client's error names the cause, and never a key", asy
       method: "POST",
       headers: { authorization: `Bearer ${"s".repeat(20)}` },
     });
-    assert.equal(reply.status, 503, await reply.text());
+    assert.equal(reply.status, 500, await reply.text());
     assert.match(lines.join("\n"), /WRONGTYPE/);
     assert.doesNotMatch(lines.join("\n"), /edgelock:|evalsha|command was|[0-9a-f]{40}/);
     // An @upstash/redis client made from unset variables only warns; Locks refuses it at once.

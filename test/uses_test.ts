@@ -843,3 +843,24 @@ Deno.test("idempotency() with a per-request store replays the first response", a
   assert.equal(second.headers.get("idempotent-replayed"), "true");
   assert.deepEqual(await jsonOf(second), await jsonOf(first));
 });
+
+Deno.test("a misconfigured store is a 500 problem+json config_error, its cause in the log", async () => {
+  const { backend } = await fixture();
+  const wrong = new Records(backend.client({ token: "not-the-token" }));
+  const app = new Hono();
+  app.post("/x", idempotency({ records: wrong, scope: () => "u" }), (c) => c.text("ran"));
+  const logged: string[] = [];
+  const error = console.error;
+  console.error = (...args: unknown[]) => logged.push(args.join(" "));
+  try {
+    const res = await app.request("/x", { method: "POST", headers: { "idempotency-key": "k1" } });
+    assert.equal(res.status, 500);
+    assert.match(res.headers.get("content-type") ?? "", /problem\+json/);
+    const problem = await jsonOf(res);
+    assert.equal(problem.code, "config_error");
+    assert.doesNotMatch(JSON.stringify(problem), /127\.0\.0\.1|TOKEN|WRONGPASS/);
+  } finally {
+    console.error = error;
+  }
+  assert.match(logged.join("\n"), /idempotency store failed: Redis refused the REST token/);
+});

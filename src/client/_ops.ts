@@ -1,5 +1,5 @@
 // The operator's calls over HTTP: list, stats, audit and break, for the chosen tenant.
-import { checkLockName, newHoldId } from "../core/_validate.ts";
+import { checkLockName, checkOptions, newHoldId } from "../core/_validate.ts";
 import type { AuditEntry } from "../core/types.ts";
 import type { EdgelockClient } from "./types.ts";
 import { type Http, lockPath } from "./_http.ts";
@@ -19,9 +19,10 @@ export function createOps(http: Http, tenant?: string): OpsCalls {
     return text ? `${path}?${text}` : path;
   };
   return {
-    list(opts = {}) {
+    async list(opts = {}) {
+      checkOptions(opts, ["prefix", "cursor", "limit"], "list()");
       if (opts.cursor !== undefined) checkLockName(opts.cursor);
-      return http.ok(
+      return await http.ok(
         "GET",
         opsPath("v1/locks", { prefix: opts.prefix, cursor: opts.cursor, limit: opts.limit }),
       );
@@ -30,11 +31,13 @@ export function createOps(http: Http, tenant?: string): OpsCalls {
       return http.ok("GET", opsPath("v1/stats"));
     },
     async audit(opts = {}) {
+      checkOptions(opts, ["limit"], "audit()");
       const path = opsPath("v1/audit", { limit: opts.limit });
       return (await http.ok<{ entries: AuditEntry[] }>("GET", path)).entries;
     },
     async break(name, opts = {}) {
       checkLockName(name);
+      checkOptions(opts, ["reason"], "break()");
       // A break id chosen now: a retry of this break answers the same and ends nothing more.
       const body = { ...(opts.reason !== undefined && { reason: opts.reason }), id: newHoldId() };
       return await http.ok("POST", opsPath(lockPath(name, "break")), body);

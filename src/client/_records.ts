@@ -1,7 +1,9 @@
 // Idempotency keys and deduplicated ids over HTTP, with the surface of the library's `Records`.
 import {
   checkDuration,
+  checkOptions,
   checkToken,
+  CLAIM_OPTIONS,
   DEFAULT_LEASE_MS,
   DEFAULT_RETENTION_MS,
   newToken,
@@ -23,6 +25,7 @@ type Data = Record<string, unknown>;
 export function createRecords(http: Http): RecordStore {
   return {
     async claim(kind: RecordKind, id: string, opts: ClaimOptions = {}): Promise<ClaimResult> {
+      checkOptions(opts, CLAIM_OPTIONS, "claim()");
       const body = {
         token: opts.token === undefined ? newToken() : checkToken(opts.token),
         leaseMs: checkDuration(opts.leaseMs, "leaseMs", DEFAULT_LEASE_MS),

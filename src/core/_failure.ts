@@ -8,7 +8,7 @@
  */
 export function redacted(failure: unknown, depth = 0): unknown {
   const scrub = (text: string) =>
-    text.replace(/,? ?command was: [\s\S]*$/, "").replace(/\b[0-9a-f]{40}\b/g, "<sha1>");
+    text.replace(/,? ?command was: [\s\S]*$/, "").replace(/(\b|f_)[0-9a-f]{40}\b/g, "<sha1>");
   if (typeof failure === "string") return scrub(failure);
   if (!(failure instanceof Error)) return failure;
   const inner = (failure as { cause?: unknown }).cause;

@@ -36,11 +36,15 @@ export function checkRedis(redis: RedisLike, what: string): RedisLike {
   }
   // @upstash/redis made without a URL or token (an unset variable) only warns, then fails calls;
   // an unset token is sent as "Bearer undefined".
-  const client = (redis as { client?: { hasCredentials?: unknown; headers?: unknown } }).client;
+  const client = (redis as {
+    client?: { hasCredentials?: unknown; headers?: unknown; baseUrl?: unknown };
+  }).client;
   const authorization = (client?.headers as { authorization?: unknown } | undefined)?.authorization;
-  const missing = client?.hasCredentials === false
-    ? "a URL or token"
-    : typeof authorization === "string" && /^Bearer (undefined|null)?$/.test(authorization)
+  const noToken = typeof authorization === "string" &&
+    /^Bearer (undefined|null)?$/.test(authorization);
+  const missing = client?.hasCredentials === false && !client.baseUrl
+    ? noToken ? "a URL or token" : "a URL"
+    : client?.hasCredentials === false || noToken
     ? "a token"
     : undefined;
   if (missing) {
@@ -226,6 +230,18 @@ function isCrossSlot(error: unknown): boolean {
   return error instanceof Error && /(^|: )CROSSSLOT /.test(error.message);
 }
 
+// A key of another type where a script expects its own: something else writes under the prefix.
+function isWrongType(error: unknown): boolean {
+  return error instanceof Error && /(^|: |@user_script:\d+: )WRONGTYPE /.test(error.message);
+}
+
+// A REST URL with a path: Upstash (and the bridge) take the path's first segment for a command.
+function unknownCommand(error: unknown): string | undefined {
+  if (!(error instanceof Error)) return undefined;
+  const command = /^ERR unknown command '([^']*)'/.exec(error.message)?.[1];
+  return command && !/^(EVALSHA|EVAL|BLPOP|XREAD)$/i.test(command) ? command : undefined;
+}
+
 // Redis 7 refuses a shebang flag it does not know: the key-locking flag sent to a plain Redis.
 function isUnknownFlag(error: unknown): boolean {
   return error instanceof Error && /Unexpected flag in script shebang/.test(error.message);
@@ -261,7 +277,28 @@ function unavailable(script: Script, failure: unknown): EdgelockError {
       { cause },
     );
   }
+  if (isWrongType(cause)) {
+    return new EdgelockError(
+      "config_error",
+      `Redis refused the ${script.name} script: a key under edgelock's prefix holds another type of ` +
+        "value, so something else writes there: give edgelock a prefix of its own (the prefix " +
+        "option; LOCK_KEY_PREFIX for the service)",
+      { cause },
+    );
+  }
+  const unknown = unknownCommand(cause);
+  if (unknown !== undefined) {
+    return new EdgelockError(
+      "config_error",
+      `The REST endpoint took "${unknown}" for a command: UPSTASH_REDIS_REST_URL must be the ` +
+        "database's root URL, without a path",
+      { cause },
+    );
+  }
   const reason = cause instanceof Error ? cause.message : String(cause);
+  if (/^Redis did not answer/.test(reason)) {
+    return new EdgelockError("backend_unavailable", reason, { cause, retryAfterMs: 1000 });
+  }
   return new EdgelockError(
     "backend_unavailable",
     `Redis did not run the ${script.name} script: ${reason}`,

@@ -309,6 +309,9 @@ export const ACQUIRE_OPTIONS = [
   "hold",
 ] as const;
 
+/** What a record's claim takes (`Records`, the client's records). */
+export const CLAIM_OPTIONS = ["token", "leaseMs", "retentionMs", "fingerprint"] as const;
+
 /** What a job's start takes (`Jobs`, the client's jobs, `cronGuard`). */
 export const JOB_OPTIONS = ["atMostMs", "atLeastMs", "tick", "tickRetentionMs", "token"] as const;
 

@@ -3,6 +3,7 @@ import type { RedisLike } from "./_runner.ts";
 import {
   checkHoldId,
   checkLockName,
+  checkOptions,
   LIST_PAGE_DEFAULT,
   MAX_BATCH,
   NAME_PREFIX_PATTERN,
@@ -53,6 +54,7 @@ export class LockOps {
    * meanwhile is left out; a page may hold fewer than `limit` locks and still have a `cursor`.
    */
   async list(options: ListOptions = {}): Promise<LockList> {
+    checkOptions(options, ["prefix", "cursor", "limit"], "list()");
     const prefix = options.prefix ?? "";
     const cursor = options.cursor ?? "";
     const limit = options.limit ?? LIST_PAGE_DEFAULT;
@@ -104,6 +106,7 @@ export class LockOps {
    */
   async break(name: string, options: BreakOptions): Promise<BreakResult> {
     checkLockName(name);
+    checkOptions(options, ["by", "reason", "id"], "break()");
     const by = checkText(options?.by, "by", 1, 64);
     const reason = checkText(options?.reason ?? "", "reason", 0, 200);
     const breakId = options.id === undefined ? "" : checkHoldId(options.id, "The break id");
@@ -121,6 +124,7 @@ export class LockOps {
 
   /** The latest breaks under this prefix, newest first (the stream keeps the last 1000). */
   async audit(options: { limit?: number } = {}): Promise<AuditEntry[]> {
+    checkOptions(options, ["limit"], "audit()");
     const limit = options.limit ?? LIST_PAGE_DEFAULT;
     if (!Number.isInteger(limit) || limit < 1 || limit > AUDIT_LENGTH) {
       throw new RangeError(`limit must be an integer from 1 to ${AUDIT_LENGTH}`);

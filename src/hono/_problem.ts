@@ -19,9 +19,22 @@ export function problem(
   );
 }
 
-/** 503 with `Retry-After` when `error` says Redis is unreachable; otherwise undefined. */
+/**
+ * The reply to a store's failure, its cause logged for the application's developer (the reply
+ * names no host or setting): 503 with `Retry-After` when Redis is unreachable, 500 `config_error`
+ * when the store is misconfigured (a refused token, a wrong URL); otherwise undefined.
+ */
 export function unavailable(error: unknown, store: string): Response | undefined {
-  if (!(error instanceof EdgelockError && error.code === "backend_unavailable")) return undefined;
+  if (!(error instanceof EdgelockError)) return undefined;
+  if (error.code !== "backend_unavailable" && error.code !== "config_error") return undefined;
+  console.error(`edgelock: the ${store} store failed: ${error.message}`);
+  if (error.code === "config_error") {
+    return problem(
+      500,
+      "config_error",
+      `The ${store} store is misconfigured: see the server's log`,
+    );
+  }
   return problem(503, "backend_unavailable", `The ${store} store is unreachable`, {
     headers: { "retry-after": "1" },
   });

@@ -1,6 +1,11 @@
 import type { Context, MiddlewareHandler } from "hono";
 import { backoffDelay, sleep } from "../core/_backoff.ts";
-import { checkDuration, DEFAULT_LEASE_MS, DEFAULT_RETENTION_MS } from "../core/_validate.ts";
+import {
+  checkDuration,
+  checkOptions as checkNames,
+  DEFAULT_LEASE_MS,
+  DEFAULT_RETENTION_MS,
+} from "../core/_validate.ts";
 import { sha256Hex } from "../core/_crypto.ts";
 import {
   checkStore,
@@ -77,6 +82,7 @@ const SAFE_METHODS = new Set(["GET", "HEAD", "OPTIONS"]);
  * ```
  */
 export function idempotency(options: IdempotencyOptions): MiddlewareHandler {
+  checkNames(options, IDEMPOTENCY_OPTIONS, "idempotency()");
   const settings = checkOptions(options);
   return async function idempotencyMiddleware(c, next) {
     if (SAFE_METHODS.has(c.req.method)) return next();
@@ -101,6 +107,17 @@ export function idempotency(options: IdempotencyOptions): MiddlewareHandler {
     }
   };
 }
+
+const IDEMPOTENCY_OPTIONS = [
+  "records",
+  "scope",
+  "required",
+  "fingerprintHeaders",
+  "leaseMs",
+  "retentionMs",
+  "waitMs",
+  "replayHeaders",
+] as const;
 
 /** The options, checked, with their defaults. */
 interface Settings<R = (c: Context) => unknown> {

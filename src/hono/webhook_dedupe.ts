@@ -8,6 +8,7 @@ import {
   unavailable,
 } from "./_problem.ts";
 import { dedupe, type DedupeOptions } from "../uses/dedupe.ts";
+import { checkOptions } from "../core/_validate.ts";
 import type { RecordStore } from "../uses/records.ts";
 
 /** Options for {@linkcode webhookDedupe}. */
@@ -36,9 +37,19 @@ export interface WebhookDedupeOptions extends Omit<DedupeOptions, "id"> {
  * another is in flight gets 409 with `Retry-After`. A 2xx from the handler marks the id done;
  * anything else, or a thrown error, releases it for the provider's retry.
  */
-export function webhookDedupe(
-  { records, secrets, toleranceSec = 300, now = Date.now, ...options }: WebhookDedupeOptions,
-): MiddlewareHandler {
+const WEBHOOK_OPTIONS = [
+  "records",
+  "secrets",
+  "toleranceSec",
+  "now",
+  "namespace",
+  "leaseMs",
+  "retentionMs",
+] as const;
+
+export function webhookDedupe(given: WebhookDedupeOptions): MiddlewareHandler {
+  checkOptions(given, WEBHOOK_OPTIONS, "webhookDedupe()");
+  const { records, secrets, toleranceSec = 300, now = Date.now, ...options } = given;
   const storeOf = storeFactory(records, "webhookDedupe");
   // Secrets given as is are checked now, at start-up; per-request ones at each request, their
   // keys imported once per set of secrets.

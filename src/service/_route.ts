@@ -29,8 +29,12 @@ function describeIssue(issue: z.core.$ZodRawIssue): string {
   if (code === "unrecognized_keys") {
     const shape = (issue.inst as { _zod?: { def?: { shape?: object } } } | undefined)?._zod?.def
       ?.shape;
-    const near = issue.keys.length === 1 && shape && nearest(issue.keys[0]!, Object.keys(shape));
-    return `unknown field: ${issue.keys.join(", ")}${near ? ` (did you mean ${near}?)` : ""}`;
+    const fields = Object.keys(shape ?? {});
+    const named = issue.keys.map((key) => {
+      const near = nearest(key, fields);
+      return near ? `${key} (did you mean ${near}?)` : key;
+    });
+    return `unknown field${named.length > 1 ? "s" : ""}: ${named.join(", ")}`;
   }
   if (code === "invalid_value") return `one of ${issue.values.join(", ")}`;
   return "invalid";

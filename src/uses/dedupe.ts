@@ -1,4 +1,5 @@
 import { recordId, type RecordStore, safeName } from "./records.ts";
+import { checkOptions } from "../core/_validate.ts";
 
 /** Options for {@linkcode dedupe}. */
 export interface DedupeOptions {
@@ -56,6 +57,7 @@ export const DEDUPE_RETENTION_MS = 7 * 86_400_000;
  * ```
  */
 export async function dedupe(records: RecordStore, options: DedupeOptions): Promise<DedupeResult> {
+  checkOptions(options, ["namespace", "id", "leaseMs", "retentionMs"], "dedupe()");
   const { namespace, leaseMs, retentionMs = DEDUPE_RETENTION_MS } = options ?? {};
   const id = recordId(namespace, await safeName(options?.id));
   const claim = await records.claim("dedupe", id, {

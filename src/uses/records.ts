@@ -3,7 +3,9 @@ import { integers, parseJsonText, type RedisLike } from "../core/_runner.ts";
 import {
   checkDuration,
   checkName,
+  checkOptions,
   checkToken,
+  CLAIM_OPTIONS,
   DEFAULT_LEASE_MS,
   DEFAULT_RETENTION_MS,
   FENCE_GRACE_MS,
@@ -149,6 +151,7 @@ export class Records implements RecordStore {
 
   /** Claims `kind`/`id` for one worker, or says why not. */
   async claim(kind: RecordKind, id: string, options: ClaimOptions = {}): Promise<ClaimResult> {
+    checkOptions(options, CLAIM_OPTIONS, "claim()");
     const keys = this.#recordKeys(kind, id);
     const token = options.token === undefined ? newToken() : checkToken(options.token);
     const leaseMs = checkDuration(options.leaseMs, "leaseMs", DEFAULT_LEASE_MS);
