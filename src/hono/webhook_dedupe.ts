@@ -30,13 +30,6 @@ export interface WebhookDedupeOptions extends Omit<DedupeOptions, "id"> {
   now?: () => number;
 }
 
-/**
- * Hono middleware for webhook endpoints: verifies a Standard Webhooks (Svix-style) signature
- * (`webhook-id`, `webhook-timestamp`, `webhook-signature`, HMAC-SHA256), then lets exactly one
- * delivery of each `webhook-id` through. Duplicates already processed get 200; a delivery while
- * another is in flight gets 409 with `Retry-After`. A 2xx from the handler marks the id done;
- * anything else, or a thrown error, releases it for the provider's retry.
- */
 const WEBHOOK_OPTIONS = [
   "records",
   "secrets",
@@ -46,6 +39,14 @@ const WEBHOOK_OPTIONS = [
   "leaseMs",
   "retentionMs",
 ] as const;
+
+/**
+ * Hono middleware for webhook endpoints: verifies a Standard Webhooks (Svix-style) signature
+ * (`webhook-id`, `webhook-timestamp`, `webhook-signature`, HMAC-SHA256), then lets exactly one
+ * delivery of each `webhook-id` through. Duplicates already processed get 200; a delivery while
+ * another is in flight gets 409 with `Retry-After`. A 2xx from the handler marks the id done;
+ * anything else, or a thrown error, releases it for the provider's retry.
+ */
 
 export function webhookDedupe(given: WebhookDedupeOptions): MiddlewareHandler {
   checkOptions(given, WEBHOOK_OPTIONS, "webhookDedupe()");
