@@ -134,6 +134,35 @@ Deno.test("the client names why it cannot reach the service: nothing listening, 
   });
 });
 
+Deno.test("the client gives up on a service that accepts and never answers, and retries first", async () => {
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const held: Deno.Conn[] = [];
+  const accepting = (async () => {
+    for await (const conn of listener) held.push(conn); // read nothing, answer nothing
+  })();
+  try {
+    const silent = createClient({
+      baseUrl: `http://127.0.0.1:${listener.addr.port}`,
+      apiKey: SECRET,
+      retries: 1,
+      timeoutMs: 200,
+    });
+    await assert.rejects(silent.inspect(keygen()), {
+      code: "backend_unavailable",
+      message: /^The lock service at http:\/\/127\.0\.0\.1:\d+ is unavailable$/,
+    });
+    assert.equal(held.length, 2, "the attempt and its retry");
+    assert.throws(
+      () => createClient({ baseUrl: "http://x.test", apiKey: SECRET, timeoutMs: 5 }),
+      new RangeError("timeoutMs must be an integer from 100 to 120000 milliseconds"),
+    );
+  } finally {
+    listener.close();
+    for (const conn of held) conn.close();
+    await accepting.catch(() => {});
+  }
+});
+
 Deno.test("deno task dev starts redis-server, bridge and service, and Ctrl-C stops them all", async () => {
   // Wait for every line the test reads, each up to its newline: the key is printed last.
   const dev = await spawnDeno(

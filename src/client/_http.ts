@@ -6,7 +6,10 @@ import { connectFailure } from "../core/_failure.ts";
 import type { ClientOptions } from "./types.ts";
 
 /** What the HTTP core needs from `ClientOptions`. */
-export type HttpOptions = Pick<ClientOptions, "baseUrl" | "apiKey" | "fetch" | "retries">;
+export type HttpOptions = Pick<
+  ClientOptions,
+  "baseUrl" | "apiKey" | "fetch" | "retries" | "timeoutMs"
+>;
 
 type Data = Record<string, unknown>;
 
@@ -26,12 +29,13 @@ export interface Http {
 }
 
 const MAX_RETRIES = 10;
+const DEFAULT_TIMEOUT_MS = 10_000;
 // The backoff ceiling between attempts, and the hint a caller gets once they all failed.
 const RETRY_CAP_MS = 1000;
 
 /** The HTTP core over the options' service, key and fetch; throws on an invalid option. */
 export function createHttp(options: HttpOptions): Http {
-  const { base, apiKey, fetchFn, retries } = settings(options);
+  const { base, apiKey, fetchFn, retries, timeoutMs } = settings(options);
   const init = (method: string, body: unknown, signal?: AbortSignal): RequestInit => ({
     method,
     headers: {
@@ -44,10 +48,16 @@ export function createHttp(options: HttpOptions): Http {
   const call: Http["call"] = async (method, path, body, signal) => {
     for (let tries = 0;; tries++) {
       const sentAt = performance.now();
+      // An attempt waits for the reply as long as the wait it asked the service for, and then
+      // timeoutMs: a service that accepts and never answers is a failure, not a hang.
+      const waitMs = (body as { waitMs?: unknown } | undefined)?.waitMs;
+      const limit = timeoutMs + (typeof waitMs === "number" ? waitMs : 0);
+      const deadline = AbortSignal.timeout(limit);
       const { status, data, failure } = await attempt(
         fetchFn,
         new URL(path, base),
-        init(method, body, signal),
+        init(method, body, signal ? AbortSignal.any([signal, deadline]) : deadline),
+        signal,
       );
       if (data && status !== 503) return { status, data: checked(base, status, data), sentAt };
       // A connection that failed says why: nothing listening, TLS to plain HTTP, no such host.
@@ -80,7 +90,13 @@ export function createHttp(options: HttpOptions): Http {
 
 // The options checked, with their defaults.
 function settings(options: HttpOptions) {
-  const { baseUrl, apiKey, fetch: fetchFn = globalThis.fetch, retries = 2 } = options;
+  const {
+    baseUrl,
+    apiKey,
+    fetch: fetchFn = globalThis.fetch,
+    retries = 2,
+    timeoutMs = DEFAULT_TIMEOUT_MS,
+  } = options;
   let base: URL;
   try {
     base = new URL(baseUrl.endsWith("/") ? baseUrl : `${baseUrl}/`);
@@ -101,7 +117,10 @@ function settings(options: HttpOptions) {
   if (!Number.isInteger(retries) || retries < 0 || retries > MAX_RETRIES) {
     throw new RangeError(`retries must be an integer from 0 to ${MAX_RETRIES}`);
   }
-  return { base, apiKey, fetchFn, retries };
+  if (!Number.isInteger(timeoutMs) || timeoutMs < 100 || timeoutMs > 120_000) {
+    throw new RangeError("timeoutMs must be an integer from 100 to 120000 milliseconds");
+  }
+  return { base, apiKey, fetchFn, retries, timeoutMs };
 }
 
 // One attempt: the reply's status and object, or the failure that kept it from coming.
@@ -109,6 +128,7 @@ async function attempt(
   fetchFn: typeof fetch,
   url: URL,
   init: RequestInit,
+  signal: AbortSignal | undefined,
 ): Promise<{ status: number; data?: Data; failure?: unknown }> {
   let status = 0;
   try {
@@ -119,7 +139,7 @@ async function attempt(
     if (typeof parsed !== "object" || parsed === null) throw new TypeError("not a JSON object");
     return { status, data: parsed as Data };
   } catch (error) {
-    if (init.signal?.aborted) throw init.signal.reason;
+    if (signal?.aborted) throw signal.reason; // the caller's abort; a timeout is a failure
     return { status, failure: error };
   }
 }

@@ -7,7 +7,7 @@ import { createJobs } from "./_jobs.ts";
 import { createOps } from "./_ops.ts";
 import { checkOptions } from "../core/_validate.ts";
 
-const CLIENT_OPTIONS = ["baseUrl", "apiKey", "fetch", "retries", "tenant"] as const;
+const CLIENT_OPTIONS = ["baseUrl", "apiKey", "fetch", "retries", "timeoutMs", "tenant"] as const;
 
 /**
  * A client for the edgelock HTTP service with the same surface as the library's `Locks`,

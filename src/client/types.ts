@@ -18,6 +18,11 @@ export interface ClientOptions {
    * takes effect once. @default 2
    */
   retries?: number;
+  /**
+   * How long one attempt waits for the service's reply, beyond the wait it asked for (`waitMs`),
+   * before it counts as failed (and is retried), ms. @default 10000
+   */
+  timeoutMs?: number;
   /** For an operator's key: the tenant that `list`, `stats`, `audit` and `break` act on. */
   tenant?: string;
 }
