@@ -344,7 +344,7 @@ export const HANDOFF_LUA = `
 -- order, stopping at the first that did not, or at a writer or a semaphore's waiter) and rings the
 -- readers' bell (\`readersKey\`, a stream): one entry with each granted reader's grant under its
 -- wake id. Every reader blocked on the bell wakes; one granted there has its lease, the others
--- look. Each grant is written as if the reader had acquired (its own fence). Returns 1 when it
+-- listen on, or look when \`more\` says a reader left at the head may fit. Each grant is written as if the reader had acquired (its own fence). Returns 1 when it
 -- granted any (the record is then theirs), else nil. Called when readers fit: the name free, or
 -- held by readers only (\`r\`, its record).
 local function grantReaders(r)
@@ -359,7 +359,7 @@ local function grantReaders(r)
     local offer = token and not holders[token] and used < ${MAX_SHARED} and readOffer(m)
     if not offer then break end
     head = nil
-    -- an earlier spell's
+    -- the holders of an earlier spell go
     if #entry == 0 and not live then redis.call('DEL', holdersKey) end
     fence = string.format('%.0f', math.max(nowUs, tonumber(fence) + 1))
     local h = {leaseEnd = nowMs + offer.ttl, fence = fence, permits = 1,
