@@ -72,6 +72,49 @@ async function fenceOf(locks: Locks, name: string): Promise<number | undefined> 
 const queued = (redis: Redis, name: string, count: number) =>
   until(`${count} waiting`, async () => await redis.zcard(lockKeys(name)[1]) >= count);
 
+// Every key of `name` a waiter's script touches, its wake key by id.
+function keysOf(name: string) {
+  const [lockKey, queueKey, ticketsKey, marksKey] = lockKeys(name);
+  return {
+    lockKey,
+    queueKey,
+    ticketsKey,
+    marksKey,
+    offersKey: `${lockKey}:offers`,
+    holdersKey: `${lockKey}:holders`,
+    readersKey: `${lockKey}:readers`,
+    wakeKey: (id: string) => `${lockKey}:wake:${id}`,
+  };
+}
+
+// A reader's look at `name` through the acquire script itself; `wakeId` '' for one that polls.
+function readerLook(
+  name: string,
+  token: string,
+  wakeId: string,
+  { ttlMs = 3_000, ticketMs = 2_000, maxWaiters = 10 } = {},
+) {
+  const { wakeKey, ...keys } = keysOf(name);
+  return ACQUIRE_SHARED.call({
+    keys: { ...keys, wakeKey: wakeKey(wakeId) },
+    args: {
+      token,
+      ttlMs,
+      meta: "",
+      graceMs: 60_000,
+      ticketMs,
+      maxWaiters,
+      name,
+      waitedMs: 0,
+      waiting: true,
+      hold: "",
+      limit: 0,
+      permits: 1,
+      wakeId,
+    },
+  });
+}
+
 Deno.test("a release hands the lock to a blocked waiter, which needs no second look", async () => {
   const { backend } = await fixture();
   const { locks, looks } = tracked(backend.redis);
@@ -227,42 +270,10 @@ Deno.test("a reader leaving the queue finds the lease a ring granted it since it
   const redis = backend.redis;
   const locks = new Locks(redis);
   const name = keygen("h");
-  const [lockKey, queueKey, ticketsKey, marksKey] = lockKeys(name);
-  const [offersKey, holdersKey, readersKey] = [
-    `${lockKey}:offers`,
-    `${lockKey}:holders`,
-    `${lockKey}:readers`,
-  ];
-  const wakeKey = (id: string) => `${lockKey}:wake:${id}`;
+  const { lockKey, queueKey, ticketsKey, offersKey, holdersKey, readersKey, wakeKey } = keysOf(
+    name,
+  );
   const writer = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
-  const look = (token: string, wakeId: string) =>
-    ACQUIRE_SHARED.call({
-      keys: {
-        lockKey,
-        queueKey,
-        ticketsKey,
-        holdersKey,
-        marksKey,
-        offersKey,
-        wakeKey: wakeKey(wakeId),
-        readersKey,
-      },
-      args: {
-        token,
-        ttlMs: 3_000,
-        meta: "",
-        graceMs: 60_000,
-        ticketMs: 2_000,
-        maxWaiters: 10,
-        name,
-        waitedMs: 0,
-        waiting: true,
-        hold: "",
-        limit: 0,
-        permits: 1,
-        wakeId,
-      },
-    });
   const leave = (token: string, wakeId: string, lookedAt: number) =>
     LEAVE_QUEUE.call({
       keys: { queueKey, ticketsKey, offersKey, lockKey, wakeKey: wakeKey(wakeId), holdersKey },
@@ -273,8 +284,8 @@ Deno.test("a reader leaving the queue finds the lease a ring granted it since it
   const [one, two] = ["reader-one-000000001", "reader-two-000000002"];
   const [seconds] = await redis.time();
   const lookedAt = Number(seconds) * 1000 - 1000; // the server's clock, before the looks
-  assert.equal((await run(look(one, "wReaderOne0001"), ACQUIRE_SHARED))[0], 0);
-  assert.equal((await run(look(two, "wReaderTwo0002"), ACQUIRE_SHARED))[0], 0);
+  assert.equal((await run(readerLook(name, one, "wReaderOne0001"), ACQUIRE_SHARED))[0], 0);
+  assert.equal((await run(readerLook(name, two, "wReaderTwo0002"), ACQUIRE_SHARED))[0], 0);
   await locks.release(writer); // the ring grants both
   const ring = await redis.xrange(readersKey, "-", "+");
   assert.equal(Object.keys(ring).length, 1, "one ring");
@@ -294,42 +305,17 @@ Deno.test("a reader that times out as a ring grants it keeps the lease, however 
   const redis = backend.redis;
   const locks = new Locks(redis);
   const name = keygen("h");
-  const [lockKey, queueKey, ticketsKey, marksKey] = lockKeys(name);
-  const [offersKey, holdersKey, readersKey] = [
-    `${lockKey}:offers`,
-    `${lockKey}:holders`,
-    `${lockKey}:readers`,
-  ];
+  const { lockKey, queueKey, ticketsKey, marksKey, offersKey, holdersKey, readersKey } = keysOf(
+    name,
+  );
   const writer = acquired(await locks.acquire(name, { ttlMs: 60_000 }));
   const leaveSha = await LEAVE_QUEUE.sha1();
   // A reader that polls (no offer), queued last: the ring stops at it, and every hand-over while
   // readers hold rings again (for the readers behind it, which may fit).
-  const poller = ACQUIRE_SHARED.call({
-    keys: {
-      lockKey,
-      queueKey,
-      ticketsKey,
-      holdersKey,
-      marksKey,
-      offersKey,
-      wakeKey: `${lockKey}:wake:`,
-      readersKey,
-    },
-    args: {
-      token: "poller-000000000001",
-      ttlMs: 1000,
-      meta: "",
-      graceMs: 60_000,
-      ticketMs: 20_000,
-      maxWaiters: 100,
-      name,
-      waitedMs: 0,
-      waiting: true,
-      hold: "",
-      limit: 0,
-      permits: 1,
-      wakeId: "",
-    },
+  const poller = readerLook(name, "poller-000000000001", "", {
+    ttlMs: 1000,
+    ticketMs: 20_000,
+    maxWaiters: 100,
   });
   const ring = HAND_OVER.call({
     keys: {
