@@ -316,7 +316,6 @@ async function explained(
   script: Script,
   failure: unknown,
 ): Promise<EdgelockError> {
-  if (failure instanceof EdgelockError) return failure;
   const error = unavailable(script, failure);
   if (error.code !== "backend_unavailable") return error;
   const url = (redis as { client?: { baseUrl?: unknown } }).client?.baseUrl;
