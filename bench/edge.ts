@@ -441,6 +441,18 @@ try {
         "≤ 3 requests, ≤ 25 commands",
         ours.requests <= 3 && ours.commands <= 25,
       );
+      const semaphore = run["edgelock, semaphore of 2 permits"];
+      if (semaphore) {
+        target(
+          `${at}, semaphore of 2 permits: throughput vs the bound 2/(hold + RTT)`,
+          `${round(semaphore.perSec, 1)}/s vs ${round(2 * bound, 1)}/s; ${
+            round(semaphore.requests, 2)
+          } requests per acquisition`,
+          semaphore.perSec / (2 * bound),
+          `≥ ${least}`,
+          semaphore.perSec >= least * 2 * bound,
+        );
+      }
       const mixed = run["edgelock, 1 writer : 4 readers"];
       if (mixed) {
         const polled = run["edgelock, 1 writer : 4 readers, polling"]!;

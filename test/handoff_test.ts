@@ -324,11 +324,12 @@ Deno.test("a reader that times out as a ring grants it keeps the lease, however 
       ticketsKey,
       offersKey,
       marksKey,
-      wakeKey: `${lockKey}:wake:`,
       holdersKey,
       readersKey,
     },
-    args: { graceMs: 60_000, name, wakeId: "" },
+    each: [],
+    args: { graceMs: 60_000, name, n: 0 },
+    rest: [],
   });
   let others: Promise<AcquireResult>[] = [];
   // The leave of the reader that gives up is held back while the writer releases (its ring grants
@@ -875,21 +876,23 @@ Deno.test("semaphore waiters are handed permits in arrival order, without a seco
     acquired(await locks.acquire(name, sem)),
     acquired(await locks.acquire(name, sem)),
   ];
-  const order: number[] = [];
+  const order: { i: number; fence: number }[] = [];
   const waiters: Promise<void>[] = [];
   for (let i = 0; i < 4; i++) {
     waiters.push((async () => {
       const lease = acquired(await locks.acquire(name, { ...sem, waitMs: 20_000 }));
       assert.equal(lease.mode, "semaphore");
       assert.equal(lease.permits, 1);
-      order.push(i);
+      order.push({ i, fence: lease.fence });
       await locks.release(lease);
     })());
     await queued(backend.redis, name, i + 1);
   }
   for (const lease of holders) await locks.release(lease);
   await Promise.all(waiters);
-  assert.deepEqual(order, [0, 1, 2, 3]);
+  // Two holders' releases may race, and their waiters wake in either order; the grants, by fence,
+  // go in arrival order.
+  assert.deepEqual(order.sort((a, b) => a.fence - b.fence).map(({ i }) => i), [0, 1, 2, 3]);
   assert.equal(looks(), 4, "each waiter looked once, then was handed its permits");
 });
 
@@ -914,6 +917,47 @@ Deno.test("two holders releasing at once hand a semaphore's permits to two waite
     "both handed their permits, none left waiting",
   );
   for (const lease of leases) await locks.release(lease);
+});
+
+Deno.test("a semaphore holder's release hands over in place to whichever next waiter is the head", async () => {
+  const { backend } = await fixture();
+  const handOverSha = await HAND_OVER.sha1();
+  let steps = 0; // hand-overs in a second request, after a release that could not name the head
+  const counted = new Proxy(backend.redis, {
+    get(target, property, receiver) {
+      if (property !== "evalsha") return Reflect.get(target, property, receiver);
+      return (sha: string, keys: string[], args: unknown[]) => {
+        if (sha === handOverSha) steps++;
+        return target.evalsha(sha, keys, args);
+      };
+    },
+  });
+  const locks = new Locks(counted);
+  const name = keygen("h");
+  const sem = { limit: 2, permits: 1, ttlMs: 60_000 };
+  const holders = [
+    acquired(await locks.acquire(name, sem)),
+    acquired(await locks.acquire(name, sem)),
+  ];
+  const waiters: Promise<AcquireResult>[] = [];
+  for (let i = 0; i < 4; i++) {
+    waiters.push(locks.acquire(name, { ...sem, waitMs: 20_000 }));
+    await queued(backend.redis, name, i + 1);
+  }
+  // The first holders knew no waiter when granted: their releases hand over in a second step.
+  for (const lease of holders) await locks.release(lease);
+  const [first, second] = [acquired(await waiters[0]!), acquired(await waiters[1]!)];
+  assert.ok(steps > 0);
+  steps = 0;
+  // Each grant named the waiters then first in line, so each release finds the head among them:
+  // the first's release, made while the second holds, grants the third waiter, not the second.
+  await locks.release(first);
+  const third = acquired(await waiters[2]!);
+  await locks.release(second);
+  const fourth = acquired(await waiters[3]!);
+  assert.equal(steps, 0, "both handed over by the release itself");
+  assert.ok(first.fence < second.fence && second.fence < third.fence && third.fence < fourth.fence);
+  for (const lease of [third, fourth]) await locks.release(lease);
 });
 
 Deno.test("a release that frees two permits hands them to the two waiters they fit", async () => {

@@ -12,6 +12,7 @@ import {
   type Busy,
   decodeHandOver,
   decodeLeave,
+  HINT,
   type Mismatch,
   QUEUE_FULL,
 } from "./lua/replies.ts";
@@ -232,10 +233,10 @@ export async function waitFor<T extends Lease | Lease[]>(
 export function parseGrant(
   message: string,
 ): { fence: number; ttlMs: number; now: number; next: string } | undefined {
-  const match = /^(\d+):(\d+):(\d+):([\w-]*)$/.exec(message);
+  const match = /^(\d+):(\d+):(\d+):([\w,-]*)$/.exec(message);
   if (!match) return undefined;
   const [fence, leaseEnd, now] = match.slice(1, 4).map(Number) as [number, number, number];
-  return { fence, ttlMs: leaseEnd - now, now, next: match[4]! };
+  return { fence, ttlMs: leaseEnd - now, now, next: HINT.test(match[4]!) ? match[4]! : "" };
 }
 
 // Best effort: a ticket left behind lapses by itself within BLOCK_MS plus its margin. `outcome`
@@ -287,21 +288,24 @@ async function leaveQueues(
 export async function handOver(context: LockContext, name: string, wakeId: string): Promise<void> {
   const { lockKey, queueKey, ticketsKey, offersKey, marksKey, holdersKey, readersKey } = context
     .keys.lock(name);
-  const step = (wakeId: string) =>
-    HAND_OVER.call({
+  const step = (wakeId: string) => {
+    const hints = wakeId === "" ? [] : [wakeId];
+    return HAND_OVER.call({
       keys: {
         lockKey,
         queueKey,
         ticketsKey,
         offersKey,
         marksKey,
-        wakeKey: context.keys.wake(name, wakeId),
         holdersKey,
         readersKey,
         ...context.keys.statsKeys(name),
       },
-      args: { graceMs: context.fenceWindowMs, name, wakeId },
+      each: hints.map((id) => ({ hintKey: context.keys.wake(name, id) })),
+      args: { graceMs: context.fenceWindowMs, name, n: hints.length },
+      rest: hints,
     });
+  };
   try {
     for (let n = 0, next = wakeId; n < HAND_OVER_STEPS && (n === 0 || next !== ""); n++) {
       next = decodeHandOver(HAND_OVER, await context.run(HAND_OVER, step(next)));

@@ -318,7 +318,7 @@ export class Locks implements LockClient {
     const keys = this.#context.keys;
     const { lockKey, holdersKey, marksKey, queueKey, ticketsKey, offersKey, readersKey } = keys
       .lock(name);
-    const hint = this.#hints.get(`${name}\n${token}`) ?? "";
+    const hints = this.#hints.get(`${name}\n${token}`)?.split(",") ?? [];
     const call = RELEASE.call({
       keys: {
         lockKey,
@@ -327,18 +327,19 @@ export class Locks implements LockClient {
         queueKey,
         ticketsKey,
         offersKey,
-        wakeKey: keys.wake(name, hint),
         readersKey,
         ...keys.statsKeys(name),
       },
+      each: hints.map((id) => ({ hintKey: keys.wake(name, id) })),
       args: {
         token,
         graceMs: this.#context.fenceWindowMs,
         fence: lease.fence === undefined ? "" : String(lease.fence),
         name,
         hold: lease.hold ?? "",
-        wakeId: hint,
+        n: hints.length,
       },
+      rest: hints,
     });
     return await this.#context.observe(name, "release", async () => {
       const started = performance.now();

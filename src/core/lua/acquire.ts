@@ -101,7 +101,7 @@ if held and r.token == token then
   -- a hand-off it learns of here
   if wakeId ~= '' then redis.call('DEL', wakeKey) end
   local nextHead = r.flag == '1' and redis.call('ZRANGE', queueKey, 0, 0)[1]
-  return {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, holdCount(r.holds), nextWake(nextHead or nil)}
+  return {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, holdCount(r.holds), grantHint(nextHead or nil, 0)}
 end
 -- No record (a first acquire, or one that was lost): look at the queue too.
 local head
@@ -117,7 +117,7 @@ if not held and (not head or head == token) then
   -- a release without a fence now means this lease
   redis.call('ZREM', marksKey, token)
   granted(grant.leaseEnd)
-  return {1, tonumber(grant.fence), ttlMs, nowMs, 1, nextWake(nextHead)}
+  return {1, tonumber(grant.fence), ttlMs, nowMs, 1, grantHint(nextHead, 0)}
 end
 local offer
 if wakeId ~= '' then offer = blockingOffer(0) end

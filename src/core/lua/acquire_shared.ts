@@ -93,7 +93,7 @@ if mine then
   if wakeId ~= '' then redis.call('DEL', wakeKey) end
   local nextHead = r.flag == '1' and redis.call('ZRANGE', queueKey, 0, 0)[1]
   return {1, tonumber(mine.fence), mine.leaseEnd - nowMs, nowMs, holdCount(mine.holds),
-    nextWake(nextHead or nil)}
+    grantHint(nextHead or nil, limit)}
 end
 -- What is free, less what the waiters ahead take in turn: a waiter that does not fit stops
 -- everyone behind it. An exclusive waiter (a bare token) takes everything, and only alone.
@@ -153,6 +153,6 @@ if live then grant.leaseEnd = math.max(r.leaseEnd, h.leaseEnd) end
 writeShared(lockKey, grant, nowMs, graceMs)
 redis.call('PEXPIRE', holdersKey, grant.leaseEnd - nowMs)
 granted(grant.leaseEnd)
-return {1, tonumber(h.fence), ttlMs, nowMs, 1, nextWake(nextHead)}
+return {1, tonumber(h.fence), ttlMs, nowMs, 1, grantHint(nextHead, limit)}
 `,
 );

@@ -64,6 +64,8 @@ export const BELL_ENTRIES = 16;
 export const READERS_PER_RING = 32;
 /** The most shared holders one name has at once; one more is busy. */
 export const MAX_SHARED = 1000;
+/** The most wake ids a semaphore's grant names as the next heads, for its release's hand-off. */
+export const WAKE_HINTS = 4;
 
 /**
  * How long a name remembers a release (or a break) by its token (or break id), so that a retry
@@ -331,10 +333,20 @@ local function blockingOffer(limit)
   return string.format('%d|%d|', ttlMs, nowMs - waitedMs) .. wakeId .. '|' .. hold .. '|' .. limit ..
     '|' .. meta
 end
--- The wake id of \`head\` (the waiter at the head of the queue), '' when it left no offer.
-local function nextWake(head)
-  local offer = head and readOffer(head)
-  return (offer and offer.wake) or ''
+-- A grant's hint of who comes next, for its release to declare the wake keys: the wake id of
+-- \`head\` (the new head of the queue, nil for none; '' when it left no offer), or for a
+-- semaphore's grant (\`limit\` above 0) those of the first waiters, comma-joined, as many as may
+-- hold at once (up to WAKE_HINTS). Its other holders' releases take the waiters before it, so the
+-- head when it releases is mostly one of these, not the head now.
+local function grantHint(head, limit)
+  if not head then return '' end
+  local members = {head}
+  if limit > 0 then members = redis.call('ZRANGE', queueKey, 0, math.min(limit, ${WAKE_HINTS}) - 1) end
+  local ids = {}
+  for _, offer in ipairs(redis.call('HMGET', offersKey, unpack(members))) do
+    ids[#ids + 1] = offer and string.match(offer, '^%d+|%d+|([%w_-]+)|') or nil
+  end
+  return table.concat(ids, ',')
 end
 `;
 
@@ -378,7 +390,7 @@ local function grantReaders(r)
   -- A reader there (one that polls, or past the most one ring grants) may fit too: \`more\` tells
   -- the readers not granted here to look; else they listen on.
   head = head or redis.call('ZRANGE', queueKey, 0, 0)[1]
-  local after, more = nextWake(head), (head and string.sub(head, -2) == '~s' and 1) or 0
+  local after, more = grantHint(head, 0), (head and string.sub(head, -2) == '~s' and 1) or 0
   for i = 2, #entry, 2 do entry[i] = entry[i] .. ':' .. after end
   -- Through pcall: a bell key of another type (a hand edit) costs the readers their ring, which
   -- they make up for at their next look, and never the grants written above.
@@ -395,14 +407,19 @@ local function grantReaders(r)
   return 1
 end
 -- Grants the name (r, its record) to the head of the queue when it left an offer whose wake key
--- is \`wakeKey\` (\`wakeId\` its id, '' for none declared) and it fits: an exclusive waiter when
+-- the caller declared (\`n\` of them, \`hintKey(i)\` each, their ids \`hints\`) and it fits: an exclusive waiter when
 -- the name is free, a semaphore's (member \`<token>~<permits>\`) when its permits fit beside the
 -- holders' of the same limit; a shared waiter's, when readers fit, rings the readers' bell instead.
 -- Returns 1 when handed over, the head's wake id when it left an offer under another, or nil.
--- After a semaphore's hand-off, \`handedNext\` is the wake id of the new head when its permits fit
--- too (for another step), else ''. Needs HOLDERS_LUA and \`holdersKey\` for a semaphore's waiter.
+-- After a semaphore's hand-off, the new head is handed its permits too when they fit and its wake
+-- key was declared; \`handedNext\` is its wake id when they fit but it was not (for another step),
+-- else ''. Needs HOLDERS_LUA and \`holdersKey\` for a semaphore's waiter.
 local handedNext = ''
-local function handOver(r, wakeKey, wakeId)
+local function declared(wake)
+  for i = 1, n do if hints[i] == wake then return i end end
+  return nil
+end
+local function handOver(r)
   local head = queueHead(queueKey, ticketsKey, nowMs, ${MAX_QUEUE}, offersKey)
   local live = not r.free and r.leaseEnd ~= nil and nowMs < r.leaseEnd
   -- readers: granted, and rung, when they fit
@@ -429,7 +446,8 @@ local function handOver(r, wakeKey, wakeId)
     return nil
   end
   -- It fits: handed over here when the caller declared its wake key, else by the caller next.
-  if offer.wake ~= wakeId then return offer.wake end
+  local hinted = declared(offer.wake)
+  if not hinted then return offer.wake end
   -- holders of an earlier spell
   if token and not live then redis.call('DEL', holdersKey) end
   local nextHead = leaveQueue(queueKey, ticketsKey, head, offersKey)
@@ -454,13 +472,17 @@ local function handOver(r, wakeKey, wakeId)
   -- The grant, which the waiter's BLPOP pops, then a receipt that stays: the proof that this
   -- wake key (this acquire, not another with the same token) was handed the lease. A wake key
   -- is one acquire's, and each of its looks clears it: it holds at most the grants made since.
-  redis.call('RPUSH', wakeKey, fence .. ':' .. ms(leaseEnd) .. ':' .. ms(nowMs) .. ':' ..
-    nextWake(nextHead), 'r' .. fence)
-  redis.call('PEXPIRE', wakeKey, offer.ttl)
+  redis.call('RPUSH', hintKey(hinted), fence .. ':' .. ms(leaseEnd) .. ':' .. ms(nowMs) .. ':' ..
+    grantHint(nextHead, (lease.shared and offer.limit) or 0), 'r' .. fence)
+  redis.call('PEXPIRE', hintKey(hinted), offer.ttl)
   observe(statsKey, nowMs, 'wait', nowMs - offer.since)
   indexPut(namesKey, endsKey, name, lease.leaseEnd, nowMs)
-  -- Permits may remain for the next waiter too (it is named, not granted: its key is undeclared).
-  if lease.shared and nextHead then handedNext = handOver(readRecord(lockKey), nil, '') or '' end
+  -- Permits may remain for the next waiter too: handed them here when its key was declared, else
+  -- named for another step.
+  if lease.shared and nextHead then
+    local more = handOver(readRecord(lockKey))
+    if more ~= 1 then handedNext = more or '' end
+  end
   return 1
 end
 `;

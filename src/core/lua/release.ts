@@ -43,7 +43,8 @@ end
  * token's latest lease, if that one was released.
  *
  * A release that frees the name hands it to the head of the queue in place when the head blocks
- * on the wake key the caller declared (`wakeKey`, `wakeId`: the hint of its grant); `head` is the
+ * on a wake key the caller declared (`n` of them, `hintKey` each, their ids `hints`: the hint of
+ * its grant); `head` is the
  * head's wake id when it blocks on another (or, after a semaphore's hand-off, when the next head's
  * permits fit too), for `./hand_over.ts`, else ''; ended is 1 when the lease ended (its last hold
  * released), else absent.
@@ -58,18 +59,20 @@ export const RELEASE = defineScript(
       "queueKey",
       "ticketsKey",
       "offersKey",
-      "wakeKey",
       "readersKey?",
       ...STATS_KEYS,
     ],
+    each: ["hintKey"],
     args: {
       token: "string",
       graceMs: "number",
       fence: "string", // the lease's fence, or '' when the caller does not know it
       name: "string",
       hold: "string", // a reentrant hold's id, or ''
-      wakeId: "string", // the id of wakeKey, the hinted next holder's, or ''
+      n: "number", // how many hinted wake keys (hintKey) there are
     },
+    // the hinted next holders' wake ids, one per hintKey
+    rest: "hints",
   },
   [NOW, STATS_LUA, INDEX_LUA, FAST, RECORD_LUA, HOLDERS_LUA, QUEUE_LUA, OFFER_LUA, HANDOFF_LUA],
   `
@@ -83,7 +86,7 @@ end
 local function freed(r, ttl)
   -- for the hand-off; the record written is r's, released
   r.free = true
-  local handed = r.flag == '1' and handOver(r, wakeKey, wakeId)
+  local handed = r.flag == '1' and handOver(r)
   if handed == 1 then return {1, handedNext, 1} end
   writeReleased(lockKey, r, ttl)
   return {1, handed or '', 1}
@@ -136,7 +139,7 @@ if r.shared and nowMs < r.leaseEnd then
       -- the index ends with the latest holder
       indexPut(namesKey, endsKey, name, latest, nowMs)
       -- Permits are free: a semaphore's waiter at the head may fit now.
-      local handed = r.flag == '1' and handOver(r, wakeKey, wakeId)
+      local handed = r.flag == '1' and handOver(r)
       if handed == 1 then return {1, handedNext, 1} end
       if handed then return {1, handed, 1} end
     end

@@ -48,7 +48,7 @@ export function decodeAcquire(script: Script, reply: unknown): Granted | Busy | 
   const [status] = integers(script, reply, 1);
   if (status === 1) {
     const [, fence, ttlMs, now, holdCount] = integers(script, reply, 5) as Tuple5;
-    return { status: "granted", fence, ttlMs, now, holdCount, next: wakeIdAt(reply, 5) };
+    return { status: "granted", fence, ttlMs, now, holdCount, next: hintAt(reply, 5) };
   }
   return decodeNotGranted(script, reply);
 }
@@ -129,6 +129,15 @@ export function decodeDone(script: Script, reply: unknown): boolean {
 function wakeIdAt(reply: unknown, index: number): string {
   const value = Array.isArray(reply) ? reply[index] : undefined;
   return typeof value === "string" && /^[\w-]{1,64}$/.test(value) ? value : "";
+}
+
+/** A grant's hint of the next holders' wake ids, comma-joined (see `grantHint`). */
+export const HINT = /^[\w-]{1,64}(?:,[\w-]{1,64}){0,3}$/;
+
+// A grant's hint in a reply, '' when absent or not one.
+function hintAt(reply: unknown, index: number): string {
+  const value = Array.isArray(reply) ? reply[index] : undefined;
+  return typeof value === "string" && HINT.test(value) ? value : "";
 }
 
 /** A break: the broken lease's fence, or not held. */
