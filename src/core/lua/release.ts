@@ -81,13 +81,14 @@ local function lost()
   return {0, ''}
 end
 -- The name is free: the head of the queue may take it now, handed over in place (which writes
--- its lease), else the record says released (\`ttl\` its TTL, nil to keep it). The reply's third
--- element says the lease ended (1), for the caller's hand-off hint.
+-- its lease, and its end in the held index), else the record says released (\`ttl\` its TTL,
+-- nil to keep it). The reply's third element says the lease ended (1), for the hint.
 local function freed(r, ttl)
   -- for the hand-off; the record written is r's, released
   r.free = true
   local handed = r.flag == '1' and handOver(r)
   if handed == 1 then return {1, handedNext, 1} end
+  indexEnd(endsKey, name, nowMs)
   writeReleased(lockKey, r, ttl)
   return {1, handed or '', 1}
 end
@@ -130,7 +131,6 @@ if r.shared and nowMs < r.leaseEnd then
     if used == 0 then
       r.released = h.fence .. ':' .. sha
       redis.call('DEL', holdersKey)
-      indexEnd(endsKey, name, nowMs)
       return freed(r, graceMs)
     else
       r.leaseEnd = latest
@@ -158,7 +158,6 @@ end
 sampleHold(r, r.at)
 r.released = r.fence .. ':' .. sha
 markReleased(marksKey, token, r.fence)
-indexEnd(endsKey, name, nowMs)
 return freed(r, graceMs)
 `,
 );
