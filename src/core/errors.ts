@@ -36,9 +36,9 @@ export class EdgelockError extends Error {
   /** The stable code, the same as the HTTP API's problem `code`. */
   readonly code: ErrorCode;
   /** When the caller may try again, in milliseconds, where that is known. */
-  readonly retryAfterMs?: number;
+  declare readonly retryAfterMs?: number;
   /** For `lock_busy` and `queue_full`: when the holder's lease ends unless renewed, epoch ms. */
-  readonly lockExpiresAt?: number;
+  declare readonly lockExpiresAt?: number;
 
   /** An error with `code`, a message for people, and optionally `retryAfterMs` and a `cause`. */
   constructor(code: ErrorCode, message: string, options: EdgelockErrorOptions = {}) {
