@@ -519,7 +519,12 @@ Deno.test("a Date tick names the same tick as its epoch ms; a bad tick is refuse
   for (
     const [tick, error] of [
       [new Date("not a date"), new RangeError("tick is an invalid Date")],
-      [Number.NaN, new RangeError("tick must be a finite number, not NaN")],
+      [
+        Number.NaN,
+        new RangeError("tick must be a whole number ≥ 0 (as the HTTP API takes it), not NaN"),
+      ],
+      [-1, new RangeError("tick must be a whole number ≥ 0 (as the HTTP API takes it), not -1")],
+      [1.5, new RangeError("tick must be a whole number ≥ 0 (as the HTTP API takes it), not 1.5")],
       [{ at: 1 }, new TypeError("tick must be a string, a number or a Date, not an object")],
       [null, new TypeError("tick must be a string, a number or a Date, not null")],
     ] as const

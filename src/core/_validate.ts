@@ -315,14 +315,14 @@ export const CLAIM_OPTIONS = ["token", "leaseMs", "retentionMs", "fingerprint"] 
 /** What a job's start takes (`Jobs`, the client's jobs, `cronGuard`). */
 export const JOB_OPTIONS = ["atMostMs", "atLeastMs", "tick", "tickRetentionMs", "token"] as const;
 
-/** A cron tick's text: a string or a finite number as is, a Date as its epoch ms. */
+/** A cron tick's text: a string or a whole number ≥ 0 as is, a Date as its epoch ms. */
 export function checkTick(tick: unknown): string {
   if (tick instanceof Date) {
     if (Number.isNaN(tick.getTime())) throw new RangeError("tick is an invalid Date");
     return String(tick.getTime());
   }
-  if (typeof tick === "number" && !Number.isFinite(tick)) {
-    throw new RangeError(`tick must be a finite number, not ${tick}`);
+  if (typeof tick === "number" && !(Number.isSafeInteger(tick) && tick >= 0)) {
+    throw new RangeError(`tick must be a whole number ≥ 0 (as the HTTP API takes it), not ${tick}`);
   }
   if (typeof tick !== "string" && typeof tick !== "number") {
     const type = typeof tick;
