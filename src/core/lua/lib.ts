@@ -65,7 +65,7 @@ export const READERS_PER_RING = 32;
 /** The most shared holders one name has at once; one more is busy. */
 export const MAX_SHARED = 1000;
 /** The most wake ids a semaphore's grant names as the next heads, for its release's hand-off. */
-export const WAKE_HINTS = 4;
+export const WAKE_HINTS = 8;
 
 /**
  * How long a name remembers a release (or a break) by its token (or break id), so that a retry
@@ -309,14 +309,16 @@ end
 // grants it in place to the head of the queue when the head left an offer, fits, and the caller
 // declared the head's wake key (every key a script touches is in KEYS): the head's lease is
 // written as if it had acquired, and the grant, `<fence>:<leaseEndMs>:<nowMs>:<next>`, is
-// pushed onto its wake key (`next` the wake id of the waiter now at the head, '' for none, so
-// the new holder's release can declare it in turn). A head whose wake key was not declared is
+// pushed onto its wake key (`next` the grant's hint, `grantHint`: the wake id of the waiter now
+// at the head, or a semaphore's first waiters', '' for none, so the new holder's release can
+// declare their wake keys in turn). A head whose wake key was not declared is
 // named in the reply; the caller hands over with `./hand_over.ts`. The pushed grant is only a
 // message: the record is the lease, and a waiter that missed its grant finds it at its next look.
 // OFFER_LUA is the waiter's side (its offer, and the next head's wake id for a grant's hint),
 // HANDOFF_LUA the release's, after it. Written with the names `offersKey`, `queueKey`,
-// `ticketsKey`, `marksKey`, `lockKey`, `graceMs` and `name` of the calling script, after
-// RECORD_LUA, QUEUE_LUA, INDEX_LUA and STATS_LUA.
+// `ticketsKey`, `marksKey`, `lockKey`, `graceMs` and `name` of the calling script, and for
+// HANDOFF_LUA the declared wake keys (`n`, `hints`, `hintKey`), after RECORD_LUA, QUEUE_LUA,
+// INDEX_LUA and STATS_LUA.
 export const OFFER_LUA = `
 local function readOffer(member)
   local ttl, since, wake, hold, limit, meta = string.match(redis.call('HGET', offersKey, member) or '',

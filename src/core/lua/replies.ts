@@ -132,7 +132,7 @@ function wakeIdAt(reply: unknown, index: number): string {
 }
 
 /** A grant's hint of the next holders' wake ids, comma-joined (see `grantHint`). */
-export const HINT = /^[\w-]{1,64}(?:,[\w-]{1,64}){0,3}$/;
+export const HINT = /^[\w-]{1,64}(?:,[\w-]{1,64}){0,7}$/;
 
 // A grant's hint in a reply, '' when absent or not one.
 function hintAt(reply: unknown, index: number): string {
