@@ -1,26 +1,28 @@
 /**
  * `deno task build:worker`: the Worker as wrangler deploys it (`main = dist/worker.js`), bundled
- * for workerd's conditions and minified, with the Lua scripts' full-line comments and indentation
- * dropped: they explain the scripts in the source and cost a Worker ~3.2 KB gzip. Only whole lines that start
- * with `-- ` go, which in minified output occur only inside the scripts' template literals (the
- * minifier keeps JavaScript on long lines, and no other multi-line text here starts a line so);
- * a line that also holds an unescaped backtick or `${` would touch the literal itself and fails
- * the build.
+ * for workerd's conditions and minified, with the full-line comments and indentation of the code
+ * it carries as text dropped: the Lua scripts' and the dashboard's script's explain them in the
+ * source and cost a Worker ~3.4 KB gzip. Only whole lines that start with `-- ` or `// ` go,
+ * which in minified output occur only inside those template literals (the minifier keeps
+ * JavaScript on long lines and drops its comments, and no other multi-line text here starts a
+ * line so); a line that also holds an unescaped backtick or `${` would touch the literal itself
+ * and fails the build.
  *
  * @module
  */
 import { minifiedBundle } from "../bench/_bundle.ts";
 
-const LUA_COMMENT_LINE = /^[ \t]*-- .*$\n/gm;
+const COMMENT_LINE = /^[ \t]*(?:--|\/\/) .*$\n/gm;
 const INDENT = /^[ \t]+/gm;
 
 /**
- * Drops full-line Lua comments from minified JavaScript (refusing a line that is not plain
- * text), then every line's indentation: in minified output only the scripts' lines are indented,
- * and Lua reads them the same without it (it has no multi-line strings here).
+ * Drops the full-line comments of the Lua scripts and the dashboard's script from minified
+ * JavaScript (refusing a line that is not plain text), then every line's indentation: in minified
+ * output only those texts' lines are indented, and Lua and the browser read them the same without
+ * it (neither has multi-line strings there).
  */
-export function stripLuaComments(js: string): string {
-  return js.replace(LUA_COMMENT_LINE, (line) => {
+export function stripComments(js: string): string {
+  return js.replace(COMMENT_LINE, (line) => {
     const plain = line.replace(/\\./g, "");
     if (plain.includes("`") || plain.includes("${")) {
       throw new Error(`build:worker: a comment line touches its template literal: ${line}`);
@@ -34,7 +36,7 @@ export async function buildWorker(out: string): Promise<Uint8Array> {
   const dir = await Deno.makeTempDir({ prefix: "edgelock-build-" });
   try {
     const js = new TextDecoder().decode(await minifiedBundle("worker/cloudflare.ts", dir));
-    const bytes = new TextEncoder().encode(stripLuaComments(js));
+    const bytes = new TextEncoder().encode(stripComments(js));
     await Deno.writeFile(out, bytes);
     return bytes;
   } finally {
