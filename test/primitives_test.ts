@@ -235,6 +235,49 @@ Deno.test("a reentrant lease counts its holds, each ended by its own release", a
   assert.equal((await locks.inspect(name)).held, false);
 });
 
+Deno.test("a reentrant lease released without its hold is refused, and stays held, in every mode", async () => {
+  const { locks } = await fixture();
+  const { post } = await http();
+  for (const kind of [{}, { mode: "shared" as const }, { limit: 2 }]) {
+    const name = keygen("re");
+    const lease = acquired(await locks.acquire(name, { ...kind, reentrant: true, ttlMs: 30_000 }));
+    for (
+      const bare of [{ name, token: lease.token }, { name, token: lease.token, fence: lease.fence }]
+    ) {
+      await assert.rejects(locks.release(bare), (error: unknown) => {
+        assert.ok(error instanceof EdgelockError, String(error));
+        assert.equal(error.code, "mode_mismatch");
+        assert.match(error.message, /reentrant: release each hold with its lease \(its hold\)/);
+        return true;
+      });
+      assert.ok((await locks.inspect(name)).held, `${JSON.stringify(kind)}: still held`);
+    }
+    // The HTTP API says the same: a 409 problem, nothing freed.
+    const over = await post(`/v1/locks/${name}/acquire`, { ...kind, reentrant: true });
+    assert.equal(over.status, 200, JSON.stringify(over.body));
+    const refused = await post(`/v1/locks/${name}/release`, { token: over.body.token });
+    assert.equal(refused.status, 409);
+    assert.equal(refused.type, "application/problem+json");
+    assert.equal(refused.body.code, "mode_mismatch");
+    const release = { token: over.body.token, hold: over.body.hold };
+    assert.equal((await post(`/v1/locks/${name}/release`, release)).body.released, true);
+    assert.equal(await locks.release(lease), true);
+    assert.equal((await locks.inspect(name)).held, false);
+    // A plain lease of the same token is released without a hold, as before; once it also has a
+    // reentrant hold, a release without a hold ends the plain one, and its retry answers the same.
+    const plain = acquired(await locks.acquire(name, { ...kind, token: lease.token }));
+    const inner = acquired(
+      await locks.acquire(name, { ...kind, token: plain.token, reentrant: true }),
+    );
+    assert.equal(inner.holdCount, 2);
+    assert.equal(await locks.release({ name, token: plain.token }), true);
+    assert.equal(await locks.release({ name, token: plain.token }), true, "a retry");
+    assert.ok((await locks.inspect(name)).held, "the reentrant hold remains");
+    assert.equal(await locks.release(inner), true);
+    assert.equal((await locks.inspect(name)).held, false);
+  }
+});
+
 Deno.test("a retried reentrant acquire (the same hold id) counts once; a retried release ends once", async () => {
   const { locks } = await fixture();
   const name = keygen("re");

@@ -1,5 +1,6 @@
 import { LockContext, type LockOpsOptions, timing } from "./_context.ts";
 import { leaseKind } from "./_lease.ts";
+import { EdgelockError } from "./errors.ts";
 import { parseJsonText, type RedisLike } from "./_runner.ts";
 import {
   ACQUIRE_OPTIONS,
@@ -311,7 +312,8 @@ export class Locks implements LockClient {
 
   /**
    * Frees a lease. `false` when its token no longer held the lock (expired or taken over);
-   * a retry of a release that went through answers `true` again.
+   * a retry of a release that went through answers `true` again. A reentrant lease ends one
+   * hold per release, the one in `lease.hold`; without it, `mode_mismatch` (nothing ends).
    */
   async release(lease: LeaseRef): Promise<boolean> {
     const { name, token } = checkLease(lease);
@@ -343,10 +345,16 @@ export class Locks implements LockClient {
     });
     return await this.#context.observe(name, "release", async () => {
       const started = performance.now();
-      const { released, head, ended } = decodeRelease(
+      const { released, head, ended, holdNeeded } = decodeRelease(
         RELEASE,
         await this.#context.run(RELEASE, call),
       );
+      if (holdNeeded) {
+        throw new EdgelockError(
+          "mode_mismatch",
+          `This token holds lock "${name}" reentrant: release each hold with its lease (its hold)`,
+        );
+      }
       if (ended) this.#hints.delete(`${name}\n${token}`); // a reentrant lease keeps it
       // The head blocks on a wake key this release could not name: hand over in a second step.
       if (head !== "") await handOver(this.#context, name, head);

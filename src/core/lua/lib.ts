@@ -75,16 +75,20 @@ export const RELEASE_MEMORY_MS = 600_000;
 
 // A lease's holds, written `<n>` or `<n>,<id>,<id>…`: n holds without an id (a plain acquire's,
 // and every hold of a record written before hold ids) and the ids of reentrant holds. A
-// reentrant acquire or release names its own hold, so a retry of either takes effect once.
+// reentrant acquire or release names its own hold, so a retry of either takes effect once. `<n>p`
+// says a hold without an id was released while reentrant holds remain (\`plainGone\`), so a retry
+// of that release is told apart from a release that forgot its hold.
 const HOLDS_LUA = `
 local function readHolds(text)
-  local holds = {anon = tonumber(string.match(text, '^%d+')), ids = {}}
+  local holds = {anon = tonumber(string.match(text, '^%d+')), ids = {},
+    plainGone = string.match(text, '^%d+p') ~= nil}
   for id in string.gmatch(text, ',([%w_-]+)') do holds.ids[#holds.ids + 1] = id end
   return holds
 end
 local function holdsText(holds)
-  if #holds.ids == 0 then return string.format('%d', holds.anon) end
-  return string.format('%d', holds.anon) .. ',' .. table.concat(holds.ids, ',')
+  local anon = string.format('%d', holds.anon) .. ((holds.plainGone and 'p') or '')
+  if #holds.ids == 0 then return anon end
+  return anon .. ',' .. table.concat(holds.ids, ',')
 end
 local function holdCount(holds) return holds.anon + #holds.ids end
 local function findHold(holds, id)
@@ -112,8 +116,14 @@ local function dropHold(holds, hold)
     if i then table.remove(holds.ids, i) end
   elseif holds.anon > 0 then
     holds.anon = holds.anon - 1
+    holds.plainGone = holds.anon == 0
   end
   return holdCount(holds)
+end
+-- A release without a hold id, of a lease whose holds all have ids (and never had one without,
+-- which a retry would be ending again): the caller forgot its hold.
+local function holdForgotten(holds, hold)
+  return hold == '' and holds.anon == 0 and not holds.plainGone
 end
 -- Remembers a release (member: a token, or '~' and a break id) with its fence, for retries.
 local function markReleased(marksKey, member, fence)

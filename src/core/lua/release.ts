@@ -47,7 +47,8 @@ end
  * its grant); `head` is the
  * head's wake id when it blocks on another (or, after a semaphore's hand-off, when the next head's
  * permits fit too), for `./hand_over.ts`, else ''; ended is 1 when the lease ended (its last hold
- * released), else absent.
+ * released), else absent. `{-1, 5}` when the token holds the lease reentrant (every hold with an
+ * id) and the release names no hold: it ends none, and says so rather than answering 1.
  */
 export const RELEASE = defineScript(
   "release",
@@ -119,6 +120,7 @@ local sha = string.sub(redis.sha1hex(token), 1, 12)
 if r.shared and nowMs < r.leaseEnd then
   local h = readHolder(redis.call('HGET', holdersKey, token))
   if h and nowMs < h.leaseEnd and (fence == '' or h.fence == fence) then
+    if holdForgotten(h.holds, hold) then return {-1, 5} end
     if dropHold(h.holds, hold) > 0 then
       writeHolder(holdersKey, token, h)
       return {1, ''}
@@ -151,6 +153,8 @@ if r.free or r.token ~= token or nowMs >= r.leaseEnd or (fence ~= '' and r.fence
   if retried(r.released, sha) then return {1, ''} end
   return lost()
 end
+-- a reentrant lease's holds each have an id: a release without one ends none of them
+if holdForgotten(r.holds, hold) then return {-1, 5} end
 if dropHold(r.holds, hold) > 0 then
   writeHeld(lockKey, r, nowMs, graceMs)
   return {1, ''}

@@ -92,16 +92,18 @@ export function decodeRenew(script: Script, reply: unknown): Granted | { status:
 }
 
 /**
- * A release: whether it took effect, the wake id of a head to hand over to ('' for none), and
- * whether the lease ended (its last hold released).
+ * A release: whether it took effect, the wake id of a head to hand over to ('' for none),
+ * whether the lease ended (its last hold released), and whether it was refused because the lease
+ * is reentrant and the release named no hold.
  */
 export function decodeRelease(
   script: Script,
   reply: unknown,
-): { released: boolean; head: string; ended: boolean } {
+): { released: boolean; head: string; ended: boolean; holdNeeded: boolean } {
   const list = Array.isArray(reply) ? reply : [reply];
-  const released = integers(script, list, 1)[0] === 1;
-  return { released, head: wakeIdAt(list, 1), ended: list[2] === 1 };
+  const [status] = integers(script, list, 1);
+  const holdNeeded = status === -1 && integers(script, list, 2)[1] === 5;
+  return { released: status === 1, head: wakeIdAt(list, 1), ended: list[2] === 1, holdNeeded };
 }
 
 /** A hand-over's second step: the wake id of a head to try next, '' for none. */

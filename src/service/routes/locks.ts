@@ -237,6 +237,7 @@ export function lockRoutes(app: Hono<AppEnv>): void {
     summary: "Release a lease; released is false when this token no longer held it",
     responses: {
       200: json(doc(z.object({ released: z.boolean() }), { id: "Released" }), "Done"),
+      409: problemDoc("mode_mismatch: a reentrant lease, and no hold named"),
       ...common,
     },
   }, async (c, { params: { name }, body: { token, fence, hold } }) => {
