@@ -11,6 +11,7 @@
  * @module
  */
 import { minifiedBundle } from "../bench/_bundle.ts";
+import { JS } from "../src/service/dashboard.ts";
 
 const COMMENT_LINE = /^[ \t]*(?:--|\/\/) .*$\n/gm;
 const INDENT = /^[ \t]+/gm;
@@ -31,11 +32,35 @@ export function stripComments(js: string): string {
   }).replace(INDENT, "");
 }
 
+/**
+ * Puts the dashboard's script (`/dashboard/app.js`, text in the bundle) in the bundle minified:
+ * it is written to be read, and minified it costs a Worker ~700 B gzip less. The script's text is
+ * found by its opening, `"use strict";` and its first line, and ends at the first unescaped
+ * backtick; a bundle without exactly one such text fails the build.
+ */
+export async function minifyDashboard(js: string, dir: string): Promise<string> {
+  const opening = JS.slice(0, JS.indexOf("\n", JS.indexOf("\n") + 1));
+  const starts = js.split("`" + opening).length - 1;
+  if (starts !== 1) {
+    throw new Error(`build:worker: the dashboard script is in the bundle ${starts} times`);
+  }
+  const start = js.indexOf("`" + opening) + 1;
+  let end = start;
+  while (js[end] !== "`") end += js[end] === "\\" ? 2 : 1;
+  const source = `${dir}/dashboard.js`;
+  await Deno.writeTextFile(source, JS);
+  const minified = new TextDecoder().decode(await minifiedBundle(source, dir)).trim();
+  // A module is strict without saying so; the page loads the script as a classic one.
+  const literal = `"use strict";${minified}`.replace(/[\\`]|\$\{/g, (c) => "\\" + c);
+  return js.slice(0, start) + literal + js.slice(end);
+}
+
 /** Builds the Worker into `out` and returns its bytes. */
 export async function buildWorker(out: string): Promise<Uint8Array> {
   const dir = await Deno.makeTempDir({ prefix: "edgelock-build-" });
   try {
-    const js = new TextDecoder().decode(await minifiedBundle("worker/cloudflare.ts", dir));
+    const bundled = new TextDecoder().decode(await minifiedBundle("worker/cloudflare.ts", dir));
+    const js = await minifyDashboard(bundled, dir);
     const bytes = new TextEncoder().encode(stripComments(js));
     await Deno.writeFile(out, bytes);
     return bytes;

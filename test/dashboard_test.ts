@@ -8,6 +8,8 @@ import { parseApiKeys, parseOperatorKeys } from "../src/service/auth.ts";
 import { createClient } from "../src/client/client.ts";
 import { keygen, shared, startBackend } from "./_backend.ts";
 import type { Lease } from "../src/core/types.ts";
+import { JS } from "../src/service/dashboard.ts";
+import { minifyDashboard } from "../dev/build_worker.ts";
 
 const A = "tenant-a-secret-0123456789";
 const OPS = "operator-secret-0123456789";
@@ -30,10 +32,12 @@ const rowsAre = (page: Page, selector: string, count: number) =>
   );
 const CHROMIUM = Deno.env.get("CHROMIUM_PATH") ?? "/usr/bin/chromium";
 
-const fixture = shared(async () => {
-  const backend = await startBackend();
+const backend = shared(() => startBackend(), (backend) => backend.stop());
+
+// A service of its own (its own key prefix) on the shared Redis, and a client of it.
+async function serve() {
   const app = createApp({
-    redis: backend.redis,
+    redis: (await backend()).redis,
     apiKeys,
     operatorKeys,
     keyPrefix: keygen("dash"),
@@ -42,15 +46,33 @@ const fixture = shared(async () => {
   const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, app.fetch);
   const base = `http://127.0.0.1:${server.addr.port}`;
   const client = createClient({ baseUrl: base, apiKey: A });
-  return { backend, server, base, client };
-}, async ({ backend, server }) => {
-  await server.shutdown();
-  await backend.stop();
+  return { server, base, client };
+}
+
+// The dashboard's script as the Worker build serves it: minified, from a bundle that holds it.
+async function workerScript(): Promise<string> {
+  const dir = await Deno.makeTempDir({ prefix: "edgelock-dash-" });
+  try {
+    const escaped = JS.replace(/[\\`]|\$\{/g, (c) => "\\" + c);
+    const bundle = await minifyDashboard(`const js = \`${escaped}\`;`, dir);
+    const script = new Function(`${bundle} return js;`)() as string;
+    assert.ok(script.length < JS.length * 0.7, `minified: ${script.length} of ${JS.length}`);
+    return script;
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+}
+
+Deno.test("the dashboard in headless Chromium", (t) => dashboard(t));
+
+Deno.test("the Worker's minified dashboard script does the same in headless Chromium", async (t) => {
+  await dashboard(t, await workerScript());
 });
 
-// One scenario in one page: each step goes on from the page the step before left.
-Deno.test("the dashboard in headless Chromium", async (t) => {
-  const { base, client } = await fixture();
+// One scenario in one page, each step going on from the page the step before left; with the
+// service's script, or `script` in its place.
+async function dashboard(t: Deno.TestContext, script?: string) {
+  const { server, base, client } = await serve();
   const browser = await chromium.launch({
     executablePath: CHROMIUM,
     args: ["--no-sandbox", "--disable-dev-shm-usage"],
@@ -58,6 +80,12 @@ Deno.test("the dashboard in headless Chromium", async (t) => {
 
   try {
     const page = await browser.newPage();
+    if (script !== undefined) {
+      await page.route(
+        "**/dashboard/app.js",
+        (route) => route.fulfill({ body: script, contentType: "text/javascript; charset=utf-8" }),
+      );
+    }
     const requests: string[] = [];
     page.on("request", (request) => requests.push(request.url()));
     const missing: string[] = [];
@@ -217,14 +245,16 @@ Deno.test("the dashboard in headless Chromium", async (t) => {
     for (const lease of leases) await client.release(lease);
   } finally {
     await browser.close();
+    await server.shutdown();
   }
-});
+}
 
 Deno.test("the page allows only its own script, style and API", async () => {
-  const { base } = await fixture();
+  const { server, base } = await serve();
   const res = await fetch(`${base}/dashboard`);
   const csp = res.headers.get("content-security-policy") ?? "";
   await res.body?.cancel();
+  await server.shutdown();
   assert.match(csp, /default-src 'none'/);
   assert.match(csp, /script-src 'self'/);
   assert.match(csp, /frame-ancestors 'none'/);

@@ -76,7 +76,7 @@ const ICON = '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">' +
   '<rect width="16" height="16" rx="3" fill="#1d2330"/>' +
   '<path d="M5 7V5a3 3 0 0 1 6 0v2h1v7H4V7zm2 0h2V5a1 1 0 0 0-2 0z" fill="#fff"/></svg>';
 
-const JS = `"use strict";
+export const JS = `"use strict";
 const $ = (id) => document.getElementById(id);
 const KEY = "edgelock.apiKey";
 let me = null, tenant = "", locks = [], timer = 0;
