@@ -762,6 +762,44 @@ Deno.test("readers behind a writer are granted in the ring of its release: one l
   assert.ok(ttl > 0 && ttl <= 5_000, `the bell lives ${ttl} ms`);
 });
 
+Deno.test("a writer's release wakes each reader behind it on its own key: no ring, none behind woken", async () => {
+  const { backend } = await fixture();
+  const { client, blocks } = blocksOf(backend.redis, "XREAD");
+  const { client: counted, calls } = callsOf(client, ACQUIRE_SHARED);
+  const locks = new Locks(counted);
+  const name = keygen("h");
+  const bell = keysOf(name).readersKey;
+  await backend.redis.scriptLoad(ACQUIRE_SHARED.source); // no NOSCRIPT retry among the looks
+  const waiting = { ttlMs: 10_000, waitMs: 20_000 };
+  const reading = { ...waiting, mode: "shared" as const };
+  const first = acquired(await locks.acquire(name, { ttlMs: 60_000 }));
+  const inLine: Promise<AcquireResult>[] = [];
+  for (const options of [waiting, reading, reading, waiting, reading]) {
+    inLine.push(locks.acquire(name, options));
+    await queued(backend.redis, name, inLine.length);
+  }
+  const [writer, reader1, reader2, writer2, reader3] = inLine;
+  // The first lease knew no waiter: its release hands over in a second step. The writer's grant
+  // names the waiters behind it, the readers among them.
+  await locks.release(first);
+  const written = acquired(await writer!);
+  await locks.release(written);
+  const readers = [acquired(await reader1!), acquired(await reader2!)];
+  assert.equal(blocks.answered, 2, "the two readers woke, each on its own key");
+  assert.equal(await backend.redis.exists(bell), 0, "the bell never rang");
+  for (const lease of readers) await locks.release(lease); // the last hands over to the writer
+  const written2 = acquired(await writer2!);
+  assert.equal(blocks.answered, 2, "the reader behind that writer slept on");
+  await locks.release(written2);
+  const last = acquired(await reader3!);
+  assert.equal(blocks.answered, 3);
+  assert.equal(await backend.redis.exists(bell), 0, "nor for the last reader");
+  assert.equal(calls(), 3, "one look each");
+  assert.ok(readers.every((r) => r.fence > written.fence && r.fence < written2.fence));
+  assert.ok(last.fence > written2.fence);
+  await locks.release(last);
+});
+
 Deno.test("a reader behind a queued writer hears a ring not meant for it and listens on", async () => {
   const { backend } = await fixture();
   const { client, blocks } = blocksOf(backend.redis, "XREAD");

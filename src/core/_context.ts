@@ -147,42 +147,53 @@ export class LockContext {
   }
 
   /**
-   * Waits up to `ms` for a ring after `id` on the readers' bell `key` (XREAD BLOCK, a request of
-   * its own): the grant a ring holds under `field` (the reader's wake id), `""` for none; whether
-   * a ring asks the readers it did not grant to look (`more`); and the last ring's id. `null` when
-   * none came. Rejects as {@linkcode block} does.
+   * Waits up to `ms` for a ring after `id` on the readers' bell `key`, or a grant on the reader's
+   * own wake key `own` (XREAD BLOCK on both, a request of its own): the grant, from a ring under
+   * `field` (the reader's wake id) or from `own`, `""` for none; whether a ring asks the readers it
+   * did not grant to look (`more`); the bell's last ring's id (`id` when none rang); whether `own`
+   * had an entry. `null` when nothing came. Rejects as {@linkcode block} does.
    */
   listen(
     key: string,
     id: string,
     field: string,
+    own: string,
     ms: number,
     signal?: AbortSignal,
-  ): Promise<{ grant: string; more: boolean; id: string } | null> {
+  ): Promise<{ grant: string; more: boolean; id: string; own: boolean } | null> {
     const command: [string, ...string[]] = [
       "XREAD",
       "BLOCK",
       String(Math.ceil(ms)),
       "STREAMS",
       key,
+      own,
       id,
+      "0-0",
     ];
     return this.#blocking(command, ms, signal).then((reply) => {
       if (reply === null) return null;
-      // [[key, [[id, [field, value, …]], …]]]
-      const entries = (reply as [unknown, [unknown, unknown[]][]][])?.[0]?.[1];
-      const last = Array.isArray(entries) ? entries.at(-1)?.[0] : undefined;
-      if (typeof last !== "string") {
-        throw new EdgelockError(
-          "backend_unavailable",
-          "Redis answered XREAD with an unexpected reply",
-        );
-      }
-      const heard = { grant: "", more: false, id: last };
-      for (const [, fields] of entries!) {
-        for (let i = 0; Array.isArray(fields) && i + 1 < fields.length; i += 2) {
-          if (fields[i] === field) heard.grant = String(fields[i + 1]);
-          if (fields[i] === "more" && String(fields[i + 1]) === "1") heard.more = true;
+      const heard = { grant: "", more: false, id, own: false };
+      // [[key, [[id, [field, value, …]], …]], …]: the streams that had entries
+      for (const stream of Array.isArray(reply) ? reply : [undefined]) {
+        const [from, entries] = Array.isArray(stream) ? stream : [];
+        const last = Array.isArray(entries) ? entries.at(-1)?.[0] : undefined;
+        if ((from !== key && from !== own) || typeof last !== "string") {
+          throw new EdgelockError(
+            "backend_unavailable",
+            "Redis answered XREAD with an unexpected reply",
+          );
+        }
+        if (from === key) heard.id = last;
+        else heard.own = true;
+        const name = from === key ? field : "grant";
+        for (const [, fields] of entries as [unknown, unknown[]][]) {
+          for (let i = 0; Array.isArray(fields) && i + 1 < fields.length; i += 2) {
+            if (fields[i] === name) heard.grant = String(fields[i + 1]);
+            if (from === key && fields[i] === "more" && String(fields[i + 1]) === "1") {
+              heard.more = true;
+            }
+          }
         }
       }
       return heard;

@@ -50,10 +50,11 @@ export interface Attempt<T extends Lease | Lease[]> {
   };
   /**
    * A shared waiter's readers' bell (a stream a release rings when readers fit, with the grants of
-   * the readers at the head under their wake ids), its wake id, and the lease a grant gives; none
-   * for other waiters.
+   * the readers at the head under their wake ids), its wake id, its own wake key (a stream, where
+   * a release that declared it puts its grant), and the lease a grant gives; none for other
+   * waiters.
    */
-  bell?: Attempt<T>["wake"];
+  bell?: Attempt<T>["wake"] & { own: string };
 }
 
 /** One look: the ticket it takes, the time waited so far, and the wake id when it will block. */
@@ -167,9 +168,11 @@ export async function waitFor<T extends Lease | Lease[]>(
     const ends = reply.firstEndsIn || reply.pttl;
     let message: string | null | Error | undefined;
     if (attempt.bell && reply.bellId && wakeId !== "" && position >= 0) {
-      // Listen for the readers' bell, at most until the first holder's lease ends (readers may
-      // fit then, unannounced). A ring grants the readers at the head; a reader it did not grant
-      // listens on, unless the ring says more may fit, while its ticket leaves room for a look.
+      // Listen for the readers' bell and the reader's own wake key, at most until the first
+      // holder's lease ends (readers may fit then, unannounced). A release grants the readers at
+      // the head, each on its own wake key when it declared it, else in a ring of the bell; a
+      // reader a ring did not grant listens on, unless the ring says more may fit, while its
+      // ticket leaves room for a look.
       const listenedAt = performance.now();
       const until = Math.min(
         deadline,
@@ -179,14 +182,11 @@ export async function waitFor<T extends Lease | Lease[]>(
       for (let from = reply.bellId; message === undefined;) {
         const blockMs = Math.min(until - performance.now(), BLOCK_MS);
         if (blockMs < 1) break;
-        const heard = await context.listen(
-          attempt.bell.key,
-          from,
-          attempt.bell.id,
-          blockMs,
-          signal,
-        ).catch(refused);
-        if (heard === null || heard instanceof Error || heard.grant !== "" || heard.more) {
+        const { key, id, own } = attempt.bell;
+        const heard = await context.listen(key, from, id, own, blockMs, signal).catch(refused);
+        if (
+          heard === null || heard instanceof Error || heard.grant !== "" || heard.more || heard.own
+        ) {
           message = heard instanceof Error || heard === null ? heard : heard.grant;
         } else {
           from = heard.id;

@@ -179,8 +179,10 @@ export class Locks implements LockClient {
         }),
       members: [`${lease.token}~${limit > 0 ? permits : "s"}`],
       decode: granted(ACQUIRE_SHARED, kind),
-      // A semaphore's waiter is handed its permits; a reader its lease in a ring of the bell.
-      ...(limit > 0 ? { wake: wake(kind) } : { bell: { ...wake(kind), key: readersKey } }),
+      // A semaphore's waiter is handed its permits; a reader its lease on its wake key or in a ring.
+      ...(limit > 0
+        ? { wake: wake(kind) }
+        : { bell: { ...wake(kind), key: readersKey, own: wakeKey } }),
     };
   }
 

@@ -100,15 +100,16 @@ if held and r.token == token then
   granted(r.leaseEnd)
   -- a hand-off it learns of here
   if wakeId ~= '' then redis.call('DEL', wakeKey) end
-  local nextHead = r.flag == '1' and redis.call('ZRANGE', queueKey, 0, 0)[1]
-  return {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, holdCount(r.holds), grantHint(nextHead or nil, 0)}
+  local first = r.flag == '1' and firstWaiters() or nil
+  return {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, holdCount(r.holds), grantHint(first)}
 end
 -- No record (a first acquire, or one that was lost): look at the queue too.
 local head
 if not r or r.flag == '1' then head = queueHead(queueKey, ticketsKey, nowMs, maxWaiters, offersKey) end
 local holdMs = holdEstimate(r)
 if not held and (not head or head == token) then
-  local nextHead = head and leaveQueue(queueKey, ticketsKey, token, offersKey) or nil
+  local nextHead, first
+  if head then nextHead, first = leaveQueue(queueKey, ticketsKey, token, offersKey) end
   local flag = (nextHead and '1') or '0'
   local grant = {fence = newFence(r), leaseEnd = nowMs + ttlMs, at = nowMs, hold = holdMs,
     flag = flag, token = token, meta = meta, holds = newHolds(hold),
@@ -117,7 +118,7 @@ if not held and (not head or head == token) then
   -- a release without a fence now means this lease
   redis.call('ZREM', marksKey, token)
   granted(grant.leaseEnd)
-  return {1, tonumber(grant.fence), ttlMs, nowMs, 1, grantHint(nextHead, 0)}
+  return {1, tonumber(grant.fence), ttlMs, nowMs, 1, grantHint(first)}
 end
 local offer
 if wakeId ~= '' then offer = blockingOffer(0) end

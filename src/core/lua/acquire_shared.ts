@@ -91,9 +91,9 @@ if mine then
   granted(r.leaseEnd)
   -- a hand-off it learns of here
   if wakeId ~= '' then redis.call('DEL', wakeKey) end
-  local nextHead = r.flag == '1' and redis.call('ZRANGE', queueKey, 0, 0)[1]
+  local first = r.flag == '1' and firstWaiters() or nil
   return {1, tonumber(mine.fence), mine.leaseEnd - nowMs, nowMs, holdCount(mine.holds),
-    grantHint(nextHead or nil, limit)}
+    grantHint(first)}
 end
 -- What is free, less what the waiters ahead take in turn: a waiter that does not fit stops
 -- everyone behind it. An exclusive waiter (a bare token) takes everything, and only alone.
@@ -121,8 +121,8 @@ end
 local holdMs = holdEstimate(r)
 if permits > free then
   local offer
-  -- A waiter that blocks may be handed its lease: a semaphore's on its wake key, a reader's in a
-  -- ring of the readers' bell (below).
+  -- A waiter that blocks may be handed its lease: a semaphore's on its wake key, a reader's on its
+  -- wake key or in a ring of the readers' bell (below).
   if wakeId ~= '' then offer = blockingOffer(limit) end
   local reply = busy(r, exclusive or live, holdMs, member, head, offersKey, offer)
   -- When the first holder's lease ends, ms (0: none): a waiter may fit then, unannounced.
@@ -131,14 +131,15 @@ if permits > free then
     if soonest == 0 or h.leaseEnd - nowMs < soonest then soonest = h.leaseEnd - nowMs end
   end
   reply[6] = soonest
-  -- A shared waiter blocks on the readers' bell from its last ring: the stream's last id.
+  -- A shared waiter listens on the readers' bell (and its wake key) from the bell's last ring.
   if wakeId ~= '' and limit == 0 and readersKey and reply[4] >= 0 then
     local last = redis.call('XREVRANGE', readersKey, '+', '-', 'COUNT', 1)[1]
     reply[7] = (last and last[1]) or '0-0'
   end
   return reply
 end
-local nextHead = head and leaveQueue(queueKey, ticketsKey, member, offersKey) or nil
+local nextHead, first
+if head then nextHead, first = leaveQueue(queueKey, ticketsKey, member, offersKey) end
 local flag = (nextHead and '1') or '0'
 -- holders of an earlier shared spell
 if not live then redis.call('DEL', holdersKey) end
@@ -153,6 +154,6 @@ if live then grant.leaseEnd = math.max(r.leaseEnd, h.leaseEnd) end
 writeShared(lockKey, grant, nowMs, graceMs)
 redis.call('PEXPIRE', holdersKey, grant.leaseEnd - nowMs)
 granted(grant.leaseEnd)
-return {1, tonumber(h.fence), ttlMs, nowMs, 1, grantHint(nextHead, limit)}
+return {1, tonumber(h.fence), ttlMs, nowMs, 1, grantHint(first)}
 `,
 );

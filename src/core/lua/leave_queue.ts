@@ -35,14 +35,15 @@ redis.call('ZREM', ticketsKey, member)
 local removed = redis.call('ZREM', queueKey, member)
 if wakeId == '' then return removed end
 redis.call('HDEL', offersKey, member)
--- Only a hand-off to this wake key is this waiter's: its receipt names the lease's fence (another
--- acquire with the same token, or another reentrant hold, has a wake key of its own).
-local receipt = redis.call('LINDEX', wakeKey, -1)
-redis.call('DEL', wakeKey)
-local fence, leaseEnd, token
+local fence, leaseEnd, token, receipt
 -- a semaphore's waiter: its holder entry
 local holder = string.match(member, '^([%w_-]+)~%d+$')
 local reader = string.match(member, '^([%w_-]+)~s$')
+-- Only a hand-off to this wake key is this waiter's: its receipt names the lease's fence (another
+-- acquire with the same token, or another reentrant hold, has a wake key of its own). A reader's
+-- wake key is a stream, its grant without a receipt (below).
+if not reader then receipt = redis.call('LINDEX', wakeKey, -1) end
+redis.call('DEL', wakeKey)
 if reader then
   -- A reader is granted in a ring of the bell, which keeps only its last rings: its receipt is a
   -- live lease of its token granted since its last look (\`lookedAt\`, the server's ms then).

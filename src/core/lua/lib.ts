@@ -276,13 +276,14 @@ local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaite
   end
   return place or redis.call('ZRANK', queueKey, member)
 end
--- Returns the waiter now at the head, nil when the queue is empty. With offersKey, the member's
--- offer goes too.
+-- Returns the waiter now at the head, nil when the queue is empty, and the first waiters (up to
+-- WAKE_HINTS, for a grant's hint). With offersKey, the member's offer goes too.
 local function leaveQueue(queueKey, ticketsKey, member, offersKey)
   redis.call('ZREM', queueKey, member)
   redis.call('ZREM', ticketsKey, member)
   if offersKey then redis.call('HDEL', offersKey, member) end
-  return redis.call('ZRANGE', queueKey, 0, 0)[1]
+  local first = redis.call('ZRANGE', queueKey, 0, ${WAKE_HINTS} - 1)
+  return first[1], first
 end
 -- Contention is noted in the record (its TTL kept), so release samples the hold time and the
 -- next acquire looks at the queue.
@@ -345,17 +346,16 @@ local function blockingOffer(limit)
   return string.format('%d|%d|', ttlMs, nowMs - waitedMs) .. wakeId .. '|' .. hold .. '|' .. limit ..
     '|' .. meta
 end
--- A grant's hint of who comes next, for its release to declare the wake keys: the wake id of
--- \`head\` (the new head of the queue, nil for none; '' when it left no offer), or for a
--- semaphore's grant (\`limit\` above 0) those of the first waiters, comma-joined, as many as may
--- hold at once (up to WAKE_HINTS). Its other holders' releases take the waiters before it, so the
--- head when it releases is mostly one of these, not the head now.
-local function grantHint(head, limit)
-  if not head then return '' end
-  local members = {head}
-  if limit > 0 then members = redis.call('ZRANGE', queueKey, 0, math.min(limit, ${WAKE_HINTS}) - 1) end
+-- The first waiters in the queue, up to WAKE_HINTS: those a grant's hint may name.
+local function firstWaiters() return redis.call('ZRANGE', queueKey, 0, ${WAKE_HINTS} - 1) end
+-- A grant's hint of who comes next, for its release to declare the wake keys: the wake ids of
+-- \`first\` (the first waiters, nil for none) that left offers, comma-joined. The head when the
+-- lease ends is mostly among them: a semaphore's other holders' releases take the waiters before
+-- it, and a writer's release grants the readers behind it at once.
+local function grantHint(first)
+  if not first or #first == 0 then return '' end
   local ids = {}
-  for _, offer in ipairs(redis.call('HMGET', offersKey, unpack(members))) do
+  for _, offer in ipairs(redis.call('HMGET', offersKey, unpack(first))) do
     ids[#ids + 1] = offer and string.match(offer, '^%d+|%d+|([%w_-]+)|') or nil
   end
   return table.concat(ids, ',')
@@ -364,27 +364,32 @@ end
 
 /** The release's side of the hand-off (see OFFER_LUA), after it. */
 export const HANDOFF_LUA = `
+-- Where the caller declared the wake key with id \`wake\`: its index (\`hintKey(i)\`), else nil.
+local function declared(wake)
+  for i = 1, n do if hints[i] == wake then return i end end
+  return nil
+end
 -- Grants the readers at the head of the queue that left offers (up to READERS_PER_RING, in queue
--- order, stopping at the first that did not, or at a writer or a semaphore's waiter) and rings the
--- readers' bell (\`readersKey\`, a stream): one entry with each granted reader's grant under its
--- wake id. Every reader blocked on the bell wakes; one granted there has its lease, the others
--- listen on, or look when \`more\` says a reader left at the head may fit. Each grant is written as if the reader had acquired (its own fence). Returns 1 when it
--- granted any (the record is then theirs), else nil. Called when readers fit: the name free, or
+-- order, stopping at the first that did not, or at a writer or a semaphore's waiter), each as if
+-- it had acquired (its own fence). A granted reader whose wake key the caller declared gets its
+-- grant there (a stream of one entry, \`grant\`), woken alone; the others' grants go in one ring
+-- of the readers' bell (\`readersKey\`, a stream), under their wake ids, which wakes every reader
+-- listening on it: one granted there has its lease, the others listen on, or look when \`more\`
+-- says a reader left at the head may fit (then the bell rings even with no grant). Returns 1 when
+-- it granted any (the record is then theirs), else nil. Called when readers fit: the name free, or
 -- held by readers only (\`r\`, its record).
 local function grantReaders(r)
   if not readersKey then return nil end
   local live = not r.free and r.shared and r.limit == 0 and r.leaseEnd ~= nil and nowMs < r.leaseEnd
   local holders, used = {}, 0
   if live then holders, used = readHolders(holdersKey, nowMs, true) end
-  local fence, leaseEnd, entry, head = r.fence, (live and r.leaseEnd) or 0, {}, nil
+  local fence, leaseEnd, entry, direct = r.fence, (live and r.leaseEnd) or 0, {}, {}
   for _, m in ipairs(redis.call('ZRANGE', queueKey, 0, ${READERS_PER_RING} - 1)) do
-    head = m
     local token = string.match(m, '^([%w_-]+)~s$')
     local offer = token and not holders[token] and used < ${MAX_SHARED} and readOffer(m)
     if not offer then break end
-    head = nil
     -- the holders of an earlier spell go
-    if #entry == 0 and not live then redis.call('DEL', holdersKey) end
+    if #entry == 0 and #direct == 0 and not live then redis.call('DEL', holdersKey) end
     fence = string.format('%.0f', math.max(nowUs, tonumber(fence) + 1))
     local h = {leaseEnd = nowMs + offer.ttl, fence = fence, permits = 1,
       holds = newHolds(offer.hold), meta = offer.meta}
@@ -395,22 +400,35 @@ local function grantReaders(r)
     redis.call('HDEL', offersKey, m)
     -- a release without a fence now means this lease
     redis.call('ZREM', marksKey, token)
-    entry[#entry + 1], entry[#entry + 2] = offer.wake, fence .. ':' .. ms(h.leaseEnd) .. ':' .. ms(nowMs)
+    local grant = fence .. ':' .. ms(h.leaseEnd) .. ':' .. ms(nowMs)
+    local hinted = declared(offer.wake)
+    if hinted then
+      direct[#direct + 1] = {at = hinted, grant = grant, ttl = offer.ttl}
+    else
+      entry[#entry + 1], entry[#entry + 2] = offer.wake, grant
+    end
     observe(statsKey, nowMs, 'wait', nowMs - offer.since)
   end
-  -- The next head (a writer, mostly) is told to each reader: a release then names its wake key.
-  -- A reader there (one that polls, or past the most one ring grants) may fit too: \`more\` tells
-  -- the readers not granted here to look; else they listen on.
-  head = head or redis.call('ZRANGE', queueKey, 0, 0)[1]
-  local after, more = grantHint(head, 0), (head and string.sub(head, -2) == '~s' and 1) or 0
-  for i = 2, #entry, 2 do entry[i] = entry[i] .. ':' .. after end
-  -- Through pcall: a bell key of another type (a hand edit) costs the readers their ring, which
-  -- they make up for at their next look, and never the grants written above.
-  redis.pcall('XADD', readersKey, 'MAXLEN', '${BELL_ENTRIES}', '*', 'at', nowMs, 'more', more,
-    unpack(entry))
-  redis.pcall('PEXPIRE', readersKey, ${BELL_MS})
-  if #entry == 0 then return nil end
-  local flag = (redis.call('EXISTS', queueKey) == 1 and '1') or '0'
+  -- The next waiters (a writer first, mostly) are told to each reader: a release then names their
+  -- wake keys. A reader at the head (one that polls, or past the most one ring grants) may fit
+  -- too: \`more\` tells the readers not granted here to look; else they listen on.
+  local first = firstWaiters()
+  local after, more = grantHint(first), (first[1] and string.sub(first[1], -2) == '~s' and 1) or 0
+  for _, d in ipairs(direct) do
+    local at = d.at
+    redis.call('XADD', hintKey(at), 'MAXLEN', '1', '*', 'grant', d.grant .. ':' .. after)
+    redis.call('PEXPIRE', hintKey(at), d.ttl)
+  end
+  if #entry > 0 or more == 1 then
+    for i = 2, #entry, 2 do entry[i] = entry[i] .. ':' .. after end
+    -- Through pcall: a bell key of another type (a hand edit) costs the readers their ring, which
+    -- they make up for at their next look, and never the grants written above.
+    redis.pcall('XADD', readersKey, 'MAXLEN', '${BELL_ENTRIES}', '*', 'at', nowMs, 'more', more,
+      unpack(entry))
+    redis.pcall('PEXPIRE', readersKey, ${BELL_MS})
+  end
+  if #entry == 0 and #direct == 0 then return nil end
+  local flag = (first[1] and '1') or '0'
   writeShared(lockKey, {fence = fence, leaseEnd = leaseEnd, at = nowMs,
     hold = clamp(r.hold, 1, ${MAX_HOLD_MS}), flag = flag, limit = 0, released = r.released,
     shared = true}, nowMs, graceMs)
@@ -427,10 +445,6 @@ end
 -- key was declared; \`handedNext\` is its wake id when they fit but it was not (for another step),
 -- else ''. Needs HOLDERS_LUA and \`holdersKey\` for a semaphore's waiter.
 local handedNext = ''
-local function declared(wake)
-  for i = 1, n do if hints[i] == wake then return i end end
-  return nil
-end
 local function handOver(r)
   local head = queueHead(queueKey, ticketsKey, nowMs, ${MAX_QUEUE}, offersKey)
   local live = not r.free and r.leaseEnd ~= nil and nowMs < r.leaseEnd
@@ -462,7 +476,7 @@ local function handOver(r)
   if not hinted then return offer.wake end
   -- holders of an earlier spell
   if token and not live then redis.call('DEL', holdersKey) end
-  local nextHead = leaveQueue(queueKey, ticketsKey, head, offersKey)
+  local nextHead, first = leaveQueue(queueKey, ticketsKey, head, offersKey)
   local fence = string.format('%.0f', math.max(nowUs, tonumber(r.fence) + 1))
   local leaseEnd = nowMs + offer.ttl
   local lease = {fence = fence, leaseEnd = leaseEnd, at = nowMs, hold = clamp(r.hold, 1, ${MAX_HOLD_MS}),
@@ -485,7 +499,7 @@ local function handOver(r)
   -- wake key (this acquire, not another with the same token) was handed the lease. A wake key
   -- is one acquire's, and each of its looks clears it: it holds at most the grants made since.
   redis.call('RPUSH', hintKey(hinted), fence .. ':' .. ms(leaseEnd) .. ':' .. ms(nowMs) .. ':' ..
-    grantHint(nextHead, (lease.shared and offer.limit) or 0), 'r' .. fence)
+    grantHint(first), 'r' .. fence)
   redis.call('PEXPIRE', hintKey(hinted), offer.ttl)
   observe(statsKey, nowMs, 'wait', nowMs - offer.since)
   indexPut(namesKey, endsKey, name, lease.leaseEnd, nowMs)
