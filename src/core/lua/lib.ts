@@ -64,7 +64,7 @@ export const BELL_ENTRIES = 16;
 export const READERS_PER_RING = 32;
 /** The most shared holders one name has at once; one more is busy. */
 export const MAX_SHARED = 1000;
-/** The most wake ids a semaphore's grant names as the next heads, for its release's hand-off. */
+/** The most wake ids a grant names as the next waiters, for its release's hand-off. */
 export const WAKE_HINTS = 8;
 
 /**
@@ -320,12 +320,12 @@ end
 // grants it in place to the head of the queue when the head left an offer, fits, and the caller
 // declared the head's wake key (every key a script touches is in KEYS): the head's lease is
 // written as if it had acquired, and the grant, `<fence>:<leaseEndMs>:<nowMs>:<next>`, is
-// pushed onto its wake key (`next` the grant's hint, `grantHint`: the wake id of the waiter now
-// at the head, or a semaphore's first waiters', '' for none, so the new holder's release can
-// declare their wake keys in turn). A head whose wake key was not declared is
+// pushed onto its wake key (`next` the grant's hint, `grantHint`: the wake ids of the first
+// waiters now, up to WAKE_HINTS, '' for none, so the new holder's release can declare their wake
+// keys in turn). A head whose wake key was not declared is
 // named in the reply; the caller hands over with `./hand_over.ts`. The pushed grant is only a
 // message: the record is the lease, and a waiter that missed its grant finds it at its next look.
-// OFFER_LUA is the waiter's side (its offer, and the next head's wake id for a grant's hint),
+// OFFER_LUA is the waiter's side (its offer, and the next waiters' wake ids for a grant's hint),
 // HANDOFF_LUA the release's, after it. Written with the names `offersKey`, `queueKey`,
 // `ticketsKey`, `marksKey`, `lockKey`, `graceMs` and `name` of the calling script, and for
 // HANDOFF_LUA the declared wake keys (`n`, `hints`, `hintKey`), after RECORD_LUA, QUEUE_LUA,
@@ -437,9 +437,9 @@ local function grantReaders(r)
   return 1
 end
 -- Grants the name (r, its record) to the head of the queue when it left an offer whose wake key
--- the caller declared (\`n\` of them, \`hintKey(i)\` each, their ids \`hints\`) and it fits: an exclusive waiter when
--- the name is free, a semaphore's (member \`<token>~<permits>\`) when its permits fit beside the
--- holders' of the same limit; a shared waiter's, when readers fit, rings the readers' bell instead.
+-- the caller declared (\`n\` of them, \`hintKey(i)\` each, their ids \`hints\`) and it fits: an
+-- exclusive waiter when the name is free, a semaphore's (member \`<token>~<permits>\`) when its
+-- permits fit beside the holders' of the same limit; readers, when they fit, by grantReaders.
 -- Returns 1 when handed over, the head's wake id when it left an offer under another, or nil.
 -- After a semaphore's hand-off, the new head is handed its permits too when they fit and its wake
 -- key was declared; \`handedNext\` is its wake id when they fit but it was not (for another step),
