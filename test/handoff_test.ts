@@ -12,6 +12,7 @@ import type { Script } from "../src/core/lua/_define.ts";
 import { LEAVE_QUEUE } from "../src/core/lua/leave_queue.ts";
 import { HAND_OVER } from "../src/core/lua/hand_over.ts";
 import { BELL_ENTRIES } from "../src/core/lua/lib.ts";
+import { startShiftedRedisServer } from "../dev/clock_shift.ts";
 import { acquired, keygen, lockKeys, shared, startBackend, takeTicket, until } from "./_backend.ts";
 
 const fixture = shared(async () => {
@@ -798,6 +799,74 @@ Deno.test("a writer's release wakes each reader behind it on its own key: no rin
   assert.ok(readers.every((r) => r.fence > written.fence && r.fence < written2.fence));
   assert.ok(last.fence > written2.fence);
   await locks.release(last);
+});
+
+Deno.test("a reader's wake key of another type costs it its wake-up, never the release or exclusion", async () => {
+  const { backend } = await fixture();
+  const redis = backend.redis;
+  const locks = new Locks(redis);
+  const name = keygen("h");
+  const { offersKey, wakeKey } = keysOf(name);
+  const reading = { mode: "shared" as const, ttlMs: 30_000, waitMs: 20_000 };
+  const first = acquired(await locks.acquire(name, { ttlMs: 60_000 }));
+  const writer = locks.acquire(name, { ttlMs: 60_000, waitMs: 20_000 });
+  await queued(redis, name, 1);
+  const readers = [
+    locks.acquire(name, { ...reading, token: "reader-one-0000000001" }),
+    locks.acquire(name, { ...reading, token: "reader-two-0000000002" }),
+  ];
+  await queued(redis, name, 3);
+  const writer2 = locks.acquire(name, { ttlMs: 30_000, waitMs: 20_000 });
+  await queued(redis, name, 4);
+  await locks.release(first);
+  const written = acquired(await writer); // its grant names both readers
+  // A hand edit: the second reader's wake key holds a string.
+  const offer = await redis.hget<string>(offersKey, "reader-two-0000000002~s");
+  await redis.set(wakeKey(String(offer).split("|")[2]!), "a hand edit", { px: 60_000 });
+  assert.equal(await locks.release(written), true, "the release went through");
+  const leases = [acquired(await readers[0]!), acquired(await readers[1]!)];
+  const info = await locks.inspect(name);
+  assert.ok(info.held && info.mode === "shared" && info.holders === 2, JSON.stringify(info));
+  for (const lease of leases) assert.equal(await locks.release(lease), true);
+  const last = acquired(await writer2); // only once both readers released
+  assert.ok(leases.every((lease) => lease.fence < last.fence));
+  await locks.release(last);
+});
+
+Deno.test("a reader that leaves as it is granted on its wake key keeps that lease, after a clock step back too", async () => {
+  const server = await startShiftedRedisServer();
+  const backend = await startBackend([], server);
+  try {
+    const redis = backend.redis;
+    const locks = new Locks(redis);
+    const name = keygen("h");
+    const { lockKey, queueKey, ticketsKey, offersKey, holdersKey, wakeKey } = keysOf(name);
+    const first = acquired(await locks.acquire(name, { ttlMs: 60_000 }));
+    const writer = locks.acquire(name, { ttlMs: 60_000, waitMs: 20_000 });
+    await queued(redis, name, 1);
+    await locks.release(first);
+    const handed = acquired(await writer);
+    const [token, wakeId] = ["reader-clock-00000001", "wReaderClock0001"];
+    const look = readerLook(name, token, wakeId, { ttlMs: 30_000, ticketMs: 5_000 });
+    const busy = await runScript(redis, ACQUIRE_SHARED, look.keys, look.args) as number[];
+    assert.equal(busy[0], 0);
+    const lookedAt = busy[2]!;
+    // The writer's acquire again with its token (a retry): its grant now names the reader.
+    const written = acquired(await locks.acquire(name, { token: handed.token, ttlMs: 60_000 }));
+    await server.shift(-10_000); // the grant's fence is now below the look's time
+    assert.equal(await locks.release(written), true);
+    assert.equal(await redis.xlen(wakeKey(wakeId)), 1, "granted on its wake key");
+    const leave = LEAVE_QUEUE.call({
+      keys: { queueKey, ticketsKey, offersKey, lockKey, wakeKey: wakeKey(wakeId), holdersKey },
+      args: { member: `${token}~s`, outcome: "timeout", wakeId, lookedAt },
+    });
+    const left = await runScript(redis, LEAVE_QUEUE, leave.keys, leave.args) as number[];
+    assert.equal(left[0], 2, `the leave returns the lease: ${JSON.stringify(left)}`);
+    assert.equal(await locks.release({ name, token, fence: left[1]! }), true);
+    assert.equal((await locks.inspect(name)).held, false, "nothing left behind");
+  } finally {
+    await backend.stop();
+  }
 });
 
 Deno.test("a reader behind a queued writer hears a ring not meant for it and listens on", async () => {

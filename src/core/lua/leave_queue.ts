@@ -41,16 +41,24 @@ local holder = string.match(member, '^([%w_-]+)~%d+$')
 local reader = string.match(member, '^([%w_-]+)~s$')
 -- Only a hand-off to this wake key is this waiter's: its receipt names the lease's fence (another
 -- acquire with the same token, or another reentrant hold, has a wake key of its own). A reader's
--- wake key is a stream, its grant without a receipt (below).
-if not reader then receipt = redis.call('LINDEX', wakeKey, -1) end
+-- wake key is a stream: the grant a release put there (through pcall: a hand edit's key of
+-- another type is no receipt).
+local sent
+if reader then sent = redis.pcall('XREVRANGE', wakeKey, '+', '-', 'COUNT', 1)
+else receipt = redis.call('LINDEX', wakeKey, -1) end
 redis.call('DEL', wakeKey)
 if reader then
-  -- A reader is granted in a ring of the bell, which keeps only its last rings: its receipt is a
-  -- live lease of its token granted since its last look (\`lookedAt\`, the server's ms then).
-  -- Another call with the token shares that holder entry anyway (a reader's acquire again with
-  -- it is a retry).
+  -- A reader is granted on its wake key, or in a ring of the bell, which keeps only its last
+  -- rings: its receipt is a live lease of its token granted there, or since its last look
+  -- (\`lookedAt\`, the server's ms then; a clock stepped back since can make it miss, the wake
+  -- key's grant does not). Another call with the token shares that holder entry anyway (a
+  -- reader's acquire again with it is a retry).
   leaseEnd, fence = string.match(redis.call('HGET', holdersKey, reader) or '', '^(%d+)|(%d+)|')
-  if fence and tonumber(fence) >= lookedAt * 1000 then receipt = 'r' .. fence end
+  local grant = type(sent) == 'table' and not sent.err and sent[1] and sent[1][2]
+  local granted = grant and grant[1] == 'grant' and string.match(grant[2] or '', '^(%d+):')
+  if fence and (tonumber(fence) >= lookedAt * 1000 or granted == fence) then
+    receipt = 'r' .. fence
+  end
   token = fence and member
 elseif holder then
   leaseEnd, fence = string.match(redis.call('HGET', holdersKey, holder) or '', '^(%d+)|(%d+)|')

@@ -403,7 +403,7 @@ local function grantReaders(r)
     local grant = fence .. ':' .. ms(h.leaseEnd) .. ':' .. ms(nowMs)
     local hinted = declared(offer.wake)
     if hinted then
-      direct[#direct + 1] = {at = hinted, grant = grant, ttl = offer.ttl}
+      direct[#direct + 1] = {at = hinted, grant = grant, ttl = offer.ttl, wake = offer.wake}
     else
       entry[#entry + 1], entry[#entry + 2] = offer.wake, grant
     end
@@ -416,8 +416,14 @@ local function grantReaders(r)
   local after, more = grantHint(first), (first[1] and string.sub(first[1], -2) == '~s' and 1) or 0
   for _, d in ipairs(direct) do
     local at = d.at
-    redis.call('XADD', hintKey(at), 'MAXLEN', '1', '*', 'grant', d.grant .. ':' .. after)
-    redis.call('PEXPIRE', hintKey(at), d.ttl)
+    -- Through pcall: a wake key of another type (a hand edit) sends that grant in the ring instead;
+    -- an error here would end the script with the leases above written and the record not.
+    local sent = redis.pcall('XADD', hintKey(at), 'MAXLEN', '1', '*', 'grant', d.grant .. ':' .. after)
+    if type(sent) == 'table' and sent.err then
+      entry[#entry + 1], entry[#entry + 2] = d.wake, d.grant
+    else
+      redis.call('PEXPIRE', hintKey(at), d.ttl)
+    end
   end
   if #entry > 0 or more == 1 then
     for i = 2, #entry, 2 do entry[i] = entry[i] .. ':' .. after end
