@@ -1149,27 +1149,38 @@ Deno.test("a token that holds a semaphore's permits is not handed more by a rele
   assert.equal(await locks.release(held), true);
 });
 
-// Random queues of writers and readers (and a semaphore-free name), each waiter blocking: the
-// history checker finds no overlap and no fence out of order, and grants keep arrival order
-// (a waiter is never granted before an earlier arrival it conflicts with).
-Deno.test("random queues of blocking readers and writers: exclusion, fences and arrival order hold", async () => {
+// Random queues of writers and readers (and a semaphore-free name), most waiters blocking, some
+// polling, some releasing through another Locks (which knows no hint: its release names no wake
+// key): the history checker finds no overlap and no fence out of order, and grants keep arrival
+// order (a waiter is never granted before an earlier arrival it conflicts with).
+Deno.test("random queues of readers and writers: exclusion, fences and arrival order hold", async () => {
   const { backend } = await fixture();
   const runs = Number(Deno.env.get("HANDOFF_RUNS") ?? 15);
   await fc.assert(
     fc.asyncProperty(
       fc.array(
-        fc.record({ shared: fc.boolean(), holdMs: fc.integer({ min: 0, max: 15 }) }),
+        fc.record({
+          shared: fc.boolean(),
+          holdMs: fc.integer({ min: 0, max: 15 }),
+          polls: fc.integer({ min: 0, max: 4 }).map((n) => n === 0),
+          elsewhere: fc.boolean(),
+        }),
         { minLength: 2, maxLength: 9 },
       ),
       async (waiters) => {
         const locks = new Locks(backend.redis);
+        const polling = new Locks(backend.redis, { blocking: false });
+        const other = new Locks(backend.redis);
         const name = keygen("rq");
         const history: Operation[] = [];
         const grants: number[] = []; // arrival indexes, in grant order
         const first = acquired(await locks.acquire(name, { ttlMs: 30_000 }));
-        const wait = async ({ shared, holdMs }: (typeof waiters)[number], i: number) => {
+        const wait = async (
+          { shared, holdMs, polls, elsewhere }: (typeof waiters)[number],
+          i: number,
+        ) => {
           const invokedAt = Date.now();
-          const result = await locks.acquire(name, {
+          const result = await (polls ? polling : locks).acquire(name, {
             ttlMs: 30_000,
             waitMs: 20_000,
             ...(shared && { mode: "shared" as const }),
@@ -1191,7 +1202,7 @@ Deno.test("random queues of blocking readers and writers: exclusion, fences and 
           });
           await new Promise((resolve) => setTimeout(resolve, holdMs));
           const releasedAt = Date.now();
-          const released = await locks.release(lease);
+          const released = await (elsewhere ? other : polls ? polling : locks).release(lease);
           history.push({
             op: "release",
             client: `c${i}`,
