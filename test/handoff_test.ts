@@ -1235,3 +1235,81 @@ Deno.test("random queues of readers and writers: exclusion, fences and arrival o
     { numRuns: runs },
   );
 });
+
+// Random queues of a semaphore's waiters, each blocking behind a holder of every permit, taking
+// 1 to `limit` permits and some releasing through another Locks (no hints): the history checker
+// finds no more permits held than the limit and no fence out of order, and the permits go in
+// arrival order (a waiter that does not fit stops those behind it).
+Deno.test("random queues of a semaphore's waiters: the limit, fences and arrival order hold", async () => {
+  const { backend } = await fixture();
+  const runs = Number(Deno.env.get("HANDOFF_RUNS") ?? 15);
+  await fc.assert(
+    fc.asyncProperty(
+      fc.integer({ min: 2, max: 5 }).chain((limit) =>
+        fc.record({
+          limit: fc.constant(limit),
+          waiters: fc.array(
+            fc.record({
+              permits: fc.integer({ min: 1, max: limit }),
+              holdMs: fc.integer({ min: 0, max: 15 }),
+              elsewhere: fc.boolean(),
+            }),
+            { minLength: 2, maxLength: 9 },
+          ),
+        })
+      ),
+      async ({ limit, waiters }) => {
+        const locks = new Locks(backend.redis);
+        const other = new Locks(backend.redis);
+        const name = keygen("sq");
+        const history: Operation[] = [];
+        const fences: number[] = []; // by arrival
+        const first = acquired(await locks.acquire(name, { limit, permits: limit, ttlMs: 30_000 }));
+        const wait = async (
+          { permits, holdMs, elsewhere }: (typeof waiters)[number],
+          i: number,
+        ) => {
+          const invokedAt = Date.now();
+          const lease = acquired(
+            await locks.acquire(name, { limit, permits, ttlMs: 30_000, waitMs: 20_000 }),
+          );
+          fences[i] = lease.fence;
+          const common = { client: `c${i}`, name, token: lease.token };
+          history.push({
+            op: "acquire",
+            ...common,
+            invokedAt,
+            completedAt: Date.now(),
+            outcome: "acquired",
+            fence: lease.fence,
+            serverTime: lease.serverTime,
+            expiresAt: lease.expiresAt,
+            mode: "semaphore",
+            limit,
+            permits,
+          });
+          await new Promise((resolve) => setTimeout(resolve, holdMs));
+          const releasedAt = Date.now();
+          const released = await (elsewhere ? other : locks).release(lease);
+          history.push({
+            op: "release",
+            ...common,
+            invokedAt: releasedAt,
+            completedAt: Date.now(),
+            outcome: released ? "released" : "not_held",
+          });
+        };
+        const started: Promise<void>[] = [];
+        for (const [i, waiter] of waiters.entries()) {
+          started.push(wait(waiter, i));
+          await queued(backend.redis, name, i + 1);
+        }
+        await locks.release(first);
+        await Promise.all(started);
+        assert.deepEqual(check(history), []);
+        assert.deepEqual([...fences].sort((a, b) => a - b), fences, "granted in arrival order");
+      },
+    ),
+    { numRuns: runs },
+  );
+});
