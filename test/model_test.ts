@@ -374,7 +374,8 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
         const fence = cmd.withFence ? model.lastFence.get(token) : undefined;
         const hold = cmd.hold === null ? "" : holdIds[cmd.hold]!;
         const holder = model.holder;
-        const ours = holder?.token === token && (fence === undefined || fence === holder.fence);
+        const ours = holder !== undefined && holder.token === token &&
+          (fence === undefined || fence === holder.fence);
         const release = ctx.locks.release({
           name,
           token,
@@ -383,7 +384,7 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
         });
         // Without a hold id, of a lease whose holds all have ids (and none without was released,
         // which this could be a retry of): refused, and nothing ends.
-        if (ours && hold === "" && holder!.anon === 0 && !holder!.plainGone) {
+        if (ours && hold === "" && holder.anon === 0 && !holder.plainGone) {
           const refused = await release.then(() => undefined, (error) => error);
           if (refused?.code !== "mode_mismatch") fail(`release without a hold: ${refused}`);
           break;
@@ -395,14 +396,14 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
           expected = true;
           // The hold with this id, or without one a plain hold; none when it is gone (a retry).
           if (hold !== "") {
-            if (holder!.ids.includes(hold)) holder!.ids.splice(holder!.ids.indexOf(hold), 1);
-          } else if (holder!.anon > 0) holder!.plainGone = --holder!.anon === 0;
-          if (holder!.anon + holder!.ids.length === 0) {
+            if (holder.ids.includes(hold)) holder.ids.splice(holder.ids.indexOf(hold), 1);
+          } else if (holder.anon > 0) holder.plainGone = --holder.anon === 0;
+          if (holder.anon + holder.ids.length === 0) {
             model.holder = undefined;
             told = undefined; // its last hold released: the name may go to another now
-            model.floorFence = holder!.fence;
-            model.marker = `${token}:${holder!.fence}`;
-            model.marks.set(token, holder!.fence);
+            model.floorFence = holder.fence;
+            model.marker = `${token}:${holder.fence}`;
+            model.marks.set(token, holder.fence);
             model.marksExpireAt = t + RELEASE_MEMORY_MS;
             // A blocked waiter at the head is handed the lock by this release.
             if (model.queue[0]?.offer) handedTo = model.queue.shift()!.token;

@@ -12,12 +12,12 @@ import {
 } from "./lib.ts";
 
 /**
- * Hands a name to the head of its queue, blocked on the wake key `hintKey` (`hints` its id), when it fits (see
- * `HANDOFF_LUA`): the second step of a release whose caller did not know the head's wake key
- * (`./release.ts` names it). Does nothing when the name is held exclusively again, the head does
- * not fit, or the head is another. Returns `{handed, next}`: handed 1 when handed over, else 0;
- * next the wake id of a head to try in another step ('' for none): the head, when it blocks on
- * another key, or after a semaphore's hand-off the next head whose permits fit too.
+ * Hands a name to the head of its queue, blocked on the wake key `hintKey` (`hints` its id), when
+ * it fits (see `HANDOFF_LUA`): the second step of a release whose caller did not know the head's
+ * wake key (`./release.ts` names it). Does nothing when the name is held exclusively again, the
+ * head does not fit, or the head is another. Returns `{handed, next}`: handed 1 when handed over,
+ * else 0; next the wake id of a head to try in another step ('' for none): the head, when it
+ * blocks on another key, or after a semaphore's hand-off the next head whose permits fit too.
  */
 export const HAND_OVER = defineScript(
   "hand_over",

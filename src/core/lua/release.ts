@@ -44,10 +44,9 @@ end
  *
  * A release that frees the name hands it to the head of the queue in place when the head blocks
  * on a wake key the caller declared (`n` of them, `hintKey` each, their ids `hints`: the hint of
- * its grant); `head` is the
- * head's wake id when it blocks on another (or, after a semaphore's hand-off, when the next head's
- * permits fit too), for `./hand_over.ts`, else ''; ended is 1 when the lease ended (its last hold
- * released), else absent. `{-1, 5}` when the token holds the lease reentrant (every hold with an
+ * its grant); `head` is the head's wake id when it blocks on another (or, after a semaphore's
+ * hand-off, when the next head's permits fit too), for `./hand_over.ts`, else ''; ended is 1 when
+ * the lease ended (its last hold released), else absent. `{-1, 5}` when the token holds the lease reentrant (every hold with an
  * id) and the release names no hold: it ends none, and says so rather than answering 1.
  */
 export const RELEASE = defineScript(
