@@ -60,8 +60,9 @@ export async function buildWorker(out: string): Promise<Uint8Array> {
   const dir = await Deno.makeTempDir({ prefix: "edgelock-build-" });
   try {
     const bundled = new TextDecoder().decode(await minifiedBundle("worker/cloudflare.ts", dir));
-    const js = await minifyDashboard(bundled, dir);
-    const bytes = new TextEncoder().encode(stripComments(js));
+    // Minified last: its text is left as the minifier wrote it (a string's line stays as it is).
+    const js = await minifyDashboard(stripComments(bundled), dir);
+    const bytes = new TextEncoder().encode(js);
     await Deno.writeFile(out, bytes);
     return bytes;
   } finally {

@@ -801,6 +801,30 @@ Deno.test("a writer's release wakes each reader behind it on its own key: no rin
   await locks.release(last);
 });
 
+Deno.test("a writer's wake key of another type costs it its wake-up, never the release", async () => {
+  const { backend } = await fixture();
+  const redis = backend.redis;
+  const locks = new Locks(redis);
+  const name = keygen("h");
+  const { offersKey, wakeKey } = keysOf(name);
+  const holder = acquired(await locks.acquire(name, { ttlMs: 60_000 }));
+  const writer = locks.acquire(name, {
+    ttlMs: 30_000,
+    waitMs: 20_000,
+    token: "writer-0000000000001",
+  });
+  await queued(redis, name, 1);
+  // The holder's acquire again with its token (a retry): its grant now names the writer.
+  const again = acquired(await locks.acquire(name, { token: holder.token, ttlMs: 60_000 }));
+  // A hand edit: the writer's wake key holds a string.
+  const offer = await redis.hget<string>(offersKey, "writer-0000000000001");
+  await redis.set(wakeKey(String(offer).split("|")[2]!), "a hand edit", { px: 60_000 });
+  assert.equal(await locks.release(again), true, "the release went through, and says so");
+  const lease = acquired(await writer);
+  assert.ok(lease.fence > holder.fence);
+  await locks.release(lease);
+});
+
 Deno.test("a reader's wake key of another type costs it its wake-up, never the release or exclusion", async () => {
   const { backend } = await fixture();
   const redis = backend.redis;

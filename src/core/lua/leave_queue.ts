@@ -41,11 +41,11 @@ local holder = string.match(member, '^([%w_-]+)~%d+$')
 local reader = string.match(member, '^([%w_-]+)~s$')
 -- Only a hand-off to this wake key is this waiter's: its receipt names the lease's fence (another
 -- acquire with the same token, or another reentrant hold, has a wake key of its own). A reader's
--- wake key is a stream: the grant a release put there (through pcall: a hand edit's key of
--- another type is no receipt).
+-- wake key is a stream: the grant a release put there. Through pcall: a hand edit's key of another
+-- type holds no receipt.
 local sent
 if reader then sent = redis.pcall('XREVRANGE', wakeKey, '+', '-', 'COUNT', 1)
-else receipt = redis.call('LINDEX', wakeKey, -1) end
+else receipt = redis.pcall('LINDEX', wakeKey, -1) end
 redis.call('DEL', wakeKey)
 if reader then
   -- A reader is granted on its wake key, or in a ring of the bell, which keeps only its last

@@ -504,9 +504,11 @@ local function handOver(r)
   -- The grant, which the waiter's BLPOP pops, then a receipt that stays: the proof that this
   -- wake key (this acquire, not another with the same token) was handed the lease. A wake key
   -- is one acquire's, and each of its looks clears it: it holds at most the grants made since.
-  redis.call('RPUSH', hintKey(hinted), fence .. ':' .. ms(leaseEnd) .. ':' .. ms(nowMs) .. ':' ..
-    grantHint(first), 'r' .. fence)
-  redis.call('PEXPIRE', hintKey(hinted), offer.ttl)
+  -- Through pcall: a wake key of another type (a hand edit) costs the waiter its wake-up (it finds
+  -- its lease at its next look), never the release, which went through.
+  local sent = redis.pcall('RPUSH', hintKey(hinted), fence .. ':' .. ms(leaseEnd) .. ':' ..
+    ms(nowMs) .. ':' .. grantHint(first), 'r' .. fence)
+  if type(sent) ~= 'table' then redis.call('PEXPIRE', hintKey(hinted), offer.ttl) end
   observe(statsKey, nowMs, 'wait', nowMs - offer.since)
   indexPut(namesKey, endsKey, name, lease.leaseEnd, nowMs)
   -- Permits may remain for the next waiter too: handed them here when its key was declared, else
