@@ -3,11 +3,13 @@
 import {
   checkRedis,
   checkTimeout,
+  isAuthFailure,
   keyLockingFor,
   type RedisLike,
   type RunOptions,
   runScript,
   runScripts,
+  TOKEN_REFUSED,
 } from "./_runner.ts";
 import { KeySpace } from "./_keys.ts";
 import { redacted } from "./_failure.ts";
@@ -255,15 +257,7 @@ function withDeadline<T>(request: Promise<T>, ms: number, signal?: AbortSignal):
 // A refused BLPOP is no outage: the waiter polls instead. Only a refused token is told.
 function unavailableBlock(failure: unknown): EdgelockError {
   const cause = redacted(failure);
-  const message = cause instanceof Error ? cause.message : String(cause);
-  if (/^(WRONGPASS|NOAUTH|Unauthorized|Invalid token)\b/i.test(message)) {
-    return new EdgelockError(
-      "config_error",
-      "Redis refused the REST token (HTTP 401): check UPSTASH_REDIS_REST_TOKEN and that " +
-        "UPSTASH_REDIS_REST_URL names the same database",
-      { cause },
-    );
-  }
+  if (isAuthFailure(cause)) return new EdgelockError("config_error", TOKEN_REFUSED, { cause });
   return new EdgelockError("backend_unavailable", "Redis did not serve a blocking wait", { cause });
 }
 

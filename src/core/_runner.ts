@@ -219,7 +219,12 @@ function isNoScript(error: unknown): boolean {
 // Upstash answers a wrong token with HTTP 401 {"error":"WRONGPASS invalid or missing auth token"}
 // (serverless-redis-http: "Unauthorized"); the client keeps only that text. Not an outage: a
 // retry cannot help.
-function isAuthFailure(error: unknown): boolean {
+/** What a refused REST token is told as. */
+export const TOKEN_REFUSED = "Redis refused the REST token (HTTP 401): check " +
+  "UPSTASH_REDIS_REST_TOKEN and that UPSTASH_REDIS_REST_URL names the same database";
+
+/** Redis or the REST endpoint refused the credentials (a wrong token or password). */
+export function isAuthFailure(error: unknown): boolean {
   return error instanceof Error &&
     /^(WRONGPASS|NOAUTH|Unauthorized|Invalid token)\b/i.test(error.message);
 }
@@ -271,8 +276,7 @@ function unavailable(script: Script, failure: unknown): EdgelockError {
     return new EdgelockError(
       "config_error",
       rest
-        ? "Redis refused the REST token (HTTP 401): check UPSTASH_REDIS_REST_TOKEN and that " +
-          "UPSTASH_REDIS_REST_URL names the same database"
+        ? TOKEN_REFUSED
         : "Redis refused the connection's credentials: check the user and password of its URL",
       { cause },
     );
