@@ -1,7 +1,13 @@
 // The hand-off at release: blocked waiters are granted the lock by the release itself.
 import assert from "node:assert/strict";
 import type { Redis } from "@upstash/redis";
-import { type AcquireResult, type LockEvent, LockOps, Locks } from "@edgelock/edgelock";
+import {
+  type AcquireResult,
+  EdgelockError,
+  type LockEvent,
+  LockOps,
+  Locks,
+} from "@edgelock/edgelock";
 import { startBridge } from "../bridge/mod.ts";
 import { runScript } from "../src/core/_runner.ts";
 import fc from "fast-check";
@@ -799,6 +805,25 @@ Deno.test("a writer's release wakes each reader behind it on its own key: no rin
   assert.ok(readers.every((r) => r.fence > written.fence && r.fence < written2.fence));
   assert.ok(last.fence > written2.fence);
   await locks.release(last);
+});
+
+Deno.test("a token refused on the blocking wait is config_error naming the variable, not an outage", async () => {
+  const { backend } = await fixture();
+  const refusing = withExec(
+    backend.redis,
+    (sent, exec) =>
+      sent[0] === "BLPOP"
+        ? Promise.reject(new Error("WRONGPASS invalid username-password pair"))
+        : exec(sent),
+  );
+  const locks = new Locks(refusing);
+  const name = keygen("h");
+  const holder = acquired(await locks.acquire(name, { ttlMs: 60_000 }));
+  const error = await locks.acquire(name, { waitMs: 5_000 }).then(() => undefined, (e) => e);
+  assert.ok(error instanceof EdgelockError, String(error));
+  assert.equal(error.code, "config_error");
+  assert.match(error.message, /refused the REST token .*UPSTASH_REDIS_REST_TOKEN/);
+  await locks.release(holder);
 });
 
 Deno.test("a writer's wake key of another type costs it its wake-up, never the release", async () => {
