@@ -55,7 +55,7 @@ import { cli } from "../bridge/_cli.ts";
  * its hold refused: the core 28.1 KB, the uses 10.8 KB, the service 69.0 KB (the Worker, its
  * dashboard script minified at build, 81.7 KB). */
 export const BUDGETS = {
-  ".": 28_100,
+  ".": 28_200,
   "./uses": 10_900,
   "./hono": 8_100,
   "./client": 7_000,
