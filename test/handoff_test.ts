@@ -4,6 +4,7 @@ import type { Redis } from "@upstash/redis";
 import {
   type AcquireResult,
   EdgelockError,
+  type Lease,
   type LockEvent,
   LockOps,
   Locks,
@@ -1198,6 +1199,59 @@ Deno.test("a token that holds a semaphore's permits is not handed more by a rele
   assert.equal(await locks.release(held), true);
 });
 
+// A lease granted at `invokedAt` (`kind`, its mode fields) in `history`, held `holdMs`, then
+// released through `releaser` (the acquire's Locks or another), its release in `history` too.
+async function holdAndRelease(
+  history: Operation[],
+  client: string,
+  lease: Lease,
+  invokedAt: number,
+  kind: Pick<Operation & { op: "acquire" }, "mode" | "limit" | "permits">,
+  holdMs: number,
+  releaser: Locks,
+): Promise<void> {
+  const common = { client, name: lease.name, token: lease.token };
+  history.push({
+    op: "acquire",
+    ...common,
+    invokedAt,
+    completedAt: Date.now(),
+    outcome: "acquired",
+    fence: lease.fence,
+    serverTime: lease.serverTime,
+    expiresAt: lease.expiresAt,
+    ...kind,
+  });
+  await new Promise((resolve) => setTimeout(resolve, holdMs));
+  const releasedAt = Date.now();
+  const released = await releaser.release(lease);
+  history.push({
+    op: "release",
+    ...common,
+    invokedAt: releasedAt,
+    completedAt: Date.now(),
+    outcome: released ? "released" : "not_held",
+  });
+}
+
+// Starts `count` waiters on `first`'s name in a known order (each queues before the next comes),
+// then releases `first` through `locks` and waits for every waiter.
+async function inArrivalOrder(
+  redis: Redis,
+  locks: Locks,
+  first: Lease,
+  count: number,
+  start: (i: number) => Promise<void>,
+): Promise<void> {
+  const started: Promise<void>[] = [];
+  for (let i = 0; i < count; i++) {
+    started.push(start(i));
+    await queued(redis, first.name, i + 1);
+  }
+  await locks.release(first);
+  await Promise.all(started);
+}
+
 // Random queues of writers and readers (and a semaphore-free name), most waiters blocking, some
 // polling, some releasing through another Locks (which knows no hint: its release names no wake
 // key): the history checker finds no overlap and no fence out of order, and grants keep arrival
@@ -1236,40 +1290,17 @@ Deno.test("random queues of readers and writers: exclusion, fences and arrival o
           });
           const lease = acquired(result);
           grants.push(i);
-          history.push({
-            op: "acquire",
-            client: `c${i}`,
-            name,
-            token: lease.token,
-            invokedAt,
-            completedAt: Date.now(),
-            outcome: "acquired",
-            fence: lease.fence,
-            serverTime: lease.serverTime,
-            expiresAt: lease.expiresAt,
-            ...(shared && { mode: "shared" as const }),
-          });
-          await new Promise((resolve) => setTimeout(resolve, holdMs));
-          const releasedAt = Date.now();
-          const released = await (elsewhere ? other : polls ? polling : locks).release(lease);
-          history.push({
-            op: "release",
-            client: `c${i}`,
-            name,
-            token: lease.token,
-            invokedAt: releasedAt,
-            completedAt: Date.now(),
-            outcome: released ? "released" : "not_held",
-          });
+          const kind = shared ? { mode: "shared" as const } : {};
+          const releaser = elsewhere ? other : polls ? polling : locks;
+          await holdAndRelease(history, `c${i}`, lease, invokedAt, kind, holdMs, releaser);
         };
-        // Arrivals in a known order: each queues before the next comes.
-        const started: Promise<void>[] = [];
-        for (const [i, waiter] of waiters.entries()) {
-          started.push(wait(waiter, i));
-          await queued(backend.redis, name, i + 1);
-        }
-        await locks.release(first);
-        await Promise.all(started);
+        await inArrivalOrder(
+          backend.redis,
+          locks,
+          first,
+          waiters.length,
+          (i) => wait(waiters[i]!, i),
+        );
         assert.deepEqual(check(history), []);
         // A waiter is granted after every earlier arrival it conflicts with (a writer with anyone,
         // a reader with a writer).
@@ -1323,38 +1354,24 @@ Deno.test("random queues of a semaphore's waiters: the limit, fences and arrival
             await locks.acquire(name, { limit, permits, ttlMs: 30_000, waitMs: 20_000 }),
           );
           fences[i] = lease.fence;
-          const common = { client: `c${i}`, name, token: lease.token };
-          history.push({
-            op: "acquire",
-            ...common,
+          const kind = { mode: "semaphore" as const, limit, permits };
+          await holdAndRelease(
+            history,
+            `c${i}`,
+            lease,
             invokedAt,
-            completedAt: Date.now(),
-            outcome: "acquired",
-            fence: lease.fence,
-            serverTime: lease.serverTime,
-            expiresAt: lease.expiresAt,
-            mode: "semaphore",
-            limit,
-            permits,
-          });
-          await new Promise((resolve) => setTimeout(resolve, holdMs));
-          const releasedAt = Date.now();
-          const released = await (elsewhere ? other : locks).release(lease);
-          history.push({
-            op: "release",
-            ...common,
-            invokedAt: releasedAt,
-            completedAt: Date.now(),
-            outcome: released ? "released" : "not_held",
-          });
+            kind,
+            holdMs,
+            elsewhere ? other : locks,
+          );
         };
-        const started: Promise<void>[] = [];
-        for (const [i, waiter] of waiters.entries()) {
-          started.push(wait(waiter, i));
-          await queued(backend.redis, name, i + 1);
-        }
-        await locks.release(first);
-        await Promise.all(started);
+        await inArrivalOrder(
+          backend.redis,
+          locks,
+          first,
+          waiters.length,
+          (i) => wait(waiters[i]!, i),
+        );
         assert.deepEqual(check(history), []);
         assert.deepEqual([...fences].sort((a, b) => a - b), fences, "granted in arrival order");
       },
