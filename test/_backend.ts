@@ -115,7 +115,7 @@ export async function holderOf(
 ): Promise<string | undefined> {
   const value = await redis.get(lockKeys(name, prefix)[0]);
   return typeof value === "string"
-    ? /^H\d+\|\d+\|\d+\|\d+\|[01]\|([\w-]+)\|/.exec(value)?.[1]
+    ? /^[XH]\d+\|-?\d+\|-?\d+\|\d+\|[01]\|([\w-]+)\|/.exec(value)?.[1]
     : undefined;
 }
 

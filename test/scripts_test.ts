@@ -151,17 +151,20 @@ for (const cluster of [false, true]) {
   );
 }
 
-Deno.test("a lock record written by 0.1 (no hold count) is read as held, not foreign", async () => {
+Deno.test("a lock record written in an earlier form (H, with or without a hold count) is read as held", async () => {
   const { redis } = await fixture();
   const locks = new Locks(redis);
-  for (const meta of ["", '{"by":"old"}']) {
+  // Without a hold count, and with one: each `H` record, its times in ms since the epoch.
+  for (
+    const [count, meta] of [["", ""], ["", '{"by":"old"}'], ["1|", ""], ["1|", '{"by":"old"}']]
+  ) {
     const name = keygen();
     const token = "old-version-token-00001";
     const [seconds, micros] = (await redis.time()).map(Number);
     const now = seconds! * 1000 + Math.floor(micros! / 1000);
     await redis.set(
       lockKey(name),
-      `H${now * 1000}|${now + 5000}|${now}|20|0|${token}||${meta}`,
+      `H${now * 1000}|${now + 5000}|${now}|20|0|${token}||${count}${meta}`,
       {
         px: 60_000,
       },
@@ -337,6 +340,46 @@ Deno.test("fences keep increasing when the clock steps back within the grace", a
   }
   for (let i = 1; i < fences.length; i++) assert.ok(fences[i]! > fences[i - 1]!, `${fences}`);
   await server.shift(0);
+});
+
+Deno.test("a lease whose fence is ahead of a stepped-back clock holds for its TTL, no more", async () => {
+  const { server, redis, locks } = await stepped();
+  const name = keygen();
+  const first = await locks.acquire(name);
+  assert.ok(first.acquired);
+  await locks.release(first.lease);
+  // The fence stays above the last one, 10 minutes ahead of the clock: the record's times, which
+  // count from the fence's millisecond, are then negative.
+  await server.shift(-600_000);
+  const lease = await locks.acquire(name, { ttlMs: 5000 });
+  assert.ok(lease.acquired && lease.lease.fence > first.lease.fence);
+  assert.match(String(await redis.get(lockKey(name))), /^X\d+\|-\d+\|-\d+\|/);
+  const info = await locks.inspect(name);
+  assert.ok(info.held && info.ttlMs! > 4000 && info.ttlMs! <= 5000, JSON.stringify(info));
+  assert.equal((await locks.acquire(name)).acquired, false, "held: another caller is busy");
+  const renewed = await locks.renew(lease.lease, { ttlMs: 8000 });
+  assert.ok(renewed.renewed && renewed.lease.ttlMs > 7000, JSON.stringify(renewed));
+  assert.equal(await locks.release(renewed.lease), true);
+  assert.equal(await locks.release(renewed.lease), true, "a retry answers the same");
+  const next = await locks.acquire(name, { ttlMs: 1000 });
+  assert.ok(next.acquired, "free once released");
+  // Never released: it ends 1 s later on the server clock, not 10 minutes later.
+  await server.shift(-600_000 + 2000);
+  const after = await locks.acquire(name);
+  assert.ok(after.acquired && after.lease.fence > next.lease.fence, "free once its lease ended");
+  await locks.release(after.lease);
+  await server.shift(0);
+});
+
+Deno.test("a held lock's record fits Redis's 64-byte allocation (60 characters)", async () => {
+  const { redis } = await fixture();
+  const locks = new Locks(redis);
+  const name = keygen();
+  const held = await locks.acquire(name, { ttlMs: 60_000 });
+  assert.ok(held.acquired);
+  const record = String(await redis.get(lockKey(name)));
+  assert.ok(record.length <= 60, `${record.length}: ${record}`);
+  await locks.release(held.lease);
 });
 
 Deno.test("shared and semaphore fences keep increasing, and leases end, across clock steps", async () => {

@@ -29,11 +29,12 @@ else
   end
 end
 if fast then
-  local fence = string.format('%.0f', math.max(nowUs, fast + 1))
+  local fenceUs = math.max(nowUs, fast + 1)
+  local fence, base = string.format('%.0f', fenceUs), math.floor(fenceUs / 1000)
   local leaseEnd = nowMs + ttlMs
   local holds = '1'
   if hold ~= '' then holds = '0,' .. hold end
-  redis.call('SET', lockKey, 'H' .. fence .. '|' .. string.format('%.0f|%.0f|%d', leaseEnd, nowMs, hold0) ..
+  redis.call('SET', lockKey, 'X' .. fence .. '|' .. string.format('%.0f|%.0f|%d', leaseEnd - base, nowMs - base, hold0) ..
     '|0|' .. token .. '|' .. released0 .. '|' .. holds .. '|' .. meta, 'PX', ttlMs + graceMs)
   -- a release without a fence now means this lease
   redis.call('ZREM', marksKey, token)

@@ -9,8 +9,11 @@
  * as long as the latest ticket; for shared and semaphore leases (`./acquire_shared.ts`) the
  * holders' hash and the last releases. The record is
  *
- * - `H<fence>|<leaseEndMs>|<atMs>|<holdMs>|<flag>|<token>|<released>|<holdCount>|<meta>` while an
- *   exclusive lease may be held: it is held until `leaseEndMs` on the server clock;
+ * - `X<fence>|<leaseEnd>|<at>|<holdMs>|<flag>|<token>|<released>|<holds>|<meta>` while an exclusive
+ *   lease may be held: it is held until `leaseEnd` on the server clock. `leaseEnd` and `at` (the
+ *   grant time) count ms from the fence's own millisecond (`floor(fence / 1000)`, about the grant
+ *   time), so they are short (`60000|0`) and the record of a held lock fits Redis's 64-byte
+ *   allocation. Written `H…`, with both in ms since the epoch, before 0.1.0; still read;
  * - `S<fence>|<leaseEndMs>|<atMs>|<holdMs>|<flag>|<limit>|<released>` while shared or semaphore
  *   leases may be held, until the latest holder's `leaseEndMs`;
  * - `R<fence>|<holdMs>|<flag>|<sha>` once it was released (`released` is then `<fence>:<sha>`).
@@ -22,9 +25,10 @@
  * increasing across that window even if the server clock steps back within it. `holdMs` is a
  * moving average of hold times, for waiters' hints; `flag` is 1 while the lock is contended (a
  * busy reply or a queued waiter since the last grant): then acquire looks at the queue and release
- * samples the hold time. Without contention an acquire+release cycle runs six commands inside
- * its two scripts (TIME, GET, SET each), eight with the two EVALSHA calls; the stats and the held
- * index (`../stats.ts`) add ten when they are on, in the same scripts.
+ * samples the hold time. Without contention an acquire+release cycle runs ten commands inside its
+ * two scripts (TIME, GET, SET each; the acquire's ZREM and the release's three of the marks for
+ * retries), twelve with the two EVALSHA calls; the stats and the held index (`../stats.ts`) add
+ * ten when they are on, in the same scripts.
  *
  * This module holds the Lua pieces the scripts share, each a set of local functions spliced in
  * after a script's header (`./_define.ts`), and the constants they are written with; each script
@@ -142,17 +146,19 @@ ${HOLDS_LUA}local function readRecord(key, value)
   if value == nil then value = redis.call('GET', key) end
   if not value then return nil end
   local kind = string.sub(value, 1, 1)
-  if kind == 'H' then
+  if kind == 'X' or kind == 'H' then
     local fence, leaseEnd, at, hold, flag, token, released, count, meta = string.match(value,
-      '^H(%d+)|(%d+)|(%d+)|(%d+)|([01])|([%w_-]+)|([%d:%x]*)|(%d[%w_,%-]*)|(.*)$')
-    -- written by 0.1, before hold counts: one hold
-    if not fence then
+      '^.(%d+)|(%-?%d+)|(%-?%d+)|(%d+)|([01])|([%w_-]+)|([%d:%x]*)|(%d[%w_,%-]*)|(.*)$')
+    -- H written before hold counts: one hold
+    if not fence and kind == 'H' then
       fence, leaseEnd, at, hold, flag, token, released, meta = string.match(value,
         '^H(%d+)|(%d+)|(%d+)|(%d+)|([01])|([%w_-]+)|([%d:%x]*)|(.*)$')
       count = '1'
     end
     if fence then
-      return {fence = fence, leaseEnd = tonumber(leaseEnd), at = tonumber(at),
+      -- X counts both times from the fence's millisecond, H from the epoch
+      local base = (kind == 'X' and math.floor(tonumber(fence) / 1000)) or 0
+      return {fence = fence, leaseEnd = base + tonumber(leaseEnd), at = base + tonumber(at),
         hold = tonumber(hold), flag = flag, token = token, released = released,
         holds = readHolds(count), meta = meta}
     end
@@ -175,7 +181,8 @@ ${HOLDS_LUA}local function readRecord(key, value)
 end
 local function ms(value) return string.format('%.0f', value) end
 local function writeHeld(key, r, nowMs, graceMs)
-  redis.call('SET', key, 'H' .. r.fence .. '|' .. ms(r.leaseEnd) .. '|' .. ms(r.at) .. '|' ..
+  local base = math.floor(tonumber(r.fence) / 1000)
+  redis.call('SET', key, 'X' .. r.fence .. '|' .. ms(r.leaseEnd - base) .. '|' .. ms(r.at - base) .. '|' ..
     string.format('%d', math.floor(r.hold)) .. '|' .. r.flag .. '|' .. r.token .. '|' ..
     r.released .. '|' .. holdsText(r.holds) .. '|' .. r.meta, 'PX', math.max(1, r.leaseEnd - nowMs + graceMs))
 end

@@ -20,14 +20,15 @@ import {
 const FAST = `
 local raw = redis.call('GET', lockKey)
 local f, leaseEnd0, at0, hold0, owner = string.match(raw or '',
-  '^H(%d+)|(%d+)|(%d+)|(%d+)|0|([%w_-]+)|[%d:%x]*|1|.*$')
-if f and owner == token and hold == '' and tonumber(leaseEnd0) > nowMs and (fence == '' or fence == f) then
+  '^X(%d+)|(%-?%d+)|(%-?%d+)|(%d+)|0|([%w_-]+)|[%d:%x]*|1|.*$')
+local base = f and math.floor(tonumber(f) / 1000)
+if f and owner == token and hold == '' and base + tonumber(leaseEnd0) > nowMs and (fence == '' or fence == f) then
   redis.call('SET', lockKey, 'R' .. f .. '|' .. hold0 .. '|0|' .. string.sub(redis.sha1hex(token), 1, 12),
     'PX', graceMs)
   redis.call('ZADD', marksKey, f, token)
   redis.call('ZREMRANGEBYRANK', marksKey, 0, -${RELEASED_MARKS + 1})
   redis.call('PEXPIRE', marksKey, ${RELEASE_MEMORY_MS})
-  observe(statsKey, nowMs, 'hold', nowMs - tonumber(at0))
+  observe(statsKey, nowMs, 'hold', nowMs - base - tonumber(at0))
   indexEnd(endsKey, name, nowMs)
   return {1, '', 1}
 end
