@@ -34,6 +34,8 @@ if (DELAYS.some((d) => !Number.isInteger(d) || d < 0 || d > 200)) {
 const OUT = new URL(flags.update ? "./" : "./tmp/", import.meta.url);
 const SECRET = "edge-bench-secret-0123456789";
 const HOLD_MS = 10;
+// How many times each contention case runs; its row is the median run.
+const REPEATS = 3;
 
 interface Target {
   target: string;
@@ -404,10 +406,21 @@ try {
     const rtt = results.floor!.p50Ms / 2;
     const bound = 1000 / (HOLD_MS + rtt);
     for (const [waiters, rounds] of [[20, 3], [50, delay === 0 ? 4 : 2]]) {
+      // Each case REPEATS times, the cases taking turns (so a slow spell of the shared machine falls
+      // on all of them); each row is the run with the median throughput.
+      const cases = Object.entries(waitersFor(redis)).filter(([label]) =>
+        waiters === 20 || !label.startsWith("edgelock, ")
+      );
+      const runs = new Map<string, Awaited<ReturnType<typeof contend>>[]>();
+      for (let i = 0; i < REPEATS; i++) {
+        for (const [label, waiting] of cases) {
+          runs.set(label, [...runs.get(label) ?? [], await contend(waiting, waiters!, rounds!)]);
+        }
+      }
       const run: Record<string, Awaited<ReturnType<typeof contend>>> = {};
-      for (const [label, waiting] of Object.entries(waitersFor(redis))) {
-        if (label.startsWith("edgelock, ") && waiters !== 20) continue;
-        run[label] = await contend(waiting, waiters!, rounds!);
+      for (const [label, waiting] of cases) {
+        const sorted = runs.get(label)!.sort((a, b) => a.perSec - b.perSec);
+        run[label] = sorted[Math.floor(sorted.length / 2)]!;
         const c = run[label]!;
         const caseBound = bound * (waiting.capacity ?? 1);
         contention.push(
@@ -491,7 +504,7 @@ try {
     "",
     ...profiles,
     "",
-    `Contention: waiters on one name, each holding ${HOLD_MS} ms; RTT is half the floor's cycle.`,
+    `Contention: waiters on one name, each holding ${HOLD_MS} ms; RTT is half the floor's cycle; each row the median of ${REPEATS} runs, the cases taking turns.`,
     "",
     ...contention,
   );

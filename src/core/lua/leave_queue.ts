@@ -64,11 +64,11 @@ elseif holder then
   leaseEnd, fence = string.match(redis.call('HGET', holdersKey, holder) or '', '^(%d+)|(%d+)|')
   token = fence and member
 else
-  -- an exclusive lease: its end counts from the fence's millisecond (\`X\` records, RECORD_LUA)
-  local ends
-  fence, ends, token = string.match(redis.call('GET', lockKey) or '',
-    '^X(%d+)|(%-?%d+)|%-?%d+|%d+|[01]|([%w_-]+)|')
-  leaseEnd = fence and math.floor(tonumber(fence) / 1000) + tonumber(ends)
+  -- an exclusive lease: its end counts from the fence's millisecond (\`X\`), or the epoch (\`H\`)
+  local kind, ends
+  kind, fence, ends, token = string.match(redis.call('GET', lockKey) or '',
+    '^([XH])(%d+)|(%-?%d+)|%-?%d+|%d+|[01]|([%w_-]+)|')
+  leaseEnd = fence and ((kind == 'X' and math.floor(tonumber(fence) / 1000)) or 0) + tonumber(ends)
 end
 if token == member and receipt == 'r' .. (fence or '') and tonumber(leaseEnd) > nowMs then
   return {2, tonumber(fence), tonumber(leaseEnd) - nowMs, nowMs}
