@@ -178,6 +178,92 @@ Deno.test("a lock record written in an earlier form (H, with or without a hold c
   }
 });
 
+async function serverMs(redis: { time(): Promise<number[] | string[]> }): Promise<number> {
+  const [seconds, micros] = (await redis.time()).map(Number);
+  return seconds! * 1000 + Math.floor(micros! / 1000);
+}
+
+// An earlier build's records (H) count their times from the epoch: fences here are not their
+// grant times, so reading them as X (from the fence's millisecond) would be caught.
+Deno.test("an H lease ends at its own end, and stays H while it lasts", async () => {
+  const { redis } = await fixture();
+  const locks = new Locks(redis);
+  const token = "old-version-token-00001";
+  const now = await serverMs(redis);
+  const ended = keygen();
+  await redis.set(
+    lockKey(ended),
+    `H${(now - 6000) * 1000}|${now - 1000}|${now - 6000}|20|0|${token}||1|`,
+    { px: 60_000 },
+  );
+  assert.equal((await locks.inspect(ended)).held, false, "ended a second ago");
+  const next = await locks.acquire(ended);
+  assert.ok(next.acquired, "free: its lease ended");
+  assert.match(String(await redis.get(lockKey(ended))), /^X/, "a new grant is written X");
+  await locks.release(next.lease);
+
+  const live = keygen();
+  const end = now + 5000;
+  await redis.set(
+    lockKey(live),
+    `H${(now - 1000) * 1000}|${end}|${now - 1000}|20|0|${token}||1|`,
+    { px: 60_000 },
+  );
+  const info = await locks.inspect(live);
+  assert.ok(info.held && info.ttlMs > 4000 && info.ttlMs <= 5000, JSON.stringify(info));
+  const busy = await locks.acquire(live);
+  assert.ok(!busy.acquired && busy.retryAfterMs <= 5000, JSON.stringify(busy));
+  // The busy look noted contention in the record: still H, with its end, so the earlier build's
+  // holder still reads its lease; so after a renew.
+  assert.match(
+    String(await redis.get(lockKey(live))),
+    new RegExp(`^H\\d+\\|${end}\\|\\d+\\|20\\|1\\|`),
+  );
+  const renewed = await locks.renew({ name: live, token }, { ttlMs: 8000 });
+  assert.ok(renewed.renewed);
+  assert.match(String(await redis.get(lockKey(live))), /^H\d+\|\d{13}\|/);
+  assert.equal(await locks.release({ name: live, token }), true);
+});
+
+// A waiter that gives up as a release hands it the lock finds its lease in the record: in either
+// form, and with the X form's times negative (a fence ahead of a stepped-back clock).
+Deno.test("a waiter leaving finds the lease handed to it in an H record or an X one before its fence", async () => {
+  const { redis } = await fixture();
+  const now = await serverMs(redis);
+  const ahead = (now + 600_000) * 1000 + 7; // a fence 10 minutes ahead of the clock
+  for (
+    const [fence, record] of [
+      [(now - 1000) * 1000, (f: number) => `H${f}|${now + 3000}|${now - 1000}|20|0|`],
+      [ahead, (f: number) => `X${f}|${now + 3000 - Math.floor(f / 1000)}|-600000|20|0|`],
+    ] as const
+  ) {
+    const name = keygen();
+    const token = "handed-waiter-token-0001";
+    const key = lockKey(name);
+    const wakeId = "wTestWake0001";
+    const wakeKey = `${key}:wake:${wakeId}`;
+    await redis.set(key, `${record(fence)}${token}||1|`, { px: 60_000 });
+    await redis.rpush(wakeKey, `${fence}:${now + 3000}:${now}:`, `r${fence}`);
+    await redis.pexpire(wakeKey, 10_000);
+    const { keys, args } = scripts.LEAVE_QUEUE.call({
+      keys: {
+        queueKey: `${key}:queue`,
+        ticketsKey: `${key}:tickets`,
+        offersKey: `${key}:offers`,
+        lockKey: key,
+        wakeKey,
+        holdersKey: `${key}:holders`,
+      },
+      args: { member: token, outcome: "", wakeId, lookedAt: 0 },
+    });
+    const reply = await redis.eval(scripts.LEAVE_QUEUE.source, keys, args) as number[];
+    assert.equal(reply[0], 2, `${record(fence)}: ${JSON.stringify(reply)}`);
+    assert.equal(reply[1], fence);
+    assert.ok(reply[2]! > 2000 && reply[2]! <= 3000, `lease left ${reply[2]}`);
+    await redis.del(key, wakeKey);
+  }
+});
+
 Deno.test("every key the scripts write carries a TTL", async () => {
   const { backend, redis } = await fixture();
   await everyOperation(backend);
@@ -371,7 +457,7 @@ Deno.test("a lease whose fence is ahead of a stepped-back clock holds for its TT
   await server.shift(0);
 });
 
-Deno.test("a held lock's record fits Redis's 64-byte allocation (60 characters)", async () => {
+Deno.test("a name's first lease has a record within Redis's 64-byte allocation (60 characters)", async () => {
   const { redis } = await fixture();
   const locks = new Locks(redis);
   const name = keygen();

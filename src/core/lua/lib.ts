@@ -12,8 +12,10 @@
  * - `X<fence>|<leaseEnd>|<at>|<holdMs>|<flag>|<token>|<released>|<holds>|<meta>` while an exclusive
  *   lease may be held: it is held until `leaseEnd` on the server clock. `leaseEnd` and `at` (the
  *   grant time) count ms from the fence's own millisecond (`floor(fence / 1000)`, about the grant
- *   time), so they are short (`60000|0`) and the record of a held lock fits Redis's 64-byte
- *   allocation. Written `H…`, with both in ms since the epoch, before 0.1.0; still read;
+ *   time), so they are short (`60000|0`): a name's first lease, with a generated token and no
+ *   meta, is 57 characters, within Redis's 64-byte allocation (136 B per held lock; a name taken
+ *   again carries its last release, 29 characters more: 168 B). Builds before this form wrote
+ *   `H…`, with both in ms since the epoch: still read, and kept `H` until that lease ends;
  * - `S<fence>|<leaseEndMs>|<atMs>|<holdMs>|<flag>|<limit>|<released>` while shared or semaphore
  *   leases may be held, until the latest holder's `leaseEndMs`;
  * - `R<fence>|<holdMs>|<flag>|<sha>` once it was released (`released` is then `<fence>:<sha>`).
@@ -160,7 +162,7 @@ ${HOLDS_LUA}local function readRecord(key, value)
       local base = (kind == 'X' and math.floor(tonumber(fence) / 1000)) or 0
       return {fence = fence, leaseEnd = base + tonumber(leaseEnd), at = base + tonumber(at),
         hold = tonumber(hold), flag = flag, token = token, released = released,
-        holds = readHolds(count), meta = meta}
+        holds = readHolds(count), meta = meta, form = kind}
     end
   elseif kind == 'S' then
     local fence, leaseEnd, at, hold, flag, limit, released =
@@ -180,9 +182,12 @@ ${HOLDS_LUA}local function readRecord(key, value)
   return {foreign = true}
 end
 local function ms(value) return string.format('%.0f', value) end
+-- A lease written H stays H while it lasts (a busy look, a renew, a reentrant hold), so the build
+-- that wrote it still reads it; each new grant is written X.
 local function writeHeld(key, r, nowMs, graceMs)
-  local base = math.floor(tonumber(r.fence) / 1000)
-  redis.call('SET', key, 'X' .. r.fence .. '|' .. ms(r.leaseEnd - base) .. '|' .. ms(r.at - base) .. '|' ..
+  local form, base = 'X', math.floor(tonumber(r.fence) / 1000)
+  if r.form == 'H' then form, base = 'H', 0 end
+  redis.call('SET', key, form .. r.fence .. '|' .. ms(r.leaseEnd - base) .. '|' .. ms(r.at - base) .. '|' ..
     string.format('%d', math.floor(r.hold)) .. '|' .. r.flag .. '|' .. r.token .. '|' ..
     r.released .. '|' .. holdsText(r.holds) .. '|' .. r.meta, 'PX', math.max(1, r.leaseEnd - nowMs + graceMs))
 end
