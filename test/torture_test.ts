@@ -45,17 +45,22 @@ const CAUGHT_AS: Record<(typeof BROKEN_RULES)[number], Violation["rule"]> = {
 // The permits break needs a waiter at the head whose permits do not fit, which a short run meets
 // too rarely to be certain: test/handoff_test.ts catches it deterministically.
 for (const broken of BROKEN_RULES.filter((rule) => rule !== "permits")) {
+  // A run meets the break by chance, and a loaded machine runs fewer operations in its 3 s (the
+  // multi break was missed once so): up to four runs, until one catches it.
   Deno.test(`the checker catches the broken ${broken} variant`, async () => {
-    const report = await runTorture({
-      clients: 24,
-      names: 4,
-      seconds: 3,
-      fuzzRuns: 0,
-      redisFaults: false,
-      broken,
-    });
-    const rules = new Set(report.violations.map((v) => v.rule));
-    assert.ok(rules.has(CAUGHT_AS[broken]), `caught as ${[...rules]}`);
+    const seen = new Set<string>();
+    for (let run = 0; run < 4 && !seen.has(CAUGHT_AS[broken]); run++) {
+      const report = await runTorture({
+        clients: 24,
+        names: 4,
+        seconds: 3,
+        fuzzRuns: 0,
+        redisFaults: false,
+        broken,
+      });
+      for (const violation of report.violations) seen.add(violation.rule);
+    }
+    assert.ok(seen.has(CAUGHT_AS[broken]), `caught as ${[...seen]}`);
   });
 }
 
