@@ -13,9 +13,10 @@
  *   lease may be held: it is held until `leaseEnd` on the server clock. `leaseEnd` and `at` (the
  *   grant time) count ms from the fence's own millisecond (`floor(fence / 1000)`, about the grant
  *   time), so they are short (`60000|0`): a name's first lease, with a generated token and no
- *   meta, is 57 characters, within Redis's 64-byte allocation (136 B per held lock; a name taken
- *   again carries its last release, 29 characters more: 168 B). Builds before this form wrote
- *   `H…`, with both in ms since the epoch: still read, and kept `H` until that lease ends;
+ *   meta, is 57 characters, within Redis's 64-byte allocation (136 B per held lock with a
+ *   12-character name; a name taken again carries its last release, 29 characters more: 168 B).
+ *   Builds before this form wrote `H…`, with both in ms since the epoch: still read, and kept `H`
+ *   until that lease ends (see the CHANGELOG for what a fleet of both builds meets);
  * - `S<fence>|<leaseEndMs>|<atMs>|<holdMs>|<flag>|<limit>|<released>` while shared or semaphore
  *   leases may be held, until the latest holder's `leaseEndMs`;
  * - `R<fence>|<holdMs>|<flag>|<sha>` once it was released (`released` is then `<fence>:<sha>`).
@@ -27,10 +28,11 @@
  * increasing across that window even if the server clock steps back within it. `holdMs` is a
  * moving average of hold times, for waiters' hints; `flag` is 1 while the lock is contended (a
  * busy reply or a queued waiter since the last grant): then acquire looks at the queue and release
- * samples the hold time. Without contention an acquire+release cycle runs ten commands inside its
- * two scripts (TIME, GET, SET each; the acquire's ZREM and the release's three of the marks for
- * retries), twelve with the two EVALSHA calls; the stats and the held index (`../stats.ts`) add
- * ten when they are on, in the same scripts.
+ * samples the hold time. Without contention an acquire+release cycle of a name used before runs
+ * ten commands inside its two scripts (TIME, GET, SET each; the acquire's ZREM and the release's
+ * three of the marks for retries), twelve with the two EVALSHA calls; a name's first acquire also
+ * runs EXISTS on its queue. The stats and the held index (`../stats.ts`) add ten when they are
+ * on, in the same scripts (fourteen for a name new to the index).
  *
  * This module holds the Lua pieces the scripts share, each a set of local functions spliced in
  * after a script's header (`./_define.ts`), and the constants they are written with; each script
