@@ -20,6 +20,7 @@ const TOOLS = [
   "bench/bench.ts",
   "bench/size.ts",
   "bench/waits.ts",
+  "bench/anatomy.ts",
   "dev/release_check.ts",
 ];
 
