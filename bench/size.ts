@@ -55,7 +55,10 @@ import { cli } from "../bridge/_cli.ts";
  * its hold refused: the core 28.1 KB, the uses 10.8 KB, the service 69.0 KB (the Worker, its
  * dashboard script minified at build, 81.7 KB). A held lock's record counting its times from its
  * fence (`X`, 136 B in Redis for a name's first lease, was 168 B; a live `H` lease still read, and
- * kept `H` until it ends): the core 28.5 KB, the service 69.4 KB (the Worker 81.8 KB). */
+ * kept `H` until it ends): the core 28.5 KB, the service 69.4 KB (the Worker 81.8 KB). The
+ * OpenAPI document a static asset of the Worker, which serves it through its binding (the service
+ * entry still builds it in, for Deno; wrapped, it lands elsewhere in the bundle): the service
+ * 69.8 KB, the Worker 76.5 KB. */
 export const BUDGETS = {
   ".": 28_500,
   "./uses": 10_900,
@@ -64,7 +67,7 @@ export const BUDGETS = {
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 7_500,
-  "./service": 69_400,
+  "./service": 69_800,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

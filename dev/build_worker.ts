@@ -55,8 +55,18 @@ export async function minifyDashboard(js: string, dir: string): Promise<string> 
   return js.slice(0, start) + literal + js.slice(end);
 }
 
-/** Builds the Worker into `out` and returns its bytes. */
-export async function buildWorker(out: string): Promise<Uint8Array> {
+/**
+ * Builds the Worker into `out` and returns its bytes; with `assets`, writes its static assets
+ * there (the prebuilt OpenAPI document, which the Worker serves from them).
+ */
+export async function buildWorker(out: string, assets?: string): Promise<Uint8Array> {
+  if (assets !== undefined) {
+    await Deno.mkdir(assets, { recursive: true });
+    await Deno.copyFile(
+      new URL("../src/service/openapi.json", import.meta.url),
+      `${assets}/openapi.json`,
+    );
+  }
   const dir = await Deno.makeTempDir({ prefix: "edgelock-build-" });
   try {
     const bundled = new TextDecoder().decode(await minifiedBundle("worker/cloudflare.ts", dir));
@@ -72,5 +82,6 @@ export async function buildWorker(out: string): Promise<Uint8Array> {
 
 if (import.meta.main) {
   await Deno.mkdir(new URL("../dist", import.meta.url), { recursive: true });
-  await buildWorker(new URL("../dist/worker.js", import.meta.url).pathname);
+  const dist = new URL("../dist", import.meta.url).pathname;
+  await buildWorker(`${dist}/worker.js`, `${dist}/assets`);
 }

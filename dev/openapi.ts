@@ -9,7 +9,7 @@ import * as z from "zod/mini";
 import type { Hono } from "hono";
 import type { AppEnv } from "../src/service/_env.ts";
 import { DOCS, routesOf, type RouteSpec } from "../src/service/_route.ts";
-import { createApp } from "../src/service/app.ts";
+import { createApp } from "../src/service/mod.ts";
 
 const DOCUMENT = {
   openapi: "3.1.0",

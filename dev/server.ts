@@ -8,7 +8,7 @@
  * @module
  */
 import { Redis } from "@upstash/redis";
-import { createApp } from "../src/service/app.ts";
+import { createApp } from "../src/service/mod.ts";
 import { appSettings, readConfig } from "../src/service/config.ts";
 import { cli } from "../bridge/_cli.ts";
 import { type Bridge, startBridge } from "../bridge/mod.ts";

@@ -16,7 +16,7 @@
  */
 import { Redis } from "@upstash/redis";
 import fc from "fast-check";
-import { createApp } from "../src/service/app.ts";
+import { createApp } from "../src/service/mod.ts";
 import { createClient } from "../src/client/client.ts";
 import { Locks } from "../src/core/locks.ts";
 import type { AcquireOptions, Lease, LockClient } from "../src/core/types.ts";

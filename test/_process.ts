@@ -66,10 +66,13 @@ export async function spawnDeno(
 /** What `Deno.serve` prints once it listens; the first group is the port (start with PORT=0). */
 export const LISTENING = /Listening on http:\/\/127\.0\.0\.1:(\d+)\//;
 
-/** Builds the Cloudflare Worker as `deno task build:worker` does (what wrangler deploys), into a temp dir. */
+/**
+ * Builds the Cloudflare Worker as `deno task build:worker` does (what wrangler deploys) into a temp
+ * dir: `worker.js`, and its static assets in `assets/` beside it.
+ */
 export async function bundleWorker(): Promise<string> {
   const dir = await Deno.makeTempDir({ prefix: "edgelock-worker-" });
   const out = `${dir}/worker.js`;
-  await buildWorker(out);
+  await buildWorker(out, `${dir}/assets`);
   return out;
 }

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import fc from "fast-check";
-import { createApp, type RequestLog } from "../src/service/app.ts";
+import { createApp, type RequestLog } from "../src/service/mod.ts";
 import { parseApiKeys } from "../src/service/auth.ts";
 import { createClient } from "../src/client/client.ts";
 import { DEFAULT_MAX_WAITERS, Locks } from "../src/core/locks.ts";

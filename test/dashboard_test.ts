@@ -3,7 +3,7 @@
 // sessionStorage. Set SCREENSHOT=1 to refresh bench/dashboard.png for the README.
 import assert from "node:assert/strict";
 import { chromium, type Page } from "playwright-core";
-import { createApp } from "../src/service/app.ts";
+import { createApp } from "../src/service/mod.ts";
 import { parseApiKeys, parseOperatorKeys } from "../src/service/auth.ts";
 import { createClient } from "../src/client/client.ts";
 import { keygen, shared, startBackend } from "./_backend.ts";

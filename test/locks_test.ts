@@ -6,7 +6,7 @@ import { FENCE_GRACE_MS } from "../src/core/_validate.ts";
 import { redacted } from "../src/core/_failure.ts";
 import { RELEASE_MEMORY_MS } from "../src/core/lua/lib.ts";
 import { acquired, holderOf, keygen, shared, startBackend, until } from "./_backend.ts";
-import { createApp } from "../src/service/app.ts";
+import { createApp } from "../src/service/mod.ts";
 
 const lockKey = (name: string) => `edgelock:lock:{${name}}`;
 

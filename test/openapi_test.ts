@@ -1,6 +1,6 @@
 // The OpenAPI document: built from the route table ahead of time, and served as it was built.
 import assert from "node:assert/strict";
-import { createApp } from "../src/service/app.ts";
+import { createApp } from "../src/service/mod.ts";
 import { DOCUMENT_PATH, generatedDocument } from "../dev/openapi.ts";
 
 Deno.test("src/service/openapi.json is the document the routes generate (deno task openapi)", async () => {

@@ -1,7 +1,7 @@
 // Operating the service: /v1/stats, /metrics, GET /v1/locks, break and audit, tenant and operator
 // keys. The counts are compared exactly with what the clients did.
 import assert from "node:assert/strict";
-import { createApp } from "../src/service/app.ts";
+import { createApp } from "../src/service/mod.ts";
 import { parseApiKeys, parseOperatorKeys } from "../src/service/auth.ts";
 import { createClient } from "../src/client/client.ts";
 import { keygen, shared, startBackend } from "./_backend.ts";

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { createApp } from "../src/service/app.ts";
+import { createApp } from "../src/service/mod.ts";
 import { findTenant, parseApiKeys } from "../src/service/auth.ts";
 import { sha256 } from "../src/core/_crypto.ts";
 import { keygen, shared, startBackend } from "./_backend.ts";

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { Hono } from "hono";
 import { Redis } from "@upstash/redis";
-import { createApp } from "../src/service/app.ts";
+import { createApp } from "../src/service/mod.ts";
 import { cronGuard } from "../src/uses/cron.ts";
 import { dedupe } from "../src/uses/dedupe.ts";
 import { webhookDedupe } from "../src/hono/webhook_dedupe.ts";

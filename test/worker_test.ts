@@ -22,6 +22,12 @@ const fixture = shared(async () => {
     script: await Deno.readTextFile(script),
     compatibilityDate: "2026-08-01",
     bindings,
+    // wrangler.toml's [assets], as wrangler passes it: the Worker runs first for every path.
+    assets: {
+      directory: script.replace(/worker\.js$/, "assets"),
+      binding: "ASSETS",
+      routerConfig: { has_user_worker: true, invoke_user_worker_ahead_of_assets: true },
+    },
   });
   const call = async (path: string, secret: string, body?: unknown) => {
     const res = await mf.dispatchFetch(`http://edgelock.test${path}`, {
@@ -116,6 +122,29 @@ Deno.test("the scheduled handler runs each tick once, even when triggered twice"
   const runs = await backend.redis.lrange("edgelock.worker:example-heartbeat:runs", 0, -1);
   assert.equal(runs.length, 1);
   assert.equal((runs[0] as unknown as { tick: number }).tick, scheduledTime.getTime());
+});
+
+Deno.test("/openapi.json comes from the Worker's static assets, and a wrong method there is 405", async () => {
+  const { script, mf } = await fixture();
+  const document = await Deno.readTextFile(new URL("../src/service/openapi.json", import.meta.url));
+  // The script does not carry the document (bundled, it would hold `openapi:"3.1.0"`).
+  assert.equal((await Deno.readTextFile(script)).includes('openapi:"3.1.0"'), false);
+  const got = await mf.dispatchFetch("http://edgelock.test/openapi.json");
+  assert.equal(got.status, 200);
+  assert.match(got.headers.get("content-type") ?? "", /^application\/json/);
+  assert.ok(got.headers.get("x-request-id"), "the Worker answered it, with its request id");
+  assert.deepEqual(await got.json(), JSON.parse(document));
+  const head = await mf.dispatchFetch("http://edgelock.test/openapi.json", { method: "HEAD" });
+  assert.equal(head.status, 200);
+  await head.body?.cancel();
+  for (const method of ["POST", "PUT", "DELETE", "OPTIONS"]) {
+    const res = await mf.dispatchFetch("http://edgelock.test/openapi.json", { method });
+    assert.equal(res.status, 405, method);
+    assert.equal(res.headers.get("allow"), "GET, HEAD");
+    assert.equal(res.headers.get("content-type"), "application/problem+json");
+    assert.ok(res.headers.get("x-request-id"));
+    assert.equal((await res.json() as { code: string }).code, "method_not_allowed");
+  }
 });
 
 Deno.test("a wrong key gets 401 problem+json", async () => {
@@ -228,6 +257,14 @@ Deno.test("wrangler dev runs the [build] command and serves the Worker against t
     const renewed = await locks.renew(result.lease, { ttlMs: 3000 });
     assert.ok(renewed.renewed && renewed.lease.fence === result.lease.fence);
     assert.equal(await locks.release(result.lease), true);
+    // wrangler.toml's [assets]: the document through the binding, a wrong method the Worker's 405.
+    const base = `http://127.0.0.1:${wrangler.ready[1]}/openapi.json`;
+    const document = await fetch(base);
+    assert.equal(document.status, 200);
+    assert.equal((await document.json()).openapi, "3.1.0");
+    const post = await fetch(base, { method: "POST" });
+    assert.deepEqual([post.status, post.headers.get("allow")], [405, "GET, HEAD"]);
+    assert.equal((await post.json()).code, "method_not_allowed");
   } finally {
     await wrangler.stop("SIGINT");
     await backend.stop();

@@ -1,6 +1,6 @@
 // Cloudflare Workers entry: configuration from bindings (vars and secrets), one app per isolate.
 import { Redis } from "@upstash/redis/cloudflare";
-import { createApp, requestIdFrom } from "../src/service/app.ts";
+import { requestIdFrom, serviceApp } from "../src/service/app.ts";
 import { appSettings, readConfig, SETTINGS } from "../src/service/config.ts";
 import { Jobs } from "../src/uses/jobs.ts";
 import { problem } from "../src/hono/_problem.ts";
@@ -12,6 +12,8 @@ interface Env {
   UPSTASH_REDIS_REST_TOKEN: string;
   LOCK_API_KEYS: string;
   LOCK_KEY_PREFIX?: string;
+  /** The static assets (wrangler.toml's [assets]): the prebuilt OpenAPI document. */
+  ASSETS: { fetch(request: Request): Promise<Response> };
   REDIS_TIMEOUT_MS?: string;
   LOCK_MAX_WAITS?: string;
   LOCK_RATE_LIMIT?: string;
@@ -32,7 +34,9 @@ let cached: { settings: string; deps: ReturnType<typeof build> } | undefined;
 function build(env: Env) {
   const config = readConfig(env as unknown as Record<string, unknown>);
   const redis = new Redis({ url: config.redisUrl, token: config.redisToken, ...REDIS_OPTIONS });
-  const app = createApp({ redis, ...appSettings(config) });
+  // The OpenAPI document is a static asset: the script does not carry it (a smaller, faster
+  // start), and every request still runs the Worker first, so a wrong method is its 405.
+  const app = serviceApp({ redis, ...appSettings(config) }, (request) => env.ASSETS.fetch(request));
   const prefix = `${config.keyPrefix}.worker`; // "." keeps it apart from every tenant's "prefix:tenant"
   return { app, redis, prefix, jobs: new Jobs(redis, { prefix }) };
 }

@@ -1,6 +1,6 @@
 // Deno Deploy (and plain Deno) entry: configuration from Deno.env, checked before serving.
 import { Redis } from "@upstash/redis";
-import { createApp } from "../src/service/app.ts";
+import { createApp } from "../src/service/mod.ts";
 import { appSettings, readConfig, type ServiceConfig } from "../src/service/config.ts";
 import { openTelemetry } from "../src/otel/mod.ts";
 import { Jobs } from "../src/uses/jobs.ts";

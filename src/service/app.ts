@@ -16,7 +16,6 @@ import { problemResponse, toEdgelockError } from "./_errors.ts";
 import { type TenantLimiter, tenantLimiter, type TenantLimits } from "./_limits.ts";
 import { json, problemDoc } from "./_schemas.ts";
 import { route } from "./_route.ts";
-import DOCUMENT from "./openapi.json" with { type: "json" };
 import { jobRoutes } from "./routes/jobs.ts";
 import { lockRoutes } from "./routes/locks.ts";
 import { recordRoutes } from "./routes/records.ts";
@@ -92,8 +91,14 @@ export function requestIdFrom(header: string | null | undefined): string {
   return header && REQUEST_ID.test(header) ? header : crypto.randomUUID();
 }
 
-/** The edgelock HTTP service as a Hono app; runtime-agnostic. */
-export function createApp(deps: AppDeps): Hono<AppEnv> {
+/**
+ * How `GET /openapi.json` is answered: with the prebuilt document (`./mod.ts` builds it in; the
+ * Worker serves it from its static assets, so that its script does not carry it).
+ */
+export type OpenApiSource = (request: Request) => Response | Promise<Response>;
+
+/** The edgelock HTTP service as a Hono app, its OpenAPI document from `openapi`; runtime-agnostic. */
+export function serviceApp(deps: AppDeps, openapi: OpenApiSource): Hono<AppEnv> {
   const { redis, apiKeys, operatorKeys = [], log = logLine, stats = true } = deps;
   if (apiKeys.length === 0) throw new RangeError("createApp needs at least one API key");
   const timeoutMs = checkTimeout(deps.redisTimeoutMs);
@@ -130,8 +135,12 @@ export function createApp(deps: AppDeps): Hono<AppEnv> {
     await runScript(redis, PING, [], [], { timeoutMs, keyLocking });
     return c.json({ ok: true as const }, 200);
   });
-  // The OpenAPI document, built from the routes ahead of time (`deno task openapi`).
-  app.get("/openapi.json", (c) => c.json(DOCUMENT));
+  // The OpenAPI document, built from the routes ahead of time (`deno task openapi`); copied, for
+  // a fetched reply's headers cannot be set.
+  app.get("/openapi.json", async (c) => {
+    const reply = await openapi(c.req.raw);
+    return new Response(reply.body, reply);
+  });
   // Where a newcomer who opens the service's URL goes next.
   app.get("/", (c) =>
     c.json({

@@ -14,8 +14,18 @@
  *
  * @module
  */
-export { type AppDeps, createApp, MAX_BODY_BYTES, type RequestLog } from "./app.ts";
+import type { Hono } from "hono";
+import { type AppDeps, serviceApp } from "./app.ts";
+import type { AppEnv } from "./_env.ts";
+import DOCUMENT from "./openapi.json" with { type: "json" };
+
+export { type AppDeps, MAX_BODY_BYTES, type RequestLog } from "./app.ts";
 export type { AppEnv, TenantStores } from "./_env.ts";
 export { DEFAULT_LIMITS, type TenantLimits } from "./_limits.ts";
 export { type ApiKey, parseApiKeys, parseOperatorKeys } from "./auth.ts";
 export { appSettings, readConfig, type ServiceConfig } from "./config.ts";
+
+/** The edgelock HTTP service as a Hono app, its OpenAPI document built in; runtime-agnostic. */
+export function createApp(deps: AppDeps): Hono<AppEnv> {
+  return serviceApp(deps, () => Response.json(DOCUMENT));
+}
