@@ -58,16 +58,19 @@ import { cli } from "../bridge/_cli.ts";
  * kept `H` until it ends): the core 28.5 KB, the service 69.4 KB (the Worker 81.8 KB). The
  * OpenAPI document a static asset of the Worker, which serves it through its binding (the service
  * entry still builds it in, for Deno; wrapped, it lands elsewhere in the bundle): the service
- * 69.8 KB, the Worker 76.5 KB. */
+ * 69.8 KB, the Worker 76.5 KB. A hand-over reading the head, the waiters after it and their
+ * offers once (one ZRANGE and one HMGET, where it read them one by one) and a look finding its
+ * place with one ZRANK: 41.6 commands per contended acquisition, was 43.5; the core 28.9 KB, the
+ * service 70.2 KB. */
 export const BUDGETS = {
-  ".": 28_500,
+  ".": 28_900,
   "./uses": 10_900,
   "./hono": 8_100,
   "./client": 7_000,
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 7_500,
-  "./service": 69_800,
+  "./service": 70_200,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

@@ -9,6 +9,7 @@ import {
   QUEUE_LUA,
   RECORD_LUA,
   STATS_LUA,
+  WAKE_HINTS,
 } from "./lib.ts";
 import { DEFAULT_HOLD_MS } from "../_validate.ts";
 
@@ -105,12 +106,14 @@ if held and r.token == token then
   return {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, holdCount(r.holds), grantHint(first)}
 end
 -- No record (a first acquire, or one that was lost): look at the queue too.
-local head
-if not r or r.flag == '1' then head = queueHead(queueKey, ticketsKey, nowMs, maxWaiters, offersKey) end
+local head, queue
+if not r or r.flag == '1' then
+  head, queue = queueHead(queueKey, ticketsKey, nowMs, maxWaiters, offersKey, ${WAKE_HINTS} + 1)
+end
 local holdMs = holdEstimate(r)
 if not held and (not head or head == token) then
   local nextHead, first
-  if head then nextHead, first = leaveQueue(queueKey, ticketsKey, token, offersKey) end
+  if head then nextHead, first = leaveQueue(queueKey, ticketsKey, token, offersKey, queue) end
   local flag = (nextHead and '1') or '0'
   local grant = {fence = newFence(r), leaseEnd = nowMs + ttlMs, at = nowMs, hold = holdMs,
     flag = flag, token = token, meta = meta, holds = newHolds(hold),

@@ -250,28 +250,29 @@ end
 // waiter) or `<token>~s` (shared) or `<token>~<permits>` (a semaphore), so a look at the queue
 // knows what each waiter asks for.
 export const QUEUE_LUA = `
--- The head of the queue, once lapsed tickets are dropped (at most maxWaiters of them).
--- With offersKey, their offers go too.
-local function queueHead(queueKey, ticketsKey, nowMs, maxWaiters, offersKey)
-  local head = redis.call('ZRANGE', queueKey, 0, 0)[1]
+-- The head of the queue, once lapsed tickets are dropped (at most maxWaiters of them), and the
+-- first \`count\` waiters (1 when nil), the head first. With offersKey, the lapsed ones' offers go too.
+local function queueHead(queueKey, ticketsKey, nowMs, maxWaiters, offersKey, count)
+  count = count or 1
+  local first = redis.call('ZRANGE', queueKey, 0, count - 1)
   -- the queue and its tickets hold the same members: no head, no tickets
-  if head then
+  if first[1] then
     local lapsed = redis.call('ZRANGEBYSCORE', ticketsKey, '-inf', nowMs, 'LIMIT', 0, maxWaiters)
     if #lapsed > 0 then
       redis.call('ZREM', queueKey, unpack(lapsed))
       redis.call('ZREM', ticketsKey, unpack(lapsed))
       if offersKey then redis.call('HDEL', offersKey, unpack(lapsed)) end
-      head = redis.call('ZRANGE', queueKey, 0, 0)[1]
+      first = redis.call('ZRANGE', queueKey, 0, count - 1)
     end
   end
-  return head
+  return first[1], first
 end
 -- Takes a ticket for ticketMs (keeping an earlier place); returns the place, 0 the head, or -2
 -- when the queue is full. With \`offersKey\` (a waiter that blocks), the waiter's \`offer\`
 -- (\`HANDOFF_LUA\`; nil for none) is kept beside its ticket, and lives as long.
 local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters, offersKey, offer)
-  local place
-  if not redis.call('ZSCORE', queueKey, member) then
+  local place = redis.call('ZRANK', queueKey, member)
+  if not place then
     place = redis.call('ZCARD', queueKey)
     if place >= maxWaiters then return -2 end
     -- Arrival order from the queue itself: one past the last waiter's place.
@@ -288,15 +289,19 @@ local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaite
     else redis.call('HDEL', offersKey, member) end
     redis.call('PEXPIRE', offersKey, math.max(latest - nowMs, 1))
   end
-  return place or redis.call('ZRANK', queueKey, member)
+  return place
 end
 -- Returns the waiter now at the head, nil when the queue is empty, and the first waiters (up to
--- WAKE_HINTS, for a grant's hint). With offersKey, the member's offer goes too.
-local function leaveQueue(queueKey, ticketsKey, member, offersKey)
+-- WAKE_HINTS, for a grant's hint). With offersKey, the member's offer goes too. \`queue\`, when
+-- given, is the first WAKE_HINTS + 1 waiters as \`queueHead\` read them in this script: when the
+-- member leaving is their head, the waiters after it are not read again.
+local function leaveQueue(queueKey, ticketsKey, member, offersKey, queue)
   redis.call('ZREM', queueKey, member)
   redis.call('ZREM', ticketsKey, member)
   if offersKey then redis.call('HDEL', offersKey, member) end
-  local first = redis.call('ZRANGE', queueKey, 0, ${WAKE_HINTS} - 1)
+  local first
+  if queue and queue[1] == member then first = {unpack(queue, 2, ${WAKE_HINTS} + 1)}
+  else first = redis.call('ZRANGE', queueKey, 0, ${WAKE_HINTS} - 1) end
   return first[1], first
 end
 -- Contention is noted in the record (its TTL kept), so release samples the hold time and the
@@ -345,12 +350,18 @@ end
 // HANDOFF_LUA the declared wake keys (`n`, `hints`, `hintKey`), after RECORD_LUA, QUEUE_LUA,
 // INDEX_LUA and STATS_LUA.
 export const OFFER_LUA = `
-local function readOffer(member)
-  local ttl, since, wake, hold, limit, meta = string.match(redis.call('HGET', offersKey, member) or '',
+-- An offer's fields from its text (false or nil for none), nil for none.
+local function parseOffer(text)
+  local ttl, since, wake, hold, limit, meta = string.match(text or '',
     '^(%d+)|(%d+)|([%w_-]+)|([%w_-]*)|(%d+)|(.*)$')
   if not ttl then return nil end
   return {ttl = tonumber(ttl), since = tonumber(since), wake = wake, hold = hold,
     limit = tonumber(limit), meta = meta}
+end
+-- The offers' texts of \`members\` (false for none), in their order: one HMGET.
+local function offersOf(members)
+  if #members == 0 then return {} end
+  return redis.call('HMGET', offersKey, unpack(members))
 end
 -- A busy look's offer, for a waiter that blocks on its wake key (\`limit\` 0 when exclusive). The
 -- look clears that key: no grant there is a live lease (one since broken, or ended by another
@@ -363,14 +374,16 @@ end
 -- The first waiters in the queue, up to WAKE_HINTS: those a grant's hint may name.
 local function firstWaiters() return redis.call('ZRANGE', queueKey, 0, ${WAKE_HINTS} - 1) end
 -- A grant's hint of who comes next, for its release to declare the wake keys: the wake ids of
--- \`first\` (the first waiters, nil for none) that left offers, comma-joined. The head when the
--- lease ends is mostly among them: a semaphore's other holders' releases take the waiters before
--- it, and a writer's release grants the readers behind it at once.
-local function grantHint(first)
+-- \`first\` (the first waiters, nil for none) that left offers, comma-joined; \`offers\` their
+-- offers' texts when already read (else they are read here). The head when the lease ends is
+-- mostly among them: a semaphore's other holders' releases take the waiters before it, and a
+-- writer's release grants the readers behind it at once.
+local function grantHint(first, offers)
   if not first or #first == 0 then return '' end
+  offers = offers or offersOf(first)
   local ids = {}
-  for _, offer in ipairs(redis.call('HMGET', offersKey, unpack(first))) do
-    ids[#ids + 1] = offer and string.match(offer, '^%d+|%d+|([%w_-]+)|') or nil
+  for i = 1, #first do
+    ids[#ids + 1] = offers[i] and string.match(offers[i], '^%d+|%d+|([%w_-]+)|') or nil
   end
   return table.concat(ids, ',')
 end
@@ -398,9 +411,11 @@ local function grantReaders(r)
   local holders, used = {}, 0
   if live then holders, used = readHolders(holdersKey, nowMs, true) end
   local fence, leaseEnd, entry, direct = r.fence, (live and r.leaseEnd) or 0, {}, {}
-  for _, m in ipairs(redis.call('ZRANGE', queueKey, 0, ${READERS_PER_RING} - 1)) do
+  local members = redis.call('ZRANGE', queueKey, 0, ${READERS_PER_RING} - 1)
+  local offers = offersOf(members)
+  for i, m in ipairs(members) do
     local token = string.match(m, '^([%w_-]+)~s$')
-    local offer = token and not holders[token] and used < ${MAX_SHARED} and readOffer(m)
+    local offer = token and not holders[token] and used < ${MAX_SHARED} and parseOffer(offers[i])
     if not offer then break end
     -- the holders of an earlier spell go
     if #entry == 0 and #direct == 0 and not live then redis.call('DEL', holdersKey) end
@@ -466,14 +481,17 @@ end
 -- else ''. Needs HOLDERS_LUA and \`holdersKey\` for a semaphore's waiter.
 local handedNext = ''
 local function handOver(r)
-  local head = queueHead(queueKey, ticketsKey, nowMs, ${MAX_QUEUE}, offersKey)
+  -- the head and the waiters after it (for the grant's hint), with their offers: read once
+  local head, queue = queueHead(queueKey, ticketsKey, nowMs, ${MAX_QUEUE}, offersKey, ${WAKE_HINTS} + 1)
   local live = not r.free and r.leaseEnd ~= nil and nowMs < r.leaseEnd
   -- readers: granted, and rung, when they fit
   if head and string.sub(head, -2) == '~s' then
     if not live or (r.shared and r.limit == 0) then return grantReaders(r) end
     return nil
   end
-  local offer = head and readOffer(head)
+  if not head then return nil end
+  local offers = offersOf(queue)
+  local offer = parseOffer(offers[1])
   if not offer then return nil end
   local token, permits = string.match(head, '^([%w_-]+)~(%d+)$')
   if token then
@@ -496,7 +514,7 @@ local function handOver(r)
   if not hinted then return offer.wake end
   -- holders of an earlier spell
   if token and not live then redis.call('DEL', holdersKey) end
-  local nextHead, first = leaveQueue(queueKey, ticketsKey, head, offersKey)
+  local nextHead, first = leaveQueue(queueKey, ticketsKey, head, offersKey, queue)
   local fence = string.format('%.0f', math.max(nowUs, tonumber(r.fence) + 1))
   local leaseEnd = nowMs + offer.ttl
   local lease = {fence = fence, leaseEnd = leaseEnd, at = nowMs, hold = clamp(r.hold, 1, ${MAX_HOLD_MS}),
@@ -521,7 +539,7 @@ local function handOver(r)
   -- Through pcall: a wake key of another type (a hand edit) costs the waiter its wake-up (it finds
   -- its lease at its next look), never the release, which went through.
   local sent = redis.pcall('RPUSH', hintKey(hinted), fence .. ':' .. ms(leaseEnd) .. ':' ..
-    ms(nowMs) .. ':' .. grantHint(first), 'r' .. fence)
+    ms(nowMs) .. ':' .. grantHint(first, {unpack(offers, 2)}), 'r' .. fence)
   if type(sent) ~= 'table' then redis.call('PEXPIRE', hintKey(hinted), offer.ttl) end
   observe(statsKey, nowMs, 'wait', nowMs - offer.since)
   indexPut(namesKey, endsKey, name, lease.leaseEnd, nowMs)
