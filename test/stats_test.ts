@@ -169,6 +169,34 @@ Deno.test("count exactly what a scripted workload did, in the totals, the last h
   await locks.release(b);
 });
 
+Deno.test("a stats hash of an earlier build keeps its totals, counted once, when this build counts there", async () => {
+  const { redis } = await fixture();
+  const prefix = keygen("upgrade");
+  const key = `${prefix}:stats`;
+  const minute = Math.floor(Date.now() / 60_000);
+  // An earlier build counted each grant in its totals and in its minute's slot: 5 grants, 2 of
+  // them this minute, 3 an hour ago in a slot not yet turned over.
+  await redis.hset(key, {
+    "t:wait.0": 5,
+    [`${minute % 60}:m`]: minute,
+    [`${minute % 60}:wait.0`]: 2,
+    [`${(minute + 1) % 60}:m`]: minute - 59,
+    [`${(minute + 1) % 60}:wait.0`]: 3,
+  });
+  const locks = new Locks(redis, { prefix });
+  const ops = new LockOps(redis, { prefix });
+  await locks.release(acquired(await locks.acquire("x")));
+  const stats = await ops.stats();
+  assert.equal(stats.total.acquire.granted, 6, "the 5 counted once, and the new grant");
+  assert.equal(stats.total.release.released, 1);
+  assert.equal(stats.last_hour.acquire.granted, 1, "the earlier build's minutes start afresh");
+  assert.equal(String(await redis.hget(key, "v")), "2");
+  // The new grant, folded into the totals once its slot turns over, is not counted twice.
+  await redis.hset(key, { [`${minute % 60}:m`]: minute - 60 });
+  await locks.release(acquired(await locks.acquire("x")));
+  assert.equal((await ops.stats()).total.acquire.granted, 7);
+});
+
 Deno.test("list exactly the held locks, by prefix and page, never an expired one", async () => {
   const { redis } = await fixture();
   const prefix = keygen("list");

@@ -3,10 +3,14 @@
  * atomic call that makes each decision: no extra request, and every isolate's calls count in one
  * place. One Redis hash per prefix (per bucket in the cluster layout, see `./_keys.ts`) holds
  *
- * - `t:<field>`: totals since the hash was created (Prometheus counters), with `t:wait.sum` and
- *   `t:hold.sum` in milliseconds;
- * - `<slot>:<field>`: the same counts per minute, in a ring of 60 slots (`slot` = minute mod 60,
- *   `<slot>:m` the minute it holds, cleared when the slot turns over), for the last hour.
+ * - `<slot>:<field>`: the counts per minute, in a ring of 60 slots (`slot` = minute mod 60,
+ *   `<slot>:m` the minute it holds), for the last hour;
+ * - `t:<field>`: the counts of the minutes before those the slots hold, added there when a slot
+ *   turns over to a new minute (then cleared); the totals since the hash was created (Prometheus
+ *   counters) are these plus every slot's. `t:wait.sum` and `t:hold.sum`, in milliseconds, are
+ *   totals of their own;
+ * - `v`: 2, the format (a hash of an earlier build, whose totals also counted what its slots
+ *   hold, loses its slots when this build first counts there, and keeps its totals).
  *
  * Granted acquisitions are counted by the wait histogram and releases by the hold histogram, so
  * each costs one field. The hash lives {@linkcode STATS_RETENTION_MS} past the last minute that
@@ -61,8 +65,12 @@ const luaList = (values: readonly (string | number)[]) =>
 /**
  * Lua for the scripts that count: `count(key, nowMs, field)` adds one to a counter and
  * `observe(key, nowMs, 'wait'|'hold', ms)` to a histogram, both nothing when `key` is nil (stats
- * off); both return true when the minute's slot turned over (once a minute per prefix). Every command runs through `pcall`: a stats key of the wrong type (a hand edit) stops the
- * counting, never the decision.
+ * off); both return true when the minute's slot turned over (once a minute per prefix). Every
+ * command runs through `pcall`: a stats key of the wrong type (a hand edit) stops the counting,
+ * never the decision. A slot that turns over adds its earlier minute's counts to the totals
+ * (`t:`) before it is cleared. A hash of an earlier build, whose totals also counted what its
+ * slots hold, loses its slots when this build first counts there (its totals keep them) and is
+ * marked `v` 2. (Explained here, not in the Lua: every script carries its text.)
  */
 export const STATS_LUA = `
 -- the stats key and minute whose slot this script checked already
@@ -73,20 +81,36 @@ local function count(key, nowMs, field)
   local slot = string.format('%d', math.floor(nowMs / 60000) % ${WINDOW_MINUTES}) .. ':'
   local turned = false
   if checkedMinute ~= key .. '@' .. minute then
-    local held = redis.pcall('HGET', key, slot .. 'm')
-    if type(held) == 'table' then return false end
+    local got = redis.pcall('HMGET', key, slot .. 'm', 'v')
+    if got.err then return false end
+    local held = got[1]
+    if got[2] ~= '2' then
+      local old = {}
+      for _, f in ipairs(redis.pcall('HKEYS', key)) do
+        if string.match(f, '^%d') then old[#old + 1] = f end
+      end
+      if #old > 0 then redis.pcall('HDEL', key, unpack(old)) end
+      redis.pcall('HSET', key, 'v', '2')
+      held = false
+    end
     turned = held ~= minute
     if turned then
-      local old = ${luaList(FIELDS)}
-      for i, f in ipairs(old) do old[i] = slot .. f end
-      redis.pcall('HDEL', key, unpack(old))
+      local fields = ${luaList(FIELDS)}
+      if held then
+        local old = {}
+        for i, f in ipairs(fields) do old[i] = slot .. f end
+        local values = redis.pcall('HMGET', key, unpack(old))
+        for i, v in ipairs(values) do
+          if tonumber(v) then redis.pcall('HINCRBY', key, 't:' .. fields[i], v) end
+        end
+        redis.pcall('HDEL', key, unpack(old))
+      end
       redis.pcall('HSET', key, slot .. 'm', minute)
       redis.pcall('PEXPIRE', key, ${STATS_RETENTION_MS})
     end
     checkedMinute = key .. '@' .. minute
   end
   redis.pcall('HINCRBY', key, slot .. field, 1)
-  redis.pcall('HINCRBY', key, 't:' .. field, 1)
   return turned
 end
 local function observe(key, nowMs, histogram, ms)
@@ -212,7 +236,17 @@ export function toStats(raws: readonly unknown[], nowMs: number, locksHeld: numb
       wait_p99_ms: c.wait.p99_ms,
     });
   }
-  const total = (f: string) => hashes.reduce((sum, hash) => sum + (hash.get(`t:${f}`) ?? 0), 0);
+  // The totals: the counts folded in as slots turned over, and every slot's (a slot that has not
+  // turned over since the last hour still counts there).
+  const everySlot = Array.from({ length: WINDOW_MINUTES }, (_, slot) => `${slot}:`);
+  const total = (f: string) => {
+    let sum = 0;
+    for (const hash of hashes) {
+      sum += hash.get(`t:${f}`) ?? 0;
+      for (const slot of everySlot) sum += hash.get(slot + f) ?? 0;
+    }
+    return sum;
+  };
   return {
     at: nowMs,
     locks_held: locksHeld,
