@@ -134,6 +134,21 @@ Deno.test("/openapi.json comes from the Worker's static assets, and a wrong meth
   assert.match(got.headers.get("content-type") ?? "", /^application\/json/);
   assert.ok(got.headers.get("x-request-id"), "the Worker answered it, with its request id");
   assert.deepEqual(await got.json(), JSON.parse(document));
+  // The document's body alone, as every entry answers it: no ETag to revalidate, no 304, no
+  // range, and no redirect for a path spelt with escapes.
+  assert.equal(got.headers.get("etag"), null);
+  for (
+    const [path, headers] of [
+      ["/openapi.json", { "if-none-match": "*" }],
+      ["/openapi.json", { "if-modified-since": new Date(Date.now() + 86_400_000).toUTCString() }],
+      ["/openapi.json", { range: "bytes=0-9" }],
+      ["/openapi%2Ejson", {}],
+    ] as const
+  ) {
+    const res = await mf.dispatchFetch(`http://edgelock.test${path}`, { headers });
+    assert.equal(res.status, 200, `${path} ${JSON.stringify(headers)}`);
+    assert.deepEqual(await res.json(), JSON.parse(document));
+  }
   const head = await mf.dispatchFetch("http://edgelock.test/openapi.json", { method: "HEAD" });
   assert.equal(head.status, 200);
   await head.body?.cancel();
@@ -186,6 +201,33 @@ Deno.test("a misconfigured Worker answers 500 config_error naming the variable, 
     } finally {
       await bad.dispose();
     }
+  }
+});
+
+Deno.test("a Worker deployed without its [assets] answers /openapi.json 500 config_error, and serves locks", async () => {
+  const { script, bindings } = await fixture();
+  const bare = new Miniflare({
+    modules: true,
+    script: await Deno.readTextFile(script),
+    compatibilityDate: "2026-08-01",
+    bindings,
+  });
+  try {
+    const res = await bare.dispatchFetch("http://edgelock.test/openapi.json");
+    const body = await res.json() as Record<string, unknown>;
+    assert.equal(res.status, 500);
+    assert.equal(res.headers.get("content-type"), "application/problem+json");
+    assert.equal(body.code, "config_error");
+    assert.doesNotMatch(JSON.stringify(body), /undefined|fetch|ASSETS/);
+    const lock = await bare.dispatchFetch(`http://edgelock.test/v1/locks/${keygen("w")}/acquire`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${SECRET_A}`, "content-type": "application/json" },
+      body: "{}",
+    });
+    assert.equal(lock.status, 200);
+    await lock.body?.cancel();
+  } finally {
+    await bare.dispose();
   }
 });
 

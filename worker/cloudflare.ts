@@ -13,7 +13,7 @@ interface Env {
   LOCK_API_KEYS: string;
   LOCK_KEY_PREFIX?: string;
   /** The static assets (wrangler.toml's [assets]): the prebuilt OpenAPI document. */
-  ASSETS: { fetch(request: Request): Promise<Response> };
+  ASSETS?: { fetch(input: URL | Request): Promise<Response> };
   REDIS_TIMEOUT_MS?: string;
   LOCK_MAX_WAITS?: string;
   LOCK_RATE_LIMIT?: string;
@@ -35,8 +35,14 @@ function build(env: Env) {
   const config = readConfig(env as unknown as Record<string, unknown>);
   const redis = new Redis({ url: config.redisUrl, token: config.redisToken, ...REDIS_OPTIONS });
   // The OpenAPI document is a static asset: the script does not carry it (a smaller, faster
-  // start), and every request still runs the Worker first, so a wrong method is its 405.
-  const app = serviceApp({ redis, ...appSettings(config) }, (request) => env.ASSETS.fetch(request));
+  // start), and every request still runs the Worker first, so a wrong method is its 405. It is
+  // fetched by its own path, without the caller's headers: no redirect, no 304, no range.
+  const assets = env.ASSETS;
+  const app = serviceApp(
+    { redis, ...appSettings(config) },
+    (url) =>
+      assets ? assets.fetch(new URL("/openapi.json", url)) : new Response(null, { status: 404 }),
+  );
   const prefix = `${config.keyPrefix}.worker`; // "." keeps it apart from every tenant's "prefix:tenant"
   return { app, redis, prefix, jobs: new Jobs(redis, { prefix }) };
 }

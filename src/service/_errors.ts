@@ -33,8 +33,8 @@ const PROBLEMS: Record<ErrorCode, [Status, string]> = {
 // The library's messages for these name scripts and carry upstream text: clients get these.
 const CLIENT_DETAIL: Partial<Record<ErrorCode, string>> = {
   backend_unavailable: "Redis did not answer in time or could not be reached; try again shortly",
-  config_error: "The service cannot reach its Redis with its configuration; its operator " +
-    "must fix it (the service's log names the setting). Retrying will not help.",
+  config_error: "The service is misconfigured (e.g. cannot reach its Redis with its settings); " +
+    "its operator must fix it (the service's log says what). Retrying will not help.",
   internal_error: "The service failed unexpectedly",
 };
 

@@ -92,10 +92,11 @@ export function requestIdFrom(header: string | null | undefined): string {
 }
 
 /**
- * How `GET /openapi.json` is answered: with the prebuilt document (`./mod.ts` builds it in; the
- * Worker serves it from its static assets, so that its script does not carry it).
+ * Where `GET /openapi.json` gets the prebuilt document, given the request's URL: `./mod.ts` builds
+ * it in; the Worker fetches it from its static assets, so that its script does not carry it. A
+ * reply other than 200 is a `config_error` (the document is missing where the service looks).
  */
-export type OpenApiSource = (request: Request) => Response | Promise<Response>;
+export type OpenApiSource = (url: URL) => Response | Promise<Response>;
 
 /** The edgelock HTTP service as a Hono app, its OpenAPI document from `openapi`; runtime-agnostic. */
 export function serviceApp(deps: AppDeps, openapi: OpenApiSource): Hono<AppEnv> {
@@ -135,11 +136,19 @@ export function serviceApp(deps: AppDeps, openapi: OpenApiSource): Hono<AppEnv> 
     await runScript(redis, PING, [], [], { timeoutMs, keyLocking });
     return c.json({ ok: true as const }, 200);
   });
-  // The OpenAPI document, built from the routes ahead of time (`deno task openapi`); copied, for
-  // a fetched reply's headers cannot be set.
+  // The OpenAPI document, built from the routes ahead of time (`deno task openapi`): its body
+  // only, so every entry answers alike (no ETag or 304 from an asset server).
   app.get("/openapi.json", async (c) => {
-    const reply = await openapi(c.req.raw);
-    return new Response(reply.body, reply);
+    const reply = await openapi(new URL(c.req.url));
+    if (reply.status !== 200) {
+      await reply.body?.cancel();
+      throw new EdgelockError(
+        "config_error",
+        `The OpenAPI document is missing where the service looks (HTTP ${reply.status}): ` +
+          "deploy the Worker with the [assets] section of the repository's wrangler.toml",
+      );
+    }
+    return new Response(reply.body, { headers: { "content-type": "application/json" } });
   });
   // Where a newcomer who opens the service's URL goes next.
   app.get("/", (c) =>
