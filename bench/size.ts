@@ -64,16 +64,18 @@ import { cli } from "../bridge/_cli.ts";
  * service 70.2 KB. A count adding one to its minute's slot only (the slot's counts join the
  * totals when it turns over; an earlier build's hash keeps its totals): 39.6 commands per
  * contended acquisition, 16 per uncontended cycle (were 41.6 and 18); the core 29.1 KB, the uses
- * 11.0 KB, the hono entry 8.3 KB, the service 70.4 KB. */
+ * 11.0 KB, the hono entry 8.3 KB, the service 70.4 KB. The fold made exact for damaged values and
+ * unpacked in chunks, and an earlier build's hash read as it is: the uses 11.1 KB, the service
+ * 70.6 KB. */
 export const BUDGETS = {
   ".": 29_100,
-  "./uses": 11_000,
+  "./uses": 11_100,
   "./hono": 8_300,
   "./client": 7_000,
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 7_500,
-  "./service": 70_400,
+  "./service": 70_600,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

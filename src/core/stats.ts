@@ -68,9 +68,12 @@ const luaList = (values: readonly (string | number)[]) =>
  * off); both return true when the minute's slot turned over (once a minute per prefix). Every
  * command runs through `pcall`: a stats key of the wrong type (a hand edit) stops the counting,
  * never the decision. A slot that turns over adds its earlier minute's counts to the totals
- * (`t:`) before it is cleared. A hash of an earlier build, whose totals also counted what its
- * slots hold, loses its slots when this build first counts there (its totals keep them) and is
- * marked `v` 2. (Explained here, not in the Lua: every script carries its text.)
+ * (`t:`) before it is cleared (a total that is not a whole number, a hand edit, is replaced). A
+ * hash of an earlier build, whose totals also counted what its slots hold, loses its slots when
+ * this build first counts there (its totals keep them; 1000 fields per HDEL, within Lua's limit of
+ * 8000 values to unpack, however many a hand edit left) and is marked `v` 2; until then its
+ * totals are read as they are (`toStats`). Only whole numbers count, here and in `toStats`.
+ * (Explained here, not in the Lua: every script carries its text.)
  */
 export const STATS_LUA = `
 -- the stats key and minute whose slot this script checked already
@@ -89,22 +92,21 @@ local function count(key, nowMs, field)
       for _, f in ipairs(redis.pcall('HKEYS', key)) do
         if string.match(f, '^%d') then old[#old + 1] = f end
       end
-      if #old > 0 then redis.pcall('HDEL', key, unpack(old)) end
+      for i = 1, #old, 1000 do redis.pcall('HDEL', key, unpack(old, i, math.min(i + 999, #old))) end
       redis.pcall('HSET', key, 'v', '2')
       held = false
     end
     turned = held ~= minute
     if turned then
-      local fields = ${luaList(FIELDS)}
-      if held then
-        local old = {}
-        for i, f in ipairs(fields) do old[i] = slot .. f end
-        local values = redis.pcall('HMGET', key, unpack(old))
-        for i, v in ipairs(values) do
-          if tonumber(v) then redis.pcall('HINCRBY', key, 't:' .. fields[i], v) end
+      local fields, old = ${luaList(FIELDS)}, {}
+      for i, f in ipairs(fields) do old[i] = slot .. f end
+      for i, v in ipairs(redis.pcall('HMGET', key, unpack(old))) do
+        local t = 't:' .. fields[i]
+        if v and string.match(v, '^%d+$') and type(redis.pcall('HINCRBY', key, t, v)) == 'table' then
+          redis.pcall('HSET', key, t, v)
         end
-        redis.pcall('HDEL', key, unpack(old))
       end
+      redis.pcall('HDEL', key, unpack(old))
       redis.pcall('HSET', key, slot .. 'm', minute)
       redis.pcall('PEXPIRE', key, ${STATS_RETENTION_MS})
     end
@@ -237,12 +239,14 @@ export function toStats(raws: readonly unknown[], nowMs: number, locksHeld: numb
     });
   }
   // The totals: the counts folded in as slots turned over, and every slot's (a slot that has not
-  // turned over since the last hour still counts there).
+  // turned over since the last hour still counts there). A hash an earlier build counted in, not
+  // yet marked `v` 2, counted its slots in its totals too.
   const everySlot = Array.from({ length: WINDOW_MINUTES }, (_, slot) => `${slot}:`);
   const total = (f: string) => {
     let sum = 0;
     for (const hash of hashes) {
       sum += hash.get(`t:${f}`) ?? 0;
+      if (hash.get("v") !== 2) continue;
       for (const slot of everySlot) sum += hash.get(slot + f) ?? 0;
     }
     return sum;
@@ -261,9 +265,9 @@ function toHash(raw: unknown): Map<string, number> {
   const entries: [unknown, unknown][] = Array.isArray(raw)
     ? raw.flatMap((v, i) => i % 2 === 0 ? [[v, raw[i + 1]] as [unknown, unknown]] : [])
     : Object.entries((raw ?? {}) as Record<string, unknown>);
+  // Whole numbers only, as the scripts fold them (anything else is a hand edit).
   for (const [k, v] of entries) {
-    const n = Number(v);
-    if (typeof k === "string" && Number.isFinite(n)) hash.set(k, n);
+    if (typeof k === "string" && /^\d+$/.test(String(v))) hash.set(k, Number(v));
   }
   return hash;
 }
