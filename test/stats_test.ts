@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { startShiftedRedisServer } from "../dev/clock_shift.ts";
 import { LockOps, Locks } from "../src/core/mod.ts";
 import type { LockEvent } from "../src/core/types.ts";
-import { type Counts, STATS_RETENTION_MS } from "../src/core/stats.ts";
+import { type Counts, STATS_RETENTION_MS, toStats } from "../src/core/stats.ts";
 import { Jobs, recordId, Records } from "../src/uses/mod.ts";
 import fc from "fast-check";
 import { acquired, keygen, shared, startBackend, until } from "./_backend.ts";
@@ -186,6 +186,32 @@ Deno.test("a stats hash with 9,000 slot fields (a hand edit) never stops a decis
   assert.equal(String(await redis.hget(key, "v")), "2");
   assert.ok(await redis.hlen(key) < 20, "the slot fields are gone");
   assert.equal((await new LockOps(redis, { prefix }).stats()).total.acquire.granted, 1);
+});
+
+Deno.test("the totals count whole numbers only, and a hash's slots only when it is marked v 2", () => {
+  const nowMs = 100 * 60_000; // minute 100: slot 40
+  const hash = (v: unknown) => ({
+    v,
+    "t:wait.0": "5",
+    "40:m": "100",
+    "40:wait.0": "2",
+    "41:wait.0": "1.5",
+  });
+  assert.equal(toStats([hash("2")], nowMs, 0).total.acquire.granted, 7);
+  assert.equal(
+    toStats([hash(2)], nowMs, 0).total.acquire.granted,
+    7,
+    "as @upstash/redis parses it",
+  );
+  for (const v of [undefined, "02", "3", "2.0"]) {
+    const stats = toStats([hash(v)], nowMs, 0);
+    assert.equal(
+      stats.total.acquire.granted,
+      5,
+      `v ${v}: an earlier build's totals hold its slots`,
+    );
+    assert.equal(stats.last_hour.acquire.granted, 2);
+  }
 });
 
 Deno.test("list exactly the held locks, by prefix and page, never an expired one", async () => {

@@ -68,7 +68,8 @@ const luaList = (values: readonly (string | number)[]) =>
  * off); both return true when the minute's slot turned over (once a minute per prefix). Every
  * command runs through `pcall`: a stats key of the wrong type (a hand edit) stops the counting,
  * never the decision. A slot that turns over adds its earlier minute's counts to the totals
- * (`t:`) before it is cleared (a total that is not a whole number, a hand edit, is replaced). A
+ * (`t:`) before it is cleared (a total that is not a whole number, a hand edit, is replaced; one
+ * that would pass 2^63 stays). A
  * hash of an earlier build, whose totals also counted what its slots hold, loses its slots when
  * this build first counts there (its totals keep them; 1000 fields per HDEL, within Lua's limit of
  * 8000 values to unpack, however many a hand edit left) and is marked `v` 2; until then its
@@ -102,7 +103,8 @@ local function count(key, nowMs, field)
       for i, f in ipairs(fields) do old[i] = slot .. f end
       for i, v in ipairs(redis.pcall('HMGET', key, unpack(old))) do
         local t = 't:' .. fields[i]
-        if v and string.match(v, '^%d+$') and type(redis.pcall('HINCRBY', key, t, v)) == 'table' then
+        if v and string.match(v, '^%d+$') and type(redis.pcall('HINCRBY', key, t, v)) == 'table' and
+          not string.match(tostring(redis.pcall('HGET', key, t)), '^%d+$') then
           redis.pcall('HSET', key, t, v)
         end
       end
@@ -265,8 +267,10 @@ function toHash(raw: unknown): Map<string, number> {
   const entries: [unknown, unknown][] = Array.isArray(raw)
     ? raw.flatMap((v, i) => i % 2 === 0 ? [[v, raw[i + 1]] as [unknown, unknown]] : [])
     : Object.entries((raw ?? {}) as Record<string, unknown>);
-  // Whole numbers only, as the scripts fold them (anything else is a hand edit).
+  // Whole numbers only, as the scripts fold them (anything else is a hand edit); `v` is the
+  // format only when it is exactly 2, as the scripts read it.
   for (const [k, v] of entries) {
+    if (k === "v" && String(v) !== "2") continue;
     if (typeof k === "string" && /^\d+$/.test(String(v))) hash.set(k, Number(v));
   }
   return hash;
