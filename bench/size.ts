@@ -66,9 +66,9 @@ import { cli } from "../bridge/_cli.ts";
  * contended acquisition, 16 per uncontended cycle (were 41.6 and 18); the core 29.1 KB, the uses
  * 11.0 KB, the hono entry 8.3 KB, the service 70.4 KB. The fold made exact for damaged values and
  * unpacked in chunks, and an earlier build's hash read as it is: the uses 11.1 KB, the service
- * 70.6 KB. */
+ * 70.6 KB; a total near 2^63 kept through a fold: the core 29.2 KB. */
 export const BUDGETS = {
-  ".": 29_100,
+  ".": 29_200,
   "./uses": 11_100,
   "./hono": 8_300,
   "./client": 7_000,
