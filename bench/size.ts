@@ -66,7 +66,8 @@ import { cli } from "../bridge/_cli.ts";
  * contended acquisition, 16 per uncontended cycle (were 41.6 and 18); the core 29.1 KB, the uses
  * 11.0 KB, the hono entry 8.3 KB, the service 70.4 KB. The fold made exact for damaged values and
  * unpacked in chunks, and an earlier build's hash read as it is: the uses 11.1 KB, the service
- * 70.6 KB; a total near 2^63 kept through a fold: the core 29.2 KB. */
+ * 70.6 KB; a total near 2^63 kept through a fold: the core 29.2 KB. A multi-name look reading
+ * each place once (ZRANK, where it read ZSCORE, then ZRANK again): the service 70.7 KB. */
 export const BUDGETS = {
   ".": 29_200,
   "./uses": 11_100,
@@ -75,7 +76,7 @@ export const BUDGETS = {
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 7_500,
-  "./service": 70_600,
+  "./service": 70_700,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

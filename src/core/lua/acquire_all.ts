@@ -74,13 +74,18 @@ if ready then
 end
 local places, position = {}, -1
 if ticketMs > 0 then
-  local everywhere = true
+  local ranks, everywhere = {}, true
   for i = 1, n do
-    if not redis.call('ZSCORE', queueKey(i), token) then everywhere = false end
+    ranks[i] = redis.call('ZRANK', queueKey(i), token)
+    if not ranks[i] then everywhere = false end
   end
   for i = 1, n do
-    if not everywhere then leaveQueue(queueKey(i), ticketsKey(i), token) end
-    places[i] = joinQueue(queueKey(i), ticketsKey(i), token, nowMs, ticketMs, maxWaiters)
+    if not everywhere then
+      if ranks[i] then leaveQueue(queueKey(i), ticketsKey(i), token) end
+      ranks[i] = false
+    end
+    places[i] = joinQueue(queueKey(i), ticketsKey(i), token, nowMs, ticketMs, maxWaiters, nil, nil,
+      ranks[i])
     -- full: in no queue at all
     if places[i] == -2 then
       for j = 1, i do leaveQueue(queueKey(j), ticketsKey(j), token) end

@@ -248,7 +248,8 @@ end
 
 // The wait queue: tokens by arrival and by ticket deadline. A member is a token (an exclusive
 // waiter) or `<token>~s` (shared) or `<token>~<permits>` (a semaphore), so a look at the queue
-// knows what each waiter asks for.
+// knows what each waiter asks for. `joinQueue`'s `rank` is the member's place when the caller
+// read it already in the script (false: not in the queue), else nil.
 export const QUEUE_LUA = `
 -- The head of the queue, once lapsed tickets are dropped (at most maxWaiters of them), and the
 -- first \`count\` waiters (1 when nil), the head first. With offersKey, the lapsed ones' offers go too.
@@ -270,8 +271,9 @@ end
 -- Takes a ticket for ticketMs (keeping an earlier place); returns the place, 0 the head, or -2
 -- when the queue is full. With \`offersKey\` (a waiter that blocks), the waiter's \`offer\`
 -- (\`HANDOFF_LUA\`; nil for none) is kept beside its ticket, and lives as long.
-local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters, offersKey, offer)
-  local place = redis.call('ZRANK', queueKey, member)
+local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters, offersKey, offer, rank)
+  local place = rank
+  if place == nil then place = redis.call('ZRANK', queueKey, member) end
   if not place then
     place = redis.call('ZCARD', queueKey)
     if place >= maxWaiters then return -2 end
