@@ -69,12 +69,11 @@ const luaList = (values: readonly (string | number)[]) =>
  * command runs through `pcall`: a stats key of the wrong type (a hand edit) stops the counting,
  * never the decision. A slot that turns over adds its earlier minute's counts to the totals
  * (`t:`) before it is cleared (a total that is not a whole number, a hand edit, is replaced; one
- * that would pass 2^63 stays). A
- * hash of an earlier build, whose totals also counted what its slots hold, loses its slots when
- * this build first counts there (its totals keep them; 1000 fields per HDEL, within Lua's limit of
- * 8000 values to unpack, however many a hand edit left) and is marked `v` 2; until then its
- * totals are read as they are (`toStats`). Only whole numbers count, here and in `toStats`.
- * (Explained here, not in the Lua: every script carries its text.)
+ * that would pass 2^63 stays). A hash of an earlier build, whose totals also counted what its
+ * slots hold, loses its slots when this build first counts there (its totals keep them; 1000
+ * fields per HDEL, within Lua's limit of 8000 values to unpack, however many a hand edit left) and
+ * is marked `v` 2; until then its totals are read as they are (`toStats`). Only whole numbers
+ * count, here and in `toStats`. (Explained here, not in the Lua: every script carries its text.)
  */
 export const STATS_LUA = `
 -- the stats key and minute whose slot this script checked already
