@@ -461,6 +461,26 @@ Deno.test("the stats' minute ring under a stepping server clock", async (t) => {
       },
     );
     await t.step(
+      "prunes the held index at a minute's first grant, whatever counted first that minute",
+      async () => {
+        const prefix = keygen("prune");
+        const locks = new Locks(redis, { prefix });
+        const ends = `${prefix}:held:ends`;
+        await locks.release(acquired(await locks.acquire("x", { ttlMs: 1000 })));
+        acquired(await locks.acquire("y", { ttlMs: 100 })); // runs out unreleased
+        await server.shift(2 * 60_000);
+        // The minute's first count is a lost renew, not a grant.
+        assert.equal(
+          (await locks.renew({ name: "z", token: "not-the-holder-0001" })).renewed,
+          false,
+        );
+        // x is in the index already: its grant prunes nothing of its own.
+        await locks.release(acquired(await locks.acquire("x", { ttlMs: 1000 })));
+        assert.equal(await redis.zscore(ends, "y"), null, "y, ended two minutes ago, is pruned");
+        await server.shift(0);
+      },
+    );
+    await t.step(
       "reads an earlier build's hash as it is, then counts each grant once, folded exactly",
       async () => {
         const prefix = keygen("upgrade");

@@ -65,7 +65,8 @@ const luaList = (values: readonly (string | number)[]) =>
 /**
  * Lua for the scripts that count: `count(key, nowMs, field)` adds one to a counter and
  * `observe(key, nowMs, 'wait'|'hold', ms)` to a histogram, both nothing when `key` is nil (stats
- * off); both return true when the minute's slot turned over (once a minute per prefix). Every
+ * off). `minuteDuty(key, nowMs)`, after a count, is true once a minute per prefix (the minute's
+ * field `p` in the hash, read with the slot's): a grant then prunes the held index. Every
  * command runs through `pcall`: a stats key of the wrong type (a hand edit) stops the counting,
  * never the decision. A slot that turns over adds its earlier minute's counts to the totals
  * (`t:`) before it is cleared (a total that is not a whole number, a hand edit, is replaced; one
@@ -76,17 +77,17 @@ const luaList = (values: readonly (string | number)[]) =>
  * count, here and in `toStats`. (Explained here, not in the Lua: every script carries its text.)
  */
 export const STATS_LUA = `
--- the stats key and minute whose slot this script checked already
-local checkedMinute
+-- the stats key and minute whose slot this script checked already, and whether its duty is due
+local checkedMinute, dutyDue
 local function count(key, nowMs, field)
   if not key then return end
   local minute = string.format('%d', math.floor(nowMs / 60000))
   local slot = string.format('%d', math.floor(nowMs / 60000) % ${WINDOW_MINUTES}) .. ':'
-  local turned = false
   if checkedMinute ~= key .. '@' .. minute then
-    local got = redis.pcall('HMGET', key, slot .. 'm', 'v')
-    if got.err then return false end
+    local got = redis.pcall('HMGET', key, slot .. 'm', 'v', 'p')
+    if got.err then return end
     local held = got[1]
+    dutyDue = got[3] ~= minute
     if got[2] ~= '2' then
       local old = {}
       for _, f in ipairs(redis.pcall('HKEYS', key)) do
@@ -96,8 +97,7 @@ local function count(key, nowMs, field)
       redis.pcall('HSET', key, 'v', '2')
       held = false
     end
-    turned = held ~= minute
-    if turned then
+    if held ~= minute then
       local fields, old = ${luaList(FIELDS)}, {}
       for i, f in ipairs(fields) do old[i] = slot .. f end
       for i, v in ipairs(redis.pcall('HMGET', key, unpack(old))) do
@@ -114,7 +114,12 @@ local function count(key, nowMs, field)
     checkedMinute = key .. '@' .. minute
   end
   redis.pcall('HINCRBY', key, slot .. field, 1)
-  return turned
+end
+local function minuteDuty(key, nowMs)
+  if not (key and dutyDue) then return false end
+  dutyDue = false
+  redis.pcall('HSET', key, 'p', string.format('%d', math.floor(nowMs / 60000)))
+  return true
 end
 local function observe(key, nowMs, histogram, ms)
   if not key then return end
@@ -125,9 +130,8 @@ local function observe(key, nowMs, histogram, ms)
   for j = 1, #bounds do
     if ms <= bounds[j] then i = j - 1; break end
   end
-  local turned = count(key, nowMs, histogram .. '.' .. i)
+  count(key, nowMs, histogram .. '.' .. i)
   redis.pcall('HINCRBY', key, 't:' .. histogram .. '.sum', ms)
-  return turned
 end
 `;
 

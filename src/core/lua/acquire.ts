@@ -39,7 +39,7 @@ if fast then
     '|0|' .. token .. '|' .. released0 .. '|' .. holds .. '|' .. meta, 'PX', ttlMs + graceMs)
   -- a release without a fence now means this lease
   redis.call('ZREM', marksKey, token)
-  if observe(statsKey, nowMs, 'wait', waitedMs) then indexPrune(namesKey, endsKey, nowMs, 1000) end
+  noteGrant(statsKey, namesKey, endsKey, nowMs, waitedMs)
   indexPut(namesKey, endsKey, name, leaseEnd, nowMs)
   return {1, tonumber(fence), ttlMs, nowMs, 1, ''}
 end

@@ -32,7 +32,7 @@ export const ACQUIRE_ALL = defineScript(
     args: { ...ACQUIRE_ARGS, n: "number", ...WAIT_ARGS },
     rest: "names",
   },
-  [NOW, RECORD_LUA, QUEUE_LUA, INDEX_LUA, STATS_LUA, ACQUIRE_LUA],
+  [NOW, RECORD_LUA, QUEUE_LUA, STATS_LUA, INDEX_LUA, ACQUIRE_LUA],
   `
 local records, held, heads, blocked = {}, {}, {}, {}
 local ready = true

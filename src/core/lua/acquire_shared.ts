@@ -61,7 +61,7 @@ export const ACQUIRE_SHARED = defineScript(
       wakeId: "string", // a waiter that blocks between looks: its wake key's id, else ''
     },
   },
-  [NOW, RECORD_LUA, HOLDERS_LUA, QUEUE_LUA, INDEX_LUA, STATS_LUA, ACQUIRE_LUA, OFFER_LUA],
+  [NOW, RECORD_LUA, HOLDERS_LUA, QUEUE_LUA, STATS_LUA, INDEX_LUA, ACQUIRE_LUA, OFFER_LUA],
   `
 local capacity, member = limit, token .. '~' .. permits
 if limit == 0 then capacity, member = ${MAX_SHARED}, token .. '~s' end

@@ -24,7 +24,7 @@ export const BREAK = defineScript(
       breakId: "string", // '' for none
     },
   },
-  [NOW, RECORD_LUA, INDEX_LUA, STATS_LUA],
+  [NOW, RECORD_LUA, STATS_LUA, INDEX_LUA],
   `
 -- a retry: the same answer (a fence, or 0 for not held), nothing more
 if breakId ~= '' then

@@ -37,7 +37,7 @@ export const HAND_OVER = defineScript(
     args: { graceMs: "number", name: "string", n: "number" },
     rest: "hints",
   },
-  [NOW, RECORD_LUA, HOLDERS_LUA, QUEUE_LUA, INDEX_LUA, STATS_LUA, OFFER_LUA, HANDOFF_LUA],
+  [NOW, RECORD_LUA, HOLDERS_LUA, QUEUE_LUA, STATS_LUA, INDEX_LUA, OFFER_LUA, HANDOFF_LUA],
   `
 local r = readRecord(lockKey) or {fence = '0', hold = 1, released = ''}
 -- held exclusively

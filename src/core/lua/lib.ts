@@ -438,7 +438,7 @@ local function grantReaders(r)
     else
       entry[#entry + 1], entry[#entry + 2] = offer.wake, grant
     end
-    observe(statsKey, nowMs, 'wait', nowMs - offer.since)
+    noteGrant(statsKey, namesKey, endsKey, nowMs, nowMs - offer.since)
   end
   -- The next waiters (a writer first, mostly) are told to each reader: a release then names their
   -- wake keys. A reader at the head (one that polls, or past the most one ring grants) may fit
@@ -543,7 +543,7 @@ local function handOver(r)
   local sent = redis.pcall('RPUSH', hintKey(hinted), fence .. ':' .. ms(leaseEnd) .. ':' ..
     ms(nowMs) .. ':' .. grantHint(first, {unpack(offers, 2)}), 'r' .. fence)
   if type(sent) ~= 'table' then redis.call('PEXPIRE', hintKey(hinted), offer.ttl) end
-  observe(statsKey, nowMs, 'wait', nowMs - offer.since)
+  noteGrant(statsKey, namesKey, endsKey, nowMs, nowMs - offer.since)
   indexPut(namesKey, endsKey, name, lease.leaseEnd, nowMs)
   -- Permits may remain for the next waiter too: handed them here when its key was declared, else
   -- named for another step.
@@ -560,8 +560,10 @@ end
 // ends (`ends`; minus the release time once released), so a name is held while its end is in the
 // future. A name stays a minute after its release (acquiring it again is then cheaper); names
 // released longer ago or whose lease ran out leave both sets, up to 1000 at the first grant of each
-// minute and up to 4 at each grant of a name new to the index, so the sets hold about the names
-// used in the last minute. Through pcall, like the stats: a damaged index never stops a decision.
+// minute (by an acquire or a hand-over; `minuteDuty`) and up to 4 at each grant of a name new to
+// the index, so the sets hold about the names used in the last minute. Through pcall, like the
+// stats: a damaged index never stops a decision. `noteGrant` is a grant's stats and pruning.
+// After STATS_LUA.
 export const INDEX_LUA = `
 local function indexPrune(namesKey, endsKey, nowMs, limit)
   if not namesKey then return end
@@ -586,6 +588,10 @@ end
 local function indexEnd(endsKey, name, nowMs)
   if endsKey then redis.pcall('ZADD', endsKey, 'XX', -nowMs, name) end
 end
+local function noteGrant(statsKey, namesKey, endsKey, nowMs, waitedMs)
+  observe(statsKey, nowMs, 'wait', waitedMs)
+  if minuteDuty(statsKey, nowMs) then indexPrune(namesKey, endsKey, nowMs, 1000) end
+end
 `;
 
 // What every acquire script does alike, written with the acquire contract's names (`statsKey`,
@@ -600,9 +606,7 @@ end
 -- The expected hold time, for hints: the record's moving average, or DEFAULT_HOLD_MS for a new name.
 local function holdEstimate(r) return clamp((r and r.hold) or ${DEFAULT_HOLD_MS}, 1, ${MAX_HOLD_MS}) end
 -- A grant's stats: the time waited (the first grant of a minute prunes the held index too).
-local function noteWaited()
-  if observe(statsKey, nowMs, 'wait', waitedMs) then indexPrune(namesKey, endsKey, nowMs, 1000) end
-end
+local function noteWaited() noteGrant(statsKey, namesKey, endsKey, nowMs, waitedMs) end
 local function granted(leaseEnd)
   noteWaited()
   indexPut(namesKey, endsKey, name, leaseEnd, nowMs)

@@ -12,7 +12,7 @@ export const RENEW = defineScript(
     keys: ["lockKey", "holdersKey", ...STATS_KEYS],
     args: { token: "string", ttlMs: "number", graceMs: "number", name: "string" },
   },
-  [NOW, RECORD_LUA, HOLDERS_LUA, INDEX_LUA, STATS_LUA],
+  [NOW, RECORD_LUA, HOLDERS_LUA, STATS_LUA, INDEX_LUA],
   `
 local r = readRecord(lockKey)
 local h = r
