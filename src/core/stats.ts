@@ -65,8 +65,9 @@ const luaList = (values: readonly (string | number)[]) =>
 /**
  * Lua for the scripts that count: `count(key, nowMs, field)` adds one to a counter and
  * `observe(key, nowMs, 'wait'|'hold', ms)` to a histogram, both nothing when `key` is nil (stats
- * off). `minuteDuty(key, nowMs)`, after a count, is true once a minute per prefix (the minute's
- * field `p` in the hash, read with the slot's): a grant then prunes the held index. Every
+ * off). `minuteDuty(key, nowMs)`, after a count on `key`, is true once a minute per stats hash (per
+ * prefix, or per bucket in the cluster layout; the minute's field `p` in the hash, read with the
+ * slot's): a grant then prunes the held index. One script counts on one stats hash. Every
  * command runs through `pcall`: a stats key of the wrong type (a hand edit) stops the counting,
  * never the decision. A slot that turns over adds its earlier minute's counts to the totals
  * (`t:`) before it is cleared (a total that is not a whole number, a hand edit, is replaced; one

@@ -561,7 +561,8 @@ end
 // future. A name stays a minute after its release (acquiring it again is then cheaper); names
 // released longer ago or whose lease ran out leave both sets, up to 1000 at the first grant of each
 // minute (by an acquire or a hand-over; `minuteDuty`) and up to 4 at each grant of a name new to
-// the index, so the sets hold about the names used in the last minute. Through pcall, like the
+// the index, so the sets hold about the names used in the last minute (per bucket in the cluster
+// layout, whose idle buckets keep theirs until a grant there). Through pcall, like the
 // stats: a damaged index never stops a decision. `noteGrant` is a grant's stats and pruning.
 // After STATS_LUA.
 export const INDEX_LUA = `
