@@ -17,9 +17,18 @@ const fixture = shared(async () => {
     UPSTASH_REDIS_REST_TOKEN: backend.token,
     LOCK_API_KEYS: `a:${SECRET_A},b:${SECRET_B}`,
   };
+  const text = await Deno.readTextFile(script);
+  // The Worker alone, without static assets, its bindings changed by `change`.
+  const alone = (change: Record<string, string> = {}) =>
+    new Miniflare({
+      modules: true,
+      script: text,
+      compatibilityDate: "2026-08-01",
+      bindings: { ...bindings, ...change },
+    });
   const mf = new Miniflare({
     modules: true,
-    script: await Deno.readTextFile(script),
+    script: text,
     compatibilityDate: "2026-08-01",
     bindings,
     // wrangler.toml's [assets], as wrangler passes it: the Worker runs first for every path.
@@ -37,7 +46,7 @@ const fixture = shared(async () => {
     });
     return { status: res.status, body: await res.json() as Record<string, unknown> };
   };
-  return { backend, script, bindings, mf, call };
+  return { backend, script, alone, mf, call };
 }, async ({ backend, script, mf }) => {
   await mf.dispose();
   await backend.stop();
@@ -171,7 +180,7 @@ Deno.test("a wrong key gets 401 problem+json", async () => {
 });
 
 Deno.test("a misconfigured Worker answers 500 config_error naming the variable, not its value", async () => {
-  const { script, bindings } = await fixture();
+  const { alone } = await fixture();
   const cases: [Record<string, string>, RegExp][] = [
     [{ LOCK_API_KEYS: "" }, /LOCK_API_KEYS is not set/],
     [{ LOCK_API_KEYS: "a:too-short" }, /secret of tenant "a" must be 16–256/],
@@ -182,12 +191,7 @@ Deno.test("a misconfigured Worker answers 500 config_error naming the variable, 
     [{ UPSTASH_REDIS_REST_TOKEN: "" }, /UPSTASH_REDIS_REST_TOKEN is not set/],
   ];
   for (const [change, message] of cases) {
-    const bad = new Miniflare({
-      modules: true,
-      script: await Deno.readTextFile(script),
-      compatibilityDate: "2026-08-01",
-      bindings: { ...bindings, ...change },
-    });
+    const bad = alone(change);
     try {
       const res = await bad.dispatchFetch("http://edgelock.test/v1/locks/x");
       const body = await res.json() as Record<string, unknown>;
@@ -205,13 +209,8 @@ Deno.test("a misconfigured Worker answers 500 config_error naming the variable, 
 });
 
 Deno.test("a Worker deployed without its [assets] answers /openapi.json 500 config_error, and serves locks", async () => {
-  const { script, bindings } = await fixture();
-  const bare = new Miniflare({
-    modules: true,
-    script: await Deno.readTextFile(script),
-    compatibilityDate: "2026-08-01",
-    bindings,
-  });
+  const { alone } = await fixture();
+  const bare = alone();
   try {
     const res = await bare.dispatchFetch("http://edgelock.test/openapi.json");
     const body = await res.json() as Record<string, unknown>;
@@ -232,14 +231,9 @@ Deno.test("a Worker deployed without its [assets] answers /openapi.json 500 conf
 });
 
 Deno.test("a refused Upstash token is 500 config_error, not a retryable 503", async () => {
-  const { script, bindings } = await fixture();
+  const { alone } = await fixture();
   const name = keygen("w");
-  const bad = new Miniflare({
-    modules: true,
-    script: await Deno.readTextFile(script),
-    compatibilityDate: "2026-08-01",
-    bindings: { ...bindings, UPSTASH_REDIS_REST_TOKEN: "wrong-token" },
-  });
+  const bad = alone({ UPSTASH_REDIS_REST_TOKEN: "wrong-token" });
   try {
     for (const path of ["/healthz", `/v1/locks/${name}`]) {
       const res = await bad.dispatchFetch(`http://edgelock.test${path}`, {
