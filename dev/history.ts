@@ -134,6 +134,8 @@ interface LeaseSpan {
   mode: "exclusive" | "shared" | "semaphore";
   limit: number;
   permits: number;
+  /** The hold ids it was granted ('' for a plain acquire). */
+  holds: Set<string>;
 }
 
 /** Checks a history (and optionally the resource it guarded) for the lock's guarantees. */
@@ -142,63 +144,76 @@ export function check(
   { resource, slackMs = 5 }: { resource?: FencedResource; slackMs?: number } = {},
 ): Violation[] {
   const violations: Violation[] = [];
-  const spans = new Map<string, LeaseSpan>(); // by name + token
   const key = (name: string, token: string) => `${name}\u0000${token}`;
 
+  // One span per lease: a token may hold a name more than once, one lease after another (a retry
+  // or a reentrant acquire that arrives after its lease ended is granted anew, with a new fence),
+  // and the gap between them is free for others.
+  const byFence = new Map<string, LeaseSpan>(); // by name + token + fence
   for (const op of history) {
-    if (op.op === "acquire" && op.outcome === "acquired") {
-      const span = spans.get(key(op.name, op.token));
-      if (span) span.end = Math.max(span.end, op.expiresAt!);
-      else {
-        spans.set(key(op.name, op.token), {
-          name: op.name,
-          token: op.token,
-          start: op.serverTime!,
-          end: op.expiresAt!,
-          fence: op.fence!,
-          mode: op.mode ?? "exclusive",
-          limit: op.limit ?? 1,
-          permits: op.permits ?? 1,
-        });
-      }
+    if (op.op !== "acquire" || op.outcome !== "acquired") continue;
+    const k = `${key(op.name, op.token)}\u0000${op.fence}`;
+    const span = byFence.get(k);
+    if (span) {
+      span.start = Math.min(span.start, op.serverTime!);
+      span.end = Math.max(span.end, op.expiresAt!);
+      span.holds.add(op.hold ?? "");
+    } else {
+      byFence.set(k, {
+        name: op.name,
+        token: op.token,
+        start: op.serverTime!,
+        end: op.expiresAt!,
+        fence: op.fence!,
+        mode: op.mode ?? "exclusive",
+        limit: op.limit ?? 1,
+        permits: op.permits ?? 1,
+        holds: new Set([op.hold ?? ""]),
+      });
     }
   }
+  const leasesOf = new Map<string, LeaseSpan[]>(); // by name + token, in order of grant
+  for (const span of byFence.values()) {
+    const k = key(span.name, span.token);
+    if (!leasesOf.has(k)) leasesOf.set(k, []);
+    leasesOf.get(k)!.push(span);
+  }
+  for (const list of leasesOf.values()) list.sort((a, b) => a.start - b.start);
+  // The token's lease that stood at server time `at`: the last granted by then.
+  const leaseAt = (name: string, token: string, at: number) =>
+    (leasesOf.get(key(name, token)) ?? []).findLast((span) => span.start <= at);
+
   for (const op of history) {
     if (op.op === "renew" && op.outcome === "renewed") {
-      const span = spans.get(key(op.name, op.token));
+      const span = leaseAt(op.name, op.token, op.serverTime!);
       if (span) span.end = Math.max(span.end, op.expiresAt!);
     }
   }
-  // A release may have taken effect as early as the first attempt's invocation, whatever its
-  // reply said: the reply may be lost, or be that of a duplicate or retry. A reentrant lease
-  // ends only once every hold it was granted has had its release sent: the latest of those.
-  const firstRelease = new Map<string, number>();
-  const holds = new Map<string, Map<string, number>>(); // by lease: hold id -> its first release
+  // A release may have taken effect as early as its first attempt's invocation, whatever its
+  // reply said: the reply may be lost, or be that of a duplicate or retry. It ends no lease
+  // granted after its reply came back. A reentrant lease ends only once every hold it was granted
+  // has had its release sent: the latest of those.
+  const releasesOf = new Map<string, (Operation & { op: "release" })[]>();
   for (const op of history) {
-    if (op.op === "acquire" && op.outcome === "acquired") {
-      const k = key(op.name, op.token);
-      if (!holds.has(k)) holds.set(k, new Map());
-      const mine = holds.get(k)!;
-      if (!mine.has(op.hold ?? "")) mine.set(op.hold ?? "", Infinity);
-    }
+    if (op.op !== "release") continue;
+    const k = key(op.name, op.token);
+    if (!releasesOf.has(k)) releasesOf.set(k, []);
+    releasesOf.get(k)!.push(op);
   }
-  for (const op of history) {
-    if (op.op === "release") {
-      const k = key(op.name, op.token);
-      firstRelease.set(k, Math.min(firstRelease.get(k) ?? Infinity, op.invokedAt));
-      const mine = holds.get(k);
-      const hold = op.hold ?? "";
-      if (mine?.has(hold)) mine.set(hold, Math.min(mine.get(hold)!, op.invokedAt));
-    }
+  // The first release of `span`'s token (of `hold`, when given) that may have ended it.
+  const firstRelease = (span: LeaseSpan, hold?: string) =>
+    Math.min(
+      ...(releasesOf.get(key(span.name, span.token)) ?? []).filter((op) =>
+        (hold === undefined || (op.hold ?? "") === hold) &&
+        op.completedAt >= span.start - slackMs
+      ).map((op) => op.invokedAt),
+    );
+  for (const span of byFence.values()) {
+    const last = Math.max(...[...span.holds].map((hold) => firstRelease(span, hold)));
+    if (last < Infinity) span.end = Math.min(span.end, Math.max(span.start, last));
   }
-  for (const [k, mine] of holds) {
-    const span = spans.get(k);
-    const last = Math.max(...mine.values());
-    if (span && last < Infinity) span.end = Math.min(span.end, Math.max(span.start, last));
-  }
-
   const byName = new Map<string, LeaseSpan[]>();
-  for (const span of spans.values()) {
+  for (const span of byFence.values()) {
     if (!byName.has(span.name)) byName.set(span.name, []);
     byName.get(span.name)!.push(span);
   }
@@ -271,13 +286,11 @@ export function check(
 
   // Only a lease that excludes this one takes it over: another reader beside a reader does not,
   // and a semaphore's holders are counted by (a).
-  const takenOverBetween = (name: string, token: string, from: number, to: number) => {
-    const own = spans.get(key(name, token))?.mode ?? "exclusive";
-    return (byName.get(name) ?? []).find((s) =>
-      s.token !== token && s.start > from + slackMs && s.start < to - slackMs &&
-      (own === "exclusive" || (own === "shared" && s.mode === "exclusive"))
+  const takenOverBetween = (own: LeaseSpan, to: number) =>
+    byName.get(own.name)!.find((s) =>
+      s.token !== own.token && s.start > own.start + slackMs && s.start < to - slackMs &&
+      (own.mode === "exclusive" || (own.mode === "shared" && s.mode === "exclusive"))
     );
-  };
   // Tokens whose every acquire was a multi-name one that said busy.
   const busyMulti = new Set<string>();
   for (const op of history) {
@@ -285,8 +298,8 @@ export function check(
   }
   for (const op of history) {
     if (op.op === "renew" && op.outcome === "renewed") {
-      const own = spans.get(key(op.name, op.token));
-      const other = own && takenOverBetween(op.name, op.token, own.start, op.serverTime!);
+      const own = leaseAt(op.name, op.token, op.serverTime!);
+      const other = own && takenOverBetween(own, op.serverTime!);
       if (!own || other) {
         violations.push({
           rule: "foreign_renew",
@@ -297,9 +310,14 @@ export function check(
       }
     }
     if (op.op === "release" && op.outcome === "released") {
-      const own = spans.get(key(op.name, op.token));
-      const from = firstRelease.get(key(op.name, op.token))!;
-      const other = own && takenOverBetween(op.name, op.token, own.start, from);
+      // It answered for one of the token's leases granted before its reply: one that no other
+      // lease took over before the token's first release that may have ended it.
+      const leases = (leasesOf.get(key(op.name, op.token)) ?? []).filter((span) =>
+        span.start <= op.completedAt + slackMs
+      );
+      const own = leases.at(-1);
+      const others = leases.map((span) => takenOverBetween(span, firstRelease(span)));
+      const other = others.every(Boolean) ? others.at(-1) : undefined;
       if (!own && busyMulti.has(op.token)) {
         violations.push({
           rule: "partial_grant",

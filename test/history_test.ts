@@ -146,3 +146,37 @@ Deno.test("check() reports a name a busy multi-name acquire took anyway", () => 
     "partial_grant",
   ]);
 });
+
+Deno.test("check() takes a token's lease granted anew after its first ended as a lease of its own", () => {
+  // A reentrant hold whose retry arrived after the outer lease expired: granted anew (a new
+  // fence), after a reader held the name in between; its release answers for the new lease.
+  const hold = (at: number, id: string, ttl: number): Operation => ({
+    ...acquired("a", "ta", at, ttl),
+    hold: id,
+  } as Operation);
+  const releaseHold = (at: number, id: string): Operation => ({
+    ...released("a", "ta", at),
+    hold: id,
+  } as Operation);
+  const history = [
+    hold(1000, "outer", 100),
+    shared("r", 1120, { expiresAt: 1300 }),
+    released("r", "r", 1150),
+    hold(1160, "inner", 50),
+    releaseHold(1170, "inner"),
+    acquired("b", "tb", 1180),
+    releaseHold(1250, "outer"),
+  ];
+  assert.deepEqual(check(history), []);
+  // Its second lease still excludes others while it stands.
+  const overlap = check([...history.slice(0, 4), acquired("b", "tb", 1165)]);
+  assert.deepEqual(overlap.map((v) => v.rule), ["overlap"]);
+  // A release sent before the second grant and answered before it does not end that lease.
+  const early = check([
+    hold(1000, "outer", 100),
+    releaseHold(1050, "outer"),
+    hold(1160, "outer", 100),
+    acquired("b", "tb", 1180),
+  ]);
+  assert.deepEqual(early.map((v) => v.rule), ["overlap"]);
+});
