@@ -235,6 +235,18 @@ Deno.test("a reentrant lease counts its holds, each ended by its own release", a
   assert.equal((await locks.inspect(name)).held, false);
 });
 
+Deno.test("acquiring again with a token whose lease ended is a new lease: a new fence, one hold", async () => {
+  const { locks } = await fixture();
+  const name = keygen("re-anew");
+  const outer = acquired(await locks.acquire(name, { reentrant: true, ttlMs: 100 }));
+  await until("the lease ends", async () => !(await locks.inspect(name)).held);
+  const inner = acquired(await locks.acquire(name, { reentrant: true, token: outer.token }));
+  assert.ok(inner.fence > outer.fence, "a higher fence: the outer hold was lost");
+  assert.equal(inner.holdCount, 1);
+  assert.equal(await locks.release(inner), true);
+  assert.equal((await locks.inspect(name)).held, false, "the lost outer hold keeps nothing held");
+});
+
 Deno.test("a reentrant lease released without its hold is refused, and stays held, in every mode", async () => {
   const { locks } = await fixture();
   const { post } = await http();
