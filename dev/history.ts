@@ -9,7 +9,14 @@
  */
 import type { RedisLike } from "../src/core/_runner.ts";
 import type { Script } from "../src/core/lua/_define.ts";
-import { ACQUIRE, ACQUIRE_ALL, ACQUIRE_SHARED, HAND_OVER, RELEASE } from "../src/core/lua/mod.ts";
+import {
+  ACQUIRE,
+  ACQUIRE_ALL,
+  ACQUIRE_SHARED,
+  HAND_OVER,
+  HAND_OVER_ALL,
+  RELEASE,
+} from "../src/core/lua/mod.ts";
 
 /** One operation as a client recorded it. */
 export type Operation =
@@ -371,6 +378,7 @@ export const BROKEN_RULES = [
   "reentry",
   "hold",
   "handoff",
+  "handoff_all",
   "permits",
 ] as const;
 /**
@@ -420,6 +428,12 @@ local places, position = {}, -1`,
     RELEASE,
     "  writeHeld(lockKey, r, nowMs, graceMs)\n  return {1, ''}",
     "  writeHeld(lockKey, r, nowMs, graceMs)\n  return freed(r)",
+  ],
+  // A multi-name waiter is handed its names though one is held.
+  handoff_all: [
+    HAND_OVER_ALL,
+    "  if r and (r.foreign or ((r.token or r.shared) and nowMs < r.leaseEnd)) then return -i end\n",
+    "",
   ],
   // A release (or a hand-over) gives a semaphore's waiter its permits whether or not they fit.
   permits: [[RELEASE, HAND_OVER], "if used + permits > offer.limit then return nil end", ""],

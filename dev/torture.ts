@@ -302,10 +302,12 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     return undefined;
   }
 
-  // One entry per name for a multi-name acquire. A busy one is followed, now and then, by a
-  // release of each name with its token: a name it took anyway answers released.
+  // One entry per name for a multi-name acquire; half of them wait in the queues (and are handed
+  // their names at a release). A busy one is followed, now and then, by a release of each name
+  // with its token: a name it took anyway answers released.
   async function acquireAll(locks: LockClient, client: string, set: string[]) {
     const token = crypto.randomUUID().replaceAll("-", "");
+    const wait = Math.random() < 0.5 ? { waitMs: Math.floor(Math.random() * 300) } : {};
     for (let attempt = 0; attempt < 3; attempt++) {
       const invokedAt = Date.now();
       const record = (name: string, outcome: Record<string, unknown>) =>
@@ -320,7 +322,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
           ...outcome,
         } as Operation);
       try {
-        const result = await locks.acquireAll(set, { ttlMs: TTL_MS, token });
+        const result = await locks.acquireAll(set, { ttlMs: TTL_MS, token, ...wait });
         for (const [i, name] of set.entries()) {
           const lease = result.acquired ? result.leases[i]! : undefined;
           record(

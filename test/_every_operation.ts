@@ -92,7 +92,27 @@ export async function everyOperation(
   const group = [`{${name}}a`, `{${name}}b`];
   const both = await locks.acquireAll(group, { ttlMs: 2000 });
   await locks.acquireAll(group, { waitMs: 120 }); // queues in both, then leaves both
+  // Blocks in both queues; the first release hands over in a second step (no hint), which finds
+  // the other name held; the second one hands it both.
+  const handed = locks.acquireAll(group, { waitMs: 2000 });
+  await sleep(50);
   if (both.acquired) { for (const lease of both.leases) await locks.release(lease); }
+  const all = await handed;
+  assert.ok(all.acquired);
+  // A writer, then a multi-name waiter, wait behind the holder of both. The writer is handed its
+  // name, and its grant names the multi-name waiter, so its release hands that one both names
+  // in the same request (a second script after the release).
+  const behind = locks.acquire(group[0]!, { waitMs: 2000 });
+  await sleep(50);
+  const last = locks.acquireAll(group, { waitMs: 2000 });
+  await sleep(50);
+  for (const lease of all.leases) await locks.release(lease);
+  const one = await behind;
+  assert.ok(one.acquired);
+  await locks.release(one.lease);
+  const got = await last;
+  assert.ok(got.acquired);
+  if (got.acquired) { for (const lease of got.leases) await locks.release(lease); }
 
   const id = recordId("user-1", keygen("k"));
   const claim = await records.claim("idempotency", id, { fingerprint: "f1" });

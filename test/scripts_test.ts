@@ -511,8 +511,9 @@ Deno.test("a script's call puts named keys and arguments where its generated hea
       queueKey: `${n}:q`,
       ticketsKey: `${n}:t`,
       marksKey: `${n}:m`,
+      offersKey: `${n}:o`,
     })),
-    keys: { statsKey: "s", namesKey: "n", endsKey: "e" },
+    keys: { wakeKey: "w", statsKey: "s", namesKey: "n", endsKey: "e" },
     args: {
       token: "tok",
       ttlMs: 100,
@@ -523,16 +524,20 @@ Deno.test("a script's call puts named keys and arguments where its generated hea
       n: 2,
       waitedMs: 0,
       waiting: true,
+      wakeId: "",
     },
     rest: ["a", "b"],
   });
-  assert.deepEqual(keys, ["a:l", "a:q", "a:t", "a:m", "b:l", "b:q", "b:t", "b:m", "s", "n", "e"]);
-  assert.deepEqual(args, ["tok", 100, "", 5, 0, 9, 2, 0, "1", "a", "b"]);
+  assert.deepEqual(keys, [
+    ...["a:l", "a:q", "a:t", "a:m", "a:o", "b:l", "b:q", "b:t", "b:m", "b:o"],
+    ...["w", "s", "n", "e"],
+  ]);
+  assert.deepEqual(args, ["tok", 100, "", 5, 0, 9, 2, 0, "1", "", "a", "b"]);
   const source = scripts.ACQUIRE_ALL.source;
-  assert.match(source, /local function marksKey\(i\) return KEYS\[4 \* i - 0\] end/);
-  assert.match(source, /local statsKey = KEYS\[4 \* n \+ 1\]/);
+  assert.match(source, /local function marksKey\(i\) return KEYS\[5 \* i - 1\] end/);
+  assert.match(source, /local statsKey = KEYS\[5 \* n \+ 2\]/);
   assert.match(source, /local waiting = ARGV\[9\] == '1'/);
-  assert.match(source, /for i = 10, #ARGV do names\[#names \+ 1\] = ARGV\[i\] end/);
+  assert.match(source, /for i = 11, #ARGV do names\[#names \+ 1\] = ARGV\[i\] end/);
   // Optional keys go all or none: one after a gap would shift every later position.
   assert.throws(
     () =>

@@ -125,8 +125,14 @@ export class LockContext {
     return runScript(this.redis, script, keys, args, this.#run);
   }
 
-  /** Runs one script per call in one pipeline (side by side when the client has none). */
-  runMany(script: Script, calls: readonly ScriptCall[]): Promise<unknown[]> {
+  /**
+   * Runs one script per call in one pipeline, in order (side by side when the client has none):
+   * `script`, or the call's own.
+   */
+  runMany(
+    script: Script,
+    calls: readonly (ScriptCall & { script?: Script })[],
+  ): Promise<unknown[]> {
     if (calls.length === 1) return this.run(script, calls[0]!).then((reply) => [reply]);
     return runScripts(this.redis, script, calls, this.#run);
   }

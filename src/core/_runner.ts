@@ -138,34 +138,38 @@ const loading = new WeakMap<RedisLike, Map<string, Promise<unknown>>>();
 
 /**
  * Runs one script for each call in a single `/pipeline` request (each call atomic on its own,
- * so the keys of different calls may live in different cluster slots). Calls that Redis answers
- * NOSCRIPT go again as EVAL in one more request. Without `pipeline`, the calls run side by side.
+ * so the keys of different calls may live in different cluster slots), in order: `plain`, or
+ * the call's own `script`. Calls that Redis answers NOSCRIPT go again as EVAL in one more request
+ * (after the others, then). Without `pipeline`, the calls run side by side.
  */
 export async function runScripts(
   redis: RedisLike,
   plain: Script,
-  calls: readonly ScriptCall[],
+  calls: readonly (ScriptCall & { script?: Script })[],
   options: RunOptions = DEFAULT_RUN,
 ): Promise<unknown[]> {
   if (typeof redis.pipeline !== "function") {
     return Promise.all(
-      calls.map(({ keys, args }) => runScript(redis, plain, keys, args, options)),
+      calls.map(({ keys, args, script }) => runScript(redis, script ?? plain, keys, args, options)),
     );
   }
   const { timeoutMs } = options;
-  const script = options.keyLocking ? plain.keyLocked : plain;
-  const sha1 = await script.sha1();
+  const scripts = calls.map((call) => {
+    const script = call.script ?? plain;
+    return options.keyLocking ? script.keyLocked : script;
+  });
+  const sha1s = await Promise.all(scripts.map((script) => script.sha1()));
   const run = async (indexes: number[], evalsha: boolean) => {
     const pipeline = redis.pipeline!();
     for (const i of indexes) {
       const { keys, args } = calls[i]!;
-      if (evalsha) pipeline.evalsha(sha1, keys, args);
-      else pipeline.eval(script.source, keys, args);
+      if (evalsha) pipeline.evalsha(sha1s[i]!, keys, args);
+      else pipeline.eval(scripts[i]!.source, keys, args);
     }
     try {
-      return await deadline(pipeline.exec({ keepErrors: true }), script, timeoutMs);
+      return await deadline(pipeline.exec({ keepErrors: true }), scripts[indexes[0]!]!, timeoutMs);
     } catch (error) {
-      throw await explained(redis, script, error);
+      throw await explained(redis, scripts[indexes[0]!]!, error);
     }
   };
   const replies: unknown[] = new Array(calls.length);
@@ -175,21 +179,21 @@ export async function runScripts(
     results.forEach(({ result, error }, j) => {
       if (error === undefined) replies[indexes[j]!] = result;
       else if (/^NOSCRIPT /.test(String(error))) missing.push(indexes[j]!);
-      else throw unavailable(script, new Error(String(error)));
+      else throw unavailable(scripts[indexes[j]!]!, new Error(String(error)));
     });
     return missing;
   };
   const all = calls.map((_, i) => i);
   const missing = settle(all, await run(all, true));
-  // NOSCRIPT: the first missing call loads the script with EVAL, the rest go as EVALSHA, so a
-  // batch of a thousand sends the source once. Those still missing (other cluster nodes) go as
-  // EVAL.
+  // NOSCRIPT: the first missing call loads its script with EVAL, the rest go as EVALSHA, so a
+  // batch of a thousand sends the source once. Those still missing (other cluster nodes, other
+  // scripts) go as EVAL.
   if (missing.length > 0) {
     const [head, ...rest] = missing;
     settle([head!], await run([head!], false));
     const still = rest.length > 0 ? settle(rest, await run(rest, true)) : [];
     if (still.length > 0 && settle(still, await run(still, false)).length > 0) {
-      throw unavailable(script, new Error("Redis answered NOSCRIPT to EVAL"));
+      throw unavailable(scripts[still[0]!]!, new Error("Redis answered NOSCRIPT to EVAL"));
     }
   }
   return replies;

@@ -7,6 +7,7 @@ import { noteSentAt } from "./_granted.ts";
 import { EdgelockError } from "./errors.ts";
 import type { Script, ScriptCall } from "./lua/_define.ts";
 import { HAND_OVER } from "./lua/hand_over.ts";
+import { HAND_OVER_ALL } from "./lua/hand_over_all.ts";
 import { LEAVE_QUEUE } from "./lua/leave_queue.ts";
 import {
   type Busy,
@@ -41,12 +42,14 @@ export interface Attempt<T extends Lease | Lease[]> {
   decode(reply: unknown): { status: "granted"; granted: T } | Busy | Mismatch;
   /**
    * An exclusive waiter's wake key and its id, where a release's hand-off arrives, and the lease
-   * a hand-off (or a grant found when leaving) gives; none for waiters that only poll.
+   * a hand-off (or a grant found when leaving) gives; none for waiters that only poll. A
+   * multi-name waiter's lease needs every fence: from a grant with fewer (a leave finds only the
+   * first name's), none; a look then finds its leases.
    */
   wake?: {
     key: string;
     id: string;
-    lease(grant: { fence: number; ttlMs: number; now: number; next: string }): T;
+    lease(grant: Grant): T | undefined;
   };
   /**
    * A shared waiter's readers' bell (a stream a release rings when readers fit, with the grants of
@@ -55,6 +58,15 @@ export interface Attempt<T extends Lease | Lease[]> {
    * waiters.
    */
   bell?: Attempt<T>["wake"] & { own: string };
+}
+
+/** A hand-off's grant: the fence (each name's in `fences`, when it told them), lease left, server time, hint. */
+export interface Grant {
+  fence: number;
+  fences?: number[];
+  ttlMs: number;
+  now: number;
+  next: string;
 }
 
 /** One look: the ticket it takes, the time waited so far, and the wake id when it will block. */
@@ -106,7 +118,13 @@ export async function waitFor<T extends Lease | Lease[]>(
     if (!queued) return undefined;
     const handed = attempt.wake ?? attempt.bell;
     const grant = await leaveQueues(context, names, attempt.members, why, handed, lookedAt);
-    return grant && handed!.lease(grant);
+    if (!grant) return undefined;
+    const lease = handed!.lease(grant);
+    if (lease) return lease;
+    // Handed several names: a look without a ticket finds them held by this token.
+    const look = { ticketMs: 0, waitedMs: 0, waiting: false, wakeId: "" };
+    const reply = attempt.decode(await context.run(attempt.script, attempt.call(look)));
+    return reply.status === "granted" ? reply.granted : undefined;
   };
   let blocking = (attempt.wake ?? attempt.bell) !== undefined && context.canBlock;
   const refused = (error: unknown) => {
@@ -213,10 +231,11 @@ export async function waitFor<T extends Lease | Lease[]>(
       const grant = parsed && parsed.now >= reply.now ? parsed : undefined;
       // The grant was made after this look reached Redis: its lease counts from this look's
       // sending, moved on by the server time between the look and the grant.
-      if (grant) {
+      const lease = grant && handed.lease(grant);
+      if (lease) {
         const moved = sentAt + (grant.now - reply.now); // never before sentAt: grant.now >= reply.now
         const grantedAt = moved <= performance.now() ? moved : sentAt; // past now: a stepped clock
-        return granted(handed.lease(grant), grantedAt);
+        return granted(lease, grantedAt);
       }
       continue;
     }
@@ -229,14 +248,24 @@ export async function waitFor<T extends Lease | Lease[]>(
   }
 }
 
-/** A hand-off's message, `<fence>:<leaseEndMs>:<nowMs>:<next>`; undefined when malformed. */
-export function parseGrant(
-  message: string,
-): { fence: number; ttlMs: number; now: number; next: string } | undefined {
-  const match = /^(\d+):(\d+):(\d+):([\w,-]*)$/.exec(message);
+/**
+ * A hand-off's message, `<fence>:<leaseEndMs>:<nowMs>:<next>` (a multi-name waiter's has each
+ * name's fence, comma-joined, and each name's hint, `;`-joined); undefined when malformed. A
+ * hint that is not one is '' (the release then names no wake key).
+ */
+export function parseGrant(message: string): Grant | undefined {
+  const match = /^(\d+(?:,\d+)*):(\d+):(\d+):(.*)$/.exec(message);
   if (!match) return undefined;
-  const [fence, leaseEnd, now] = match.slice(1, 4).map(Number) as [number, number, number];
-  return { fence, ttlMs: leaseEnd - now, now, next: HINT.test(match[4]!) ? match[4]! : "" };
+  const fences = match[1]!.split(",").map(Number);
+  const [leaseEnd, now] = match.slice(2, 4).map(Number) as [number, number];
+  const hints = match[4]!.split(";").map((hint) => HINT.test(hint) ? hint : "");
+  return {
+    fence: fences[0]!,
+    ...(fences.length > 1 && { fences }),
+    ttlMs: leaseEnd - now,
+    now,
+    next: hints.some((hint) => hint !== "") ? hints.join(";") : "",
+  };
 }
 
 // Best effort: a ticket left behind lapses by itself within BLOCK_MS plus its margin. `outcome`
@@ -253,7 +282,7 @@ async function leaveQueues(
   outcome: string,
   wake: { id: string } | undefined,
   lookedAt: number,
-): Promise<{ fence: number; ttlMs: number; now: number; next: string } | undefined> {
+): Promise<Grant | undefined> {
   const calls = names.map((name, i) => {
     const { lockKey, queueKey, ticketsKey, offersKey, holdersKey } = context.keys.lock(name);
     const { statsKey } = i === 0 ? context.keys.statsKeys(name) : {};
@@ -308,11 +337,35 @@ export async function handOver(context: LockContext, name: string, wakeId: strin
   };
   try {
     for (let n = 0, next = wakeId; n < HAND_OVER_STEPS && (n === 0 || next !== ""); n++) {
+      if (next.includes("|")) return await handOverAll(context, next);
       next = decodeHandOver(HAND_OVER, await context.run(HAND_OVER, step(next)));
     }
   } catch {
     // the waiters find the name at their next look
   }
+}
+
+// Hands a multi-name waiter (`head`: `<wakeId>|<names>`, as a release names it) all its names
+// when all are free and it heads every queue (see `./lua/hand_over_all.ts`).
+async function handOverAll(context: LockContext, head: string): Promise<void> {
+  const call = handOverAllCall(context, head);
+  if (call) await context.run(HAND_OVER_ALL, call);
+}
+
+/** The call of `./lua/hand_over_all.ts` for `head`; none for names not of one slot. */
+export function handOverAllCall(context: LockContext, head: string): ScriptCall | undefined {
+  const [wakeId, list] = head.split("|") as [string, string];
+  const names = list.split(",");
+  // Names this layout cannot take together (another slot) are never one waiter's.
+  if (context.keys.cluster && new Set(names.map((name) => context.keys.base(name))).size > 1) {
+    return undefined;
+  }
+  return HAND_OVER_ALL.call({
+    each: names.map((name) => context.keys.lock(name)),
+    keys: { wakeKey: context.keys.wake(names[0]!, wakeId), ...context.keys.statsKeys(names[0]!) },
+    args: { graceMs: context.fenceWindowMs, n: names.length, wakeId },
+    rest: names,
+  });
 }
 
 function mismatchError(name: string, code: Mismatch["code"]): EdgelockError {

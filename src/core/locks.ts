@@ -20,11 +20,12 @@ import {
   MAX_BATCH,
   newToken,
 } from "./_validate.ts";
-import { type Attempt, handOver, type Look, waitFor } from "./_wait.ts";
+import { type Attempt, handOver, handOverAllCall, type Look, waitFor } from "./_wait.ts";
 import type { Script } from "./lua/_define.ts";
 import { ACQUIRE } from "./lua/acquire.ts";
 import { ACQUIRE_ALL } from "./lua/acquire_all.ts";
 import { ACQUIRE_SHARED } from "./lua/acquire_shared.ts";
+import { HAND_OVER_ALL } from "./lua/hand_over_all.ts";
 import { INSPECT } from "./lua/inspect.ts";
 import { RELEASE } from "./lua/release.ts";
 import { RENEW } from "./lua/renew.ts";
@@ -55,6 +56,9 @@ export { DEFAULT_MAX_WAITERS, DEFAULT_TTL_MS, MAX_BATCH };
 
 // How many leases' hand-off hints a Locks keeps (a lease not released in time loses its hint).
 const HINTS = 1000;
+// The longest names (comma-joined) of a multi-name waiter that is handed its names: its offer
+// carries them in each queue. Longer ones poll.
+const MAX_OFFERED_NAMES = 1000;
 
 /** Options for {@linkcode Locks}. */
 export interface LocksOptions extends LockOpsOptions {
@@ -212,27 +216,55 @@ export class Locks implements LockClient {
     checkOptions(options, LEASE_OPTIONS, "acquireAll()");
     const lease = checkLeaseOptions(options);
     const each = names.map((name) => this.#context.keys.lock(name));
+    // Each lease keeps its name's grant hint (`hints`, in order), for its release's hand-off.
+    const leases = (
+      { fences, ttlMs, now, hints }: {
+        fences: number[];
+        ttlMs: number;
+        now: number;
+        hints: string[];
+      },
+    ) =>
+      names.map((name, i) => {
+        const granted = toLease(name, lease.token, { fence: fences[i]!, ttlMs, now });
+        this.#hint(granted, hints[i] ?? "");
+        return granted;
+      });
+    // A waiter that blocks has a wake key beside its first name's keys; its offer in every queue
+    // carries its names, so one whose names are long polls instead.
+    const wakeId = `w${newToken().slice(0, 16)}`;
+    const wakeKey = this.#context.keys.wake(names[0]!, wakeId);
     const attempt: Attempt<Lease[]> = {
       script: ACQUIRE_ALL,
-      call: ({ ticketMs, waitedMs, waiting }) =>
+      call: (look) =>
         ACQUIRE_ALL.call({
           each,
-          keys: this.#context.keys.statsKeys(names[0]!),
-          args: { ...this.#acquireArgs(lease, ticketMs), n: names.length, waitedMs, waiting },
+          keys: { wakeKey, ...this.#context.keys.statsKeys(names[0]!) },
+          args: {
+            ...this.#acquireArgs(lease, look.ticketMs),
+            n: names.length,
+            waitedMs: look.waitedMs,
+            waiting: look.waiting,
+            wakeId: look.wakeId,
+          },
           rest: names,
         }),
       members: names.map(() => lease.token),
       decode: (reply) => {
         const decoded = decodeAcquireAll(ACQUIRE_ALL, reply, names.length);
         if (decoded.status !== "granted") return decoded;
-        const { fences, ttlMs, now } = decoded;
-        return {
-          status: "granted",
-          granted: names.map((name, i) =>
-            toLease(name, lease.token, { fence: fences[i]!, ttlMs, now })
-          ),
-        };
+        return { status: "granted", granted: leases(decoded) };
       },
+      ...(names.join(",").length <= MAX_OFFERED_NAMES && {
+        wake: {
+          key: wakeKey,
+          id: wakeId,
+          lease: ({ fence, fences = names.length === 1 ? [fence] : [], ttlMs, now, next }) =>
+            fences.length === names.length
+              ? leases({ fences, ttlMs, now, hints: next.split(";") })
+              : undefined,
+        },
+      }),
     };
     const label = names.join(",");
     return await this.#context.observe(label, "acquire", async () => {
@@ -322,7 +354,11 @@ export class Locks implements LockClient {
     const keys = this.#context.keys;
     const { lockKey, holdersKey, marksKey, queueKey, ticketsKey, offersKey, readersKey } = keys
       .lock(name);
-    const hints = this.#hints.get(`${name}\n${token}`)?.split(",") ?? [];
+    // The grant's hint: the next waiters' wake keys, declared; or a multi-name waiter at the
+    // head, handed its names by a second script in the same request, after the release.
+    const hint = this.#hints.get(`${name}\n${token}`) ?? "";
+    const multi = hint.includes("|") ? handOverAllCall(this.#context, hint) : undefined;
+    const hints = hint === "" || hint.includes("|") ? [] : hint.split(",");
     const call = RELEASE.call({
       keys: {
         lockKey,
@@ -347,10 +383,10 @@ export class Locks implements LockClient {
     });
     return await this.#context.observe(name, "release", async () => {
       const started = performance.now();
-      const { released, head, ended, holdNeeded } = decodeRelease(
-        RELEASE,
-        await this.#context.run(RELEASE, call),
-      );
+      const [reply, handedAll] = multi
+        ? await this.#context.runMany(RELEASE, [call, { ...multi, script: HAND_OVER_ALL }])
+        : [await this.#context.run(RELEASE, call)];
+      const { released, head, ended, holdNeeded } = decodeRelease(RELEASE, reply);
       if (holdNeeded) {
         throw new EdgelockError(
           "mode_mismatch",
@@ -358,8 +394,16 @@ export class Locks implements LockClient {
         );
       }
       if (ended) this.#hints.delete(`${name}\n${token}`); // a reentrant lease keeps it
-      // The head blocks on a wake key this release could not name: hand over in a second step.
-      if (head !== "") await handOver(this.#context, name, head);
+      // The head blocks on a wake key this release could not name, or is a multi-name waiter
+      // the script after it did not hand its names: hand over in a second step, unless another
+      // of its names is held (that name's release hands over). When this name was (the script
+      // ran first: the release's source was loaded anew), or the head changed, it does.
+      const held = typeof handedAll === "number" && handedAll < 0
+        ? hint.split(/[|,]/)[-handedAll]
+        : "";
+      if (head !== "" && !(head === hint && (handedAll === 1 || (held && held !== name)))) {
+        await handOver(this.#context, name, head);
+      }
       this.#context.emit({
         type: "release",
         name,

@@ -11,29 +11,42 @@
  * waiter is first in each of its queues: once their holders' leases end (they always do), it
  * gets all its names.
  *
+ * A waiter that blocks (`wakeId`) leaves in each queue the offer `m<ttlMs>|<sinceMs>|<wakeId>|
+ * <names>|<meta>` (its names comma-joined; builds before this one read no offer there, and leave
+ * the waiter to its next look). A release that frees a name whose head it is names the waiter to
+ * its caller, which hands it every name at once when all are free and it heads every queue
+ * (`./hand_over_all.ts`), on the wake key beside its first name's keys.
+ *
  * @module
  */
 
 import { defineScript } from "./_define.ts";
 import { ACQUIRE_ARGS, STATS_KEYS, WAIT_ARGS } from "./contracts.ts";
-import { ACQUIRE_LUA, INDEX_LUA, NOW, QUEUE_LUA, RECORD_LUA, STATS_LUA } from "./lib.ts";
+import { ACQUIRE_LUA, INDEX_LUA, NOW, OFFER_LUA, QUEUE_LUA, RECORD_LUA, STATS_LUA } from "./lib.ts";
 
 /**
  * Acquire every name (`n` of them, in `names`), exclusively. Returns `{1, nowMs, ttlMs,
- * fence...}` (one fence per name, in order) when acquired (or re-acquired by the same token,
- * keeping each fence), the exclusive script's busy reply (the latest hint and lease end over the
+ * fence..., hint...}` (one fence and one grant hint per name, in order) when acquired (or
+ * re-acquired by the same token, keeping each fence), the exclusive script's busy reply (the latest hint and lease end over the
  * names it waits for, its furthest place), or `{-1, 1}` when a name is held as a semaphore.
  */
 export const ACQUIRE_ALL = defineScript(
   "acquire_all",
   {
-    each: ["lockKey", "queueKey", "ticketsKey", "marksKey"],
-    keys: STATS_KEYS,
-    args: { ...ACQUIRE_ARGS, n: "number", ...WAIT_ARGS },
+    each: ["lockKey", "queueKey", "ticketsKey", "marksKey", "offersKey"],
+    // the caller's wake key, beside the first name's keys
+    keys: ["wakeKey", ...STATS_KEYS],
+    // wakeId: the caller's wake key's id when it blocks between looks, else ''
+    args: { ...ACQUIRE_ARGS, n: "number", ...WAIT_ARGS, wakeId: "string" },
     rest: "names",
   },
-  [NOW, RECORD_LUA, QUEUE_LUA, STATS_LUA, INDEX_LUA, ACQUIRE_LUA],
+  [NOW, RECORD_LUA, QUEUE_LUA, STATS_LUA, INDEX_LUA, OFFER_LUA, ACQUIRE_LUA],
   `
+-- Name i's grant hint (\`grantHint\`): its first waiters, \`first\`, with their offers.
+local function hintOf(i, first)
+  if not first or #first == 0 then return '' end
+  return grantHint(first, redis.call('HMGET', offersKey(i), unpack(first)))
+end
 local records, held, heads, blocked = {}, {}, {}, {}
 local ready = true
 for i = 1, n do
@@ -44,13 +57,13 @@ for i = 1, n do
   if held[i] and r.shared and r.limit > 0 then return {-1, 1, nowMs} end
   -- a name this token holds already stays granted
   if not (held[i] and r.token == token) then
-    if not r or r.flag == '1' then heads[i] = queueHead(queueKey(i), ticketsKey(i), nowMs, maxWaiters) end
+    if not r or r.flag == '1' then heads[i] = queueHead(queueKey(i), ticketsKey(i), nowMs, maxWaiters, offersKey(i)) end
     blocked[i] = held[i] or (heads[i] and heads[i] ~= token)
     if blocked[i] then ready = false end
   end
 end
 if ready then
-  local reply = {1, nowMs, ttlMs}
+  local reply, hints = {1, nowMs, ttlMs}, {}
   noteWaited()
   for i = 1, n do
     local r = records[i]
@@ -59,8 +72,10 @@ if ready then
       r.leaseEnd = math.max(r.leaseEnd, nowMs + ttlMs)
       if meta ~= '' then r.meta = meta end
     else
-      local flag = '0'
-      if heads[i] and leaveQueue(queueKey(i), ticketsKey(i), token) then flag = '1' end
+      local flag, nextHead, first = '0', nil, nil
+      if heads[i] then nextHead, first = leaveQueue(queueKey(i), ticketsKey(i), token, offersKey(i)) end
+      if nextHead then flag = '1' end
+      hints[i] = hintOf(i, first)
       r = {fence = newFence(r), leaseEnd = nowMs + ttlMs, at = nowMs, hold = holdEstimate(r),
         flag = flag, token = token, meta = meta, holds = newHolds(''),
         released = (r and r.released) or ''}
@@ -70,10 +85,19 @@ if ready then
     indexPut(namesKey, endsKey, names[i], r.leaseEnd, nowMs)
     reply[#reply + 1] = tonumber(r.fence)
   end
+  for i = 1, n do reply[#reply + 1] = hints[i] or '' end
   return reply
 end
 local places, position = {}, -1
 if ticketMs > 0 then
+  -- A waiter that blocks leaves the same offer in each queue; a look clears its wake key, as the
+  -- exclusive acquire's does, so the block that follows waits for a new grant only.
+  local offer
+  if wakeId ~= '' then
+    redis.call('DEL', wakeKey)
+    offer = string.format('m%d|%d|', ttlMs, nowMs - waitedMs) .. wakeId .. '|' ..
+      table.concat(names, ',') .. '|' .. meta
+  end
   local ranks, everywhere = {}, true
   for i = 1, n do
     ranks[i] = redis.call('ZRANK', queueKey(i), token)
@@ -81,14 +105,14 @@ if ticketMs > 0 then
   end
   for i = 1, n do
     if not everywhere then
-      if ranks[i] then leaveQueue(queueKey(i), ticketsKey(i), token) end
+      if ranks[i] then leaveQueue(queueKey(i), ticketsKey(i), token, offersKey(i)) end
       ranks[i] = false
     end
-    places[i] = joinQueue(queueKey(i), ticketsKey(i), token, nowMs, ticketMs, maxWaiters, nil, nil,
-      ranks[i])
+    places[i] = joinQueue(queueKey(i), ticketsKey(i), token, nowMs, ticketMs, maxWaiters,
+      offersKey(i), offer, ranks[i])
     -- full: in no queue at all
     if places[i] == -2 then
-      for j = 1, i do leaveQueue(queueKey(j), ticketsKey(j), token) end
+      for j = 1, i do leaveQueue(queueKey(j), ticketsKey(j), token, offersKey(j)) end
       places, position = {}, -2
       break
     end

@@ -33,8 +33,9 @@ export const LEAVE_QUEUE = defineScript(
 if outcome == 'timeout' or outcome == 'aborted' then count(statsKey, nowMs, 'acquire.' .. outcome) end
 redis.call('ZREM', ticketsKey, member)
 local removed = redis.call('ZREM', queueKey, member)
-if wakeId == '' then return removed end
+-- a multi-name waiter's offer is in every queue, its wake key beside its first name's only
 redis.call('HDEL', offersKey, member)
+if wakeId == '' then return removed end
 local fence, leaseEnd, token, receipt
 -- a semaphore's waiter: its holder entry
 local holder = string.match(member, '^([%w_-]+)~%d+$')

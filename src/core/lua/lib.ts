@@ -352,13 +352,19 @@ end
 // HANDOFF_LUA the declared wake keys (`n`, `hints`, `hintKey`), after RECORD_LUA, QUEUE_LUA,
 // INDEX_LUA and STATS_LUA.
 export const OFFER_LUA = `
--- An offer's fields from its text (false or nil for none), nil for none.
+-- An offer's fields from its text (false or nil for none), nil for none. A multi-name waiter's
+-- (\`m…\`, see \`./acquire_all.ts\`) has \`names\`, its names comma-joined, the first its wake key's.
 local function parseOffer(text)
   local ttl, since, wake, hold, limit, meta = string.match(text or '',
     '^(%d+)|(%d+)|([%w_-]+)|([%w_-]*)|(%d+)|(.*)$')
+  if ttl then
+    return {ttl = tonumber(ttl), since = tonumber(since), wake = wake, hold = hold,
+      limit = tonumber(limit), meta = meta}
+  end
+  local names
+  ttl, since, wake, names, meta = string.match(text or '', '^m(%d+)|(%d+)|([%w_-]+)|([^|]+)|(.*)$')
   if not ttl then return nil end
-  return {ttl = tonumber(ttl), since = tonumber(since), wake = wake, hold = hold,
-    limit = tonumber(limit), meta = meta}
+  return {ttl = tonumber(ttl), since = tonumber(since), wake = wake, names = names, meta = meta}
 end
 -- The offers' texts of \`members\` (false for none), in their order: one HMGET.
 local function offersOf(members)
@@ -379,10 +385,13 @@ local function firstWaiters() return redis.call('ZRANGE', queueKey, 0, ${WAKE_HI
 -- \`first\` (the first waiters, nil for none) that left offers, comma-joined; \`offers\` their
 -- offers' texts when already read (else they are read here). The head when the lease ends is
 -- mostly among them: a semaphore's other holders' releases take the waiters before it, and a
--- writer's release grants the readers behind it at once.
+-- writer's release grants the readers behind it at once. A multi-name waiter at the head is
+-- named alone, \`<wakeId>|<names>\`: the release hands it its names in the same request.
 local function grantHint(first, offers)
   if not first or #first == 0 then return '' end
   offers = offers or offersOf(first)
+  local head = parseOffer(offers[1])
+  if head and head.names then return head.wake .. '|' .. head.names end
   local ids = {}
   for i = 1, #first do
     ids[#ids + 1] = offers[i] and string.match(offers[i], '^%d+|%d+|([%w_-]+)|') or nil
@@ -477,7 +486,8 @@ end
 -- the caller declared (\`n\` of them, \`hintKey(i)\` each, their ids \`hints\`) and it fits: an
 -- exclusive waiter when the name is free, a semaphore's (member \`<token>~<permits>\`) when its
 -- permits fit beside the holders' of the same limit; readers, when they fit, by grantReaders.
--- Returns 1 when handed over, the head's wake id when it left an offer under another, or nil.
+-- Returns 1 when handed over, the head's wake id when it left an offer under another (a
+-- multi-name waiter's, with the name free: \`<wakeId>|<names>\`, for \`./hand_over_all.ts\`), or nil.
 -- After a semaphore's hand-off, the new head is handed its permits too when they fit and its wake
 -- key was declared; \`handedNext\` is its wake id when they fit but it was not (for another step),
 -- else ''. Needs HOLDERS_LUA and \`holdersKey\` for a semaphore's waiter.
@@ -510,6 +520,9 @@ local function handOver(r)
   elseif live or string.find(head, '~', 1, true) then
     -- an exclusive waiter takes the name only free; a shared one is not handed it
     return nil
+  elseif offer.names then
+    -- a multi-name waiter: handed all its names at once, by \`./hand_over_all.ts\`
+    return offer.wake .. '|' .. offer.names
   end
   -- It fits: handed over here when the caller declared its wake key, else by the caller next.
   local hinted = declared(offer.wake)

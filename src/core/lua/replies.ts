@@ -53,16 +53,20 @@ export function decodeAcquire(script: Script, reply: unknown): Granted | Busy | 
   return decodeNotGranted(script, reply);
 }
 
-/** A multi-name acquire's reply: a fence per name, in order, when granted. */
+/** A multi-name acquire's reply: a fence and a grant hint per name, in order, when granted. */
 export function decodeAcquireAll(
   script: Script,
   reply: unknown,
   names: number,
-): { status: "granted"; fences: number[]; ttlMs: number; now: number } | Busy | Mismatch {
+):
+  | { status: "granted"; fences: number[]; ttlMs: number; now: number; hints: string[] }
+  | Busy
+  | Mismatch {
   const [status] = integers(script, reply, 1);
   if (status !== 1) return decodeNotGranted(script, reply);
   const [, now, ttlMs, ...fences] = integers(script, reply, 3 + names) as [1, number, number];
-  return { status: "granted", fences, ttlMs, now };
+  const hints = fences.map((_, i) => hintAt(reply, 3 + names + i));
+  return { status: "granted", fences, ttlMs, now, hints };
 }
 
 function decodeNotGranted(script: Script, reply: unknown): Busy | Mismatch {
@@ -103,13 +107,13 @@ export function decodeRelease(
   const list = Array.isArray(reply) ? reply : [reply];
   const [status] = integers(script, list, 1);
   const holdNeeded = status === -1 && integers(script, list, 2)[1] === 5;
-  return { released: status === 1, head: wakeIdAt(list, 1), ended: list[2] === 1, holdNeeded };
+  return { released: status === 1, head: headAt(list, 1), ended: list[2] === 1, holdNeeded };
 }
 
-/** A hand-over's second step: the wake id of a head to try next, '' for none. */
+/** A hand-over's second step: the head to try next (as `decodeRelease`'s), '' for none. */
 export function decodeHandOver(script: Script, reply: unknown): string {
   integers(script, reply, 1);
-  return wakeIdAt(reply as unknown[], 1);
+  return headAt(reply as unknown[], 1);
 }
 
 /** A leave: the lease a hand-off gave the waiter before it left, if one did. */
@@ -127,14 +131,24 @@ export function decodeDone(script: Script, reply: unknown): boolean {
   return integers(script, [reply], 1)[0] === 1;
 }
 
-// A wake id in a reply, '' when absent or not one.
-function wakeIdAt(reply: unknown, index: number): string {
+/**
+ * A head to hand over to, as a release names it: its wake id, or for a multi-name waiter
+ * `<wakeId>|<name>,<name>…` (its names, the first its wake key's).
+ */
+export const HEAD = /^[\w-]{1,64}(?:\|[\w.:{}-]{1,200}(?:,[\w.:{}-]{1,200}){0,31})?$/;
+
+// A head in a reply, '' when absent or not one.
+function headAt(reply: unknown, index: number): string {
   const value = Array.isArray(reply) ? reply[index] : undefined;
-  return typeof value === "string" && /^[\w-]{1,64}$/.test(value) ? value : "";
+  return typeof value === "string" && HEAD.test(value) ? value : "";
 }
 
-/** A grant's hint of the next holders' wake ids, comma-joined (see `grantHint`). */
-export const HINT = /^[\w-]{1,64}(?:,[\w-]{1,64}){0,7}$/;
+/**
+ * A grant's hint of the next holders' wake ids, comma-joined, or a multi-name waiter at the head
+ * as a release names it (see `grantHint`, {@linkcode HEAD}).
+ */
+export const HINT =
+  /^[\w-]{1,64}(?:(?:,[\w-]{1,64}){0,7}|\|[\w.:{}-]{1,200}(?:,[\w.:{}-]{1,200}){0,31})$/;
 
 // A grant's hint in a reply, '' when absent or not one.
 function hintAt(reply: unknown, index: number): string {
