@@ -329,7 +329,8 @@ export function check(
         violations.push({
           rule: "partial_grant",
           name: op.name,
-          detail: `released by ${op.client}'s token, whose multi-name acquire said busy`,
+          detail:
+            `released by ${op.client}'s token ${op.token}, whose multi-name acquire said busy`,
         });
       } else if (!own || other) {
         violations.push({
