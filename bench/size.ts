@@ -72,16 +72,18 @@ import { cli } from "../bridge/_cli.ts";
  * the core 29.3 KB, the hono entry 8.4 KB. Multi-name waiters handed their names (the
  * hand_over_all script, their offers in every queue, grant hints naming a multi-name head, which
  * a release hands its names in the same request, the pipeline of two scripts): the core 30.6 KB,
- * the uses 11.2 KB, the service 72.1 KB (the Worker 78.3 KB). */
+ * the uses 11.2 KB, the service 72.1 KB (the Worker 78.3 KB); a name the waiter holds already
+ * kept in its hand-off, and the release named to it so it knows when it ran first: the core
+ * 30.8 KB, the service 72.3 KB. */
 export const BUDGETS = {
-  ".": 30_700,
+  ".": 30_900,
   "./uses": 11_200,
   "./hono": 8_400,
   "./client": 7_000,
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 7_500,
-  "./service": 72_200,
+  "./service": 72_400,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

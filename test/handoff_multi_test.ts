@@ -5,6 +5,7 @@ import type { Redis } from "@upstash/redis";
 import { type Lease, type LockEvent, Locks } from "@edgelock/edgelock";
 import fc from "fast-check";
 import { check, type Operation, withBroken } from "../dev/history.ts";
+import { HAND_OVER_ALL } from "../src/core/lua/hand_over_all.ts";
 import { acquired, keygen, lockKeys, shared, startBackend, until } from "./_backend.ts";
 
 const fixture = shared(startBackend, (backend) => backend.stop());
@@ -14,6 +15,23 @@ function tracked(redis: Redis, options: ConstructorParameters<typeof Locks>[1] =
   const events: LockEvent[] = [];
   const locks = new Locks(redis, { ...options, onEvent: (event) => events.push(event) });
   return { locks, looks: () => events.filter((e) => e.type === "wait").length };
+}
+
+// A client that counts its BLPOP replies: `answered` when a hand-off came, `empty` when the block
+// ended with nothing (the waiter then looks again).
+function blocksOf(redis: Redis) {
+  const blocks = { answered: 0, empty: 0 };
+  const client = new Proxy(redis, {
+    get(target, property, receiver) {
+      if (property !== "exec") return Reflect.get(target, property, receiver);
+      return async (command: [string, ...string[]]) => {
+        const reply = await target.exec(command);
+        if (command[0] === "BLPOP") blocks[reply === null ? "empty" : "answered"]++;
+        return reply;
+      };
+    },
+  });
+  return { client, blocks };
 }
 
 // Until `count` waiters are in the queue of every one of `names`.
@@ -159,18 +177,19 @@ Deno.test("with the held check removed from the multi-name hand-off, it grants a
   for (const lease of leases) await locks.release(lease);
 });
 
-// Random queues over three names of writers (one name each) and multi-name waiters (two or three
-// names), most blocking, some polling, some releasing through another Locks (no hints): the
-// history checker finds no overlap and no fence out of order, and a waiter is never granted
-// before an earlier arrival that shares a name with it.
-Deno.test("random queues of writers and multi-name waiters: exclusion, fences and arrival order hold", async () => {
+// Random queues over four names of writers and readers (one name each) and multi-name waiters
+// (one to four names, in any order), most blocking, some polling, some releasing through another
+// Locks (no hints): the history checker finds no overlap and no fence out of order, and a waiter
+// is never granted before an earlier arrival that shares a name with it (unless both read).
+Deno.test("random queues of writers, readers and multi-name waiters: exclusion, fences and arrival order hold", async () => {
   const { redis } = await fixture();
   const runs = Number(Deno.env.get("HANDOFF_RUNS") ?? 15);
   await fc.assert(
     fc.asyncProperty(
       fc.array(
         fc.record({
-          set: fc.subarray([0, 1, 2], { minLength: 1 }),
+          set: fc.shuffledSubarray([0, 1, 2, 3], { minLength: 1 }),
+          reads: fc.integer({ min: 0, max: 3 }).map((n) => n === 0),
           holdMs: fc.integer({ min: 0, max: 15 }),
           polls: fc.integer({ min: 0, max: 4 }).map((n) => n === 0),
           elsewhere: fc.boolean(),
@@ -178,22 +197,25 @@ Deno.test("random queues of writers and multi-name waiters: exclusion, fences an
         { minLength: 2, maxLength: 8 },
       ),
       async (waiters) => {
+        // The names a waiter takes: a reader its set's first.
+        const taken = ({ set, reads }: (typeof waiters)[number]) => reads ? set.slice(0, 1) : set;
         const locks = new Locks(redis);
         const polling = new Locks(redis, { blocking: false });
         const other = new Locks(redis);
-        const all = [0, 1, 2].map(() => keygen("mq"));
+        const all = [0, 1, 2, 3].map(() => keygen("mq"));
         const history: Operation[] = [];
         const grants: number[] = [];
         const first = leasesOf(await locks.acquireAll(all, { ttlMs: 30_000 }));
-        const wait = async (
-          { set, holdMs, polls, elsewhere }: (typeof waiters)[number],
-          i: number,
-        ) => {
-          const names = set.map((n) => all[n]!);
+        const wait = async (waiter: (typeof waiters)[number], i: number) => {
+          const { reads, holdMs, polls, elsewhere } = waiter;
+          const names = taken(waiter).map((n) => all[n]!);
           const by = polls ? polling : locks;
           const invokedAt = Date.now();
-          const leases = names.length === 1
-            ? [acquired(await by.acquire(names[0]!, { ttlMs: 30_000, waitMs: 20_000 }))]
+          // A reader takes the first name of its set, shared; others all of it (one name alone
+          // through acquire or acquireAll, by turns).
+          const mode = reads ? { mode: "shared" as const } : {};
+          const leases = reads || (names.length === 1 && i % 2 === 0)
+            ? [acquired(await by.acquire(names[0]!, { ttlMs: 30_000, waitMs: 20_000, ...mode }))]
             : leasesOf(await by.acquireAll(names, { ttlMs: 30_000, waitMs: 20_000 }));
           grants.push(i);
           for (const lease of leases) {
@@ -208,7 +230,8 @@ Deno.test("random queues of writers and multi-name waiters: exclusion, fences an
               fence: lease.fence,
               serverTime: lease.serverTime,
               expiresAt: lease.expiresAt,
-              ...(names.length > 1 && { multi: true }),
+              ...(reads && { mode: "shared" as const }),
+              ...(!reads && names.length > 1 && { multi: true }),
             });
           }
           await new Promise((resolve) => setTimeout(resolve, holdMs));
@@ -228,7 +251,7 @@ Deno.test("random queues of writers and multi-name waiters: exclusion, fences an
         };
         const started: Promise<void>[] = [];
         for (const [i, waiter] of waiters.entries()) {
-          const names = waiter.set.map((n) => all[n]!);
+          const names = taken(waiter).map((n) => all[n]!);
           const before = await Promise.all(names.map((name) => redis.zcard(lockKeys(name)[1])));
           started.push(wait(waiter, i));
           await until(`waiter ${i} queued`, async () => {
@@ -241,12 +264,138 @@ Deno.test("random queues of writers and multi-name waiters: exclusion, fences an
         assert.deepEqual(check(history), []);
         for (const [at, i] of grants.entries()) {
           for (const j of grants.slice(at + 1)) {
-            const overlap = waiters[i]!.set.some((n) => waiters[j]!.set.includes(n));
-            assert.ok(!(overlap && j < i), `waiter ${i} granted before ${j}: ${grants}`);
+            const [x, y] = [waiters[i]!, waiters[j]!];
+            const conflict = taken(x).some((n) => taken(y).includes(n)) && !(x.reads && y.reads);
+            assert.ok(!(conflict && j < i), `waiter ${i} granted before ${j}: ${grants}`);
           }
         }
       },
     ),
     { numRuns: runs },
   );
+});
+
+Deno.test("a multi-name waiter whose token holds one of its names already is handed the others", async () => {
+  for (const hinted of [false, true]) {
+    const { redis } = await fixture();
+    const holder = new Locks(redis);
+    const { client, blocks } = blocksOf(redis);
+    const locks = new Locks(client);
+    const [a, b] = [keygen("sa"), keygen("sb")];
+    const token = `self-held-${crypto.randomUUID()}`;
+    const own = acquired(await locks.acquire(b, { token, ttlMs: 30_000 }));
+    let first = acquired(await holder.acquire(a, { ttlMs: 30_000 }));
+    let writer: Promise<Lease> | undefined;
+    if (hinted) {
+      // A writer is handed the first name ahead of the multi-name waiter: its grant names it.
+      writer = holder.acquire(a, { waitMs: 20_000 }).then(acquired);
+      await queued(redis, [a]);
+    }
+    const waiting = locks.acquireAll([a, b], { token, ttlMs: 5_000, waitMs: 20_000 });
+    await until(
+      "queued on the first name",
+      async () => await redis.zcard(lockKeys(a)[1]) === (hinted ? 2 : 1),
+    );
+    if (writer) {
+      await holder.release(first);
+      first = await writer;
+    }
+    await holder.release(first);
+    const leases = leasesOf(await waiting);
+    assert.deepEqual(blocks, { answered: 1, empty: 0 }, `handed over (hinted: ${hinted})`);
+    assert.equal(leases[1]!.fence, own.fence, "the name it held keeps its fence");
+    for (const lease of leases) assert.equal(await locks.release(lease), true);
+  }
+});
+
+Deno.test("a release whose source was loaded anew runs after the hand-over behind it, which waits for it", async () => {
+  const { redis } = await fixture();
+  const [a, b] = [keygen("ra"), keygen("rb")];
+  // The releaser's second request (its release again, as EVAL) waits until the other name's
+  // release is done: each finds the other's name held.
+  let armed = false;
+  let execs = 0;
+  let open!: () => void;
+  const gate = new Promise<void>((resolve) => open = resolve);
+  const gated = new Proxy(redis, {
+    get(target, property, receiver) {
+      if (property !== "pipeline") return Reflect.get(target, property, receiver);
+      return () => {
+        const pipeline = target.pipeline();
+        const exec = pipeline.exec.bind(pipeline);
+        return Object.assign(pipeline, {
+          exec: async (...options: Parameters<typeof exec>) => {
+            if (armed && ++execs === 2) await gate;
+            return await exec(...options);
+          },
+        });
+      };
+    },
+  });
+  const releaser = new Locks(gated);
+  const holder = new Locks(redis);
+  const { client, blocks } = blocksOf(redis);
+  const locks = new Locks(client);
+  const first = acquired(await holder.acquire(a, { ttlMs: 30_000 }));
+  const other = acquired(await holder.acquire(b, { ttlMs: 30_000 }));
+  const writer = releaser.acquire(a, { ttlMs: 30_000, waitMs: 20_000 });
+  await queued(redis, [a]);
+  const waiting = locks.acquireAll([b, a], { ttlMs: 5_000, waitMs: 20_000 });
+  await until("queued second", async () => await redis.zcard(lockKeys(a)[1]) === 2);
+  await holder.release(first);
+  const held = acquired(await writer); // its grant names the multi-name waiter
+  await redis.scriptFlush();
+  await redis.scriptLoad(HAND_OVER_ALL.source); // the hand-over's source is loaded, the release's not
+  armed = true;
+  const releasing = releaser.release(held); // hand_over_all runs first and finds its name held
+  await until("the first request ran", () => Promise.resolve(execs >= 2));
+  assert.equal(await holder.release(other), true); // its hand-over finds the first name held
+  open();
+  assert.equal(await releasing, true);
+  const leases = leasesOf(await waiting);
+  assert.deepEqual(blocks, { answered: 1, empty: 0 }, "handed over by the release's second step");
+  for (const lease of leases) assert.equal(await locks.release(lease), true);
+});
+
+Deno.test("leases kept at a leave name the next waiters, as leases handed while blocked do", async () => {
+  const requests = async (atLeave: boolean) => {
+    const backend = await fixture();
+    const { redis } = backend;
+    const names = [keygen("la"), keygen("lb")];
+    const holder = new Locks(redis);
+    const held = await Promise.all(names.map(async (n) => acquired(await holder.acquire(n))));
+    // At a leave, the holder releases first: the leave finds the names handed over.
+    let released = !atLeave;
+    const late = new Proxy(redis, {
+      get(target, property, receiver) {
+        if (property !== "pipeline" || released) return Reflect.get(target, property, receiver);
+        return () => {
+          const pipeline = target.pipeline();
+          const exec = pipeline.exec.bind(pipeline);
+          return Object.assign(pipeline, {
+            exec: async (...options: Parameters<typeof exec>) => {
+              if (!released) {
+                released = true;
+                for (const lease of held) await holder.release(lease);
+              }
+              return await exec(...options);
+            },
+          });
+        };
+      },
+    });
+    const first = new Locks(late);
+    const waiting = first.acquireAll(names, { ttlMs: 30_000, waitMs: atLeave ? 400 : 20_000 });
+    await queued(redis, names, 1);
+    const next = holder.acquireAll(names, { ttlMs: 5_000, waitMs: 20_000 });
+    await queued(redis, names, 2);
+    if (!atLeave) { for (const lease of held) await holder.release(lease); }
+    const leases = leasesOf(await waiting);
+    const before = backend.requests();
+    for (const lease of leases) assert.equal(await first.release(lease), true);
+    const count = backend.requests() - before;
+    for (const lease of leasesOf(await next)) await holder.release(lease);
+    return count;
+  };
+  assert.equal(await requests(true), await requests(false));
 });

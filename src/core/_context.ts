@@ -133,7 +133,9 @@ export class LockContext {
     script: Script,
     calls: readonly (ScriptCall & { script?: Script })[],
   ): Promise<unknown[]> {
-    if (calls.length === 1) return this.run(script, calls[0]!).then((reply) => [reply]);
+    if (calls.length === 1) {
+      return this.run(calls[0]!.script ?? script, calls[0]!).then((reply) => [reply]);
+    }
     return runScripts(this.redis, script, calls, this.#run);
   }
 

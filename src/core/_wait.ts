@@ -352,8 +352,16 @@ async function handOverAll(context: LockContext, head: string): Promise<void> {
   if (call) await context.run(HAND_OVER_ALL, call);
 }
 
-/** The call of `./lua/hand_over_all.ts` for `head`; none for names not of one slot. */
-export function handOverAllCall(context: LockContext, head: string): ScriptCall | undefined {
+/**
+ * The call of `./lua/hand_over_all.ts` for `head`, sent after the release of `released` (the
+ * lease's name and token) in the same request, or as a step of its own (none); no call for names
+ * not of one slot.
+ */
+export function handOverAllCall(
+  context: LockContext,
+  head: string,
+  released?: { name: string; token: string },
+): ScriptCall | undefined {
   const [wakeId, list] = head.split("|") as [string, string];
   const names = list.split(",");
   // Names this layout cannot take together (another slot) are never one waiter's.
@@ -363,7 +371,13 @@ export function handOverAllCall(context: LockContext, head: string): ScriptCall 
   return HAND_OVER_ALL.call({
     each: names.map((name) => context.keys.lock(name)),
     keys: { wakeKey: context.keys.wake(names[0]!, wakeId), ...context.keys.statsKeys(names[0]!) },
-    args: { graceMs: context.fenceWindowMs, n: names.length, wakeId },
+    args: {
+      graceMs: context.fenceWindowMs,
+      n: names.length,
+      wakeId,
+      by: released?.token ?? "",
+      at: released ? names.indexOf(released.name) + 1 : 0,
+    },
     rest: names,
   });
 }

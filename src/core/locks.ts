@@ -357,7 +357,9 @@ export class Locks implements LockClient {
     // The grant's hint: the next waiters' wake keys, declared; or a multi-name waiter at the
     // head, handed its names by a second script in the same request, after the release.
     const hint = this.#hints.get(`${name}\n${token}`) ?? "";
-    const multi = hint.includes("|") ? handOverAllCall(this.#context, hint) : undefined;
+    const multi = hint.includes("|")
+      ? handOverAllCall(this.#context, hint, { name, token })
+      : undefined;
     const hints = hint === "" || hint.includes("|") ? [] : hint.split(",");
     const call = RELEASE.call({
       keys: {
@@ -396,8 +398,8 @@ export class Locks implements LockClient {
       if (ended) this.#hints.delete(`${name}\n${token}`); // a reentrant lease keeps it
       // The head blocks on a wake key this release could not name, or is a multi-name waiter
       // the script after it did not hand its names: hand over in a second step, unless another
-      // of its names is held (that name's release hands over). When this name was (the script
-      // ran first: the release's source was loaded anew), or the head changed, it does.
+      // lease holds another of its names (that lease's release hands over). The script answers
+      // 0 when it ran before the release (whose source was loaded anew): this step then runs.
       const held = typeof handedAll === "number" && handedAll < 0
         ? hint.split(/[|,]/)[-handedAll]
         : "";

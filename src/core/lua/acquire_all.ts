@@ -71,6 +71,11 @@ if ready then
       -- never before the end it was told
       r.leaseEnd = math.max(r.leaseEnd, nowMs + ttlMs)
       if meta ~= '' then r.meta = meta end
+      -- contended: out of its queue, if in it, and the next waiters named for its release
+      if r.flag == '1' then
+        local _, first = leaveQueue(queueKey(i), ticketsKey(i), token, offersKey(i))
+        hints[i] = hintOf(i, first)
+      end
     else
       local flag, nextHead, first = '0', nil, nil
       if heads[i] then nextHead, first = leaveQueue(queueKey(i), ticketsKey(i), token, offersKey(i)) end
