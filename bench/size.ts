@@ -74,16 +74,18 @@ import { cli } from "../bridge/_cli.ts";
  * a release hands its names in the same request, the pipeline of two scripts): the core 30.6 KB,
  * the uses 11.2 KB, the service 72.1 KB (the Worker 78.3 KB); a name the waiter holds already
  * kept in its hand-off, and the release named to it so it knows when it ran first: the core
- * 30.8 KB, the service 72.3 KB. */
+ * 30.8 KB, the service 72.3 KB; the waiter found by its offer (it need not head the queue of a
+ * name it holds) and a reentrant lease of its token its mismatch: the core 30.9 KB, the service
+ * 72.5 KB. */
 export const BUDGETS = {
-  ".": 30_900,
+  ".": 31_000,
   "./uses": 11_200,
   "./hono": 8_400,
   "./client": 7_000,
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 7_500,
-  "./service": 72_400,
+  "./service": 72_600,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

@@ -433,8 +433,8 @@ local places, position = {}, -1`,
   // A multi-name waiter is handed its names though one is held.
   handoff_all: [
     HAND_OVER_ALL,
-    "  if r and not mine[i] and (r.foreign or ((r.token or r.shared) and nowMs < r.leaseEnd)) then",
-    "  if false then",
+    "  if r and (r.foreign or (live and not mine[i])) then return -i end\n",
+    "",
   ],
   // A release (or a hand-over) gives a semaphore's waiter its permits whether or not they fit.
   permits: [[RELEASE, HAND_OVER], "if used + permits > offer.limit then return nil end", ""],

@@ -2,7 +2,7 @@
 // names hands it all of them at once, when every one is free and it heads every queue.
 import assert from "node:assert/strict";
 import type { Redis } from "@upstash/redis";
-import { type Lease, type LockEvent, Locks } from "@edgelock/edgelock";
+import { EdgelockError, type Lease, type LockEvent, Locks } from "@edgelock/edgelock";
 import fc from "fast-check";
 import { check, type Operation, withBroken } from "../dev/history.ts";
 import { HAND_OVER_ALL } from "../src/core/lua/hand_over_all.ts";
@@ -276,7 +276,7 @@ Deno.test("random queues of writers, readers and multi-name waiters: exclusion, 
 });
 
 Deno.test("a multi-name waiter whose token holds one of its names already is handed the others", async () => {
-  for (const hinted of [false, true]) {
+  for (const [hinted, contended] of [[false, false], [true, false], [false, true], [true, true]]) {
     const { redis } = await fixture();
     const holder = new Locks(redis);
     const { client, blocks } = blocksOf(redis);
@@ -284,6 +284,9 @@ Deno.test("a multi-name waiter whose token holds one of its names already is han
     const [a, b] = [keygen("sa"), keygen("sb")];
     const token = `self-held-${crypto.randomUUID()}`;
     const own = acquired(await locks.acquire(b, { token, ttlMs: 30_000 }));
+    // Another waiter queued on the name it holds, ahead of it: it keeps that name all the same.
+    const ahead = contended ? holder.acquire(b, { waitMs: 20_000 }).then(acquired) : undefined;
+    if (ahead) await queued(redis, [b]);
     let first = acquired(await holder.acquire(a, { ttlMs: 30_000 }));
     let writer: Promise<Lease> | undefined;
     if (hinted) {
@@ -292,70 +295,89 @@ Deno.test("a multi-name waiter whose token holds one of its names already is han
       await queued(redis, [a]);
     }
     const waiting = locks.acquireAll([a, b], { token, ttlMs: 5_000, waitMs: 20_000 });
-    await until(
-      "queued on the first name",
-      async () => await redis.zcard(lockKeys(a)[1]) === (hinted ? 2 : 1),
-    );
+    await queued(redis, [a], hinted ? 2 : 1);
+    await queued(redis, [b], contended ? 2 : 1);
     if (writer) {
       await holder.release(first);
       first = await writer;
     }
     await holder.release(first);
     const leases = leasesOf(await waiting);
-    assert.deepEqual(blocks, { answered: 1, empty: 0 }, `handed over (hinted: ${hinted})`);
+    const label = `hinted: ${hinted}, contended: ${contended}`;
+    assert.deepEqual(blocks, { answered: 1, empty: 0 }, `handed over (${label})`);
     assert.equal(leases[1]!.fence, own.fence, "the name it held keeps its fence");
     for (const lease of leases) assert.equal(await locks.release(lease), true);
+    if (ahead) await holder.release(await ahead);
   }
 });
 
-Deno.test("a release whose source was loaded anew runs after the hand-over behind it, which waits for it", async () => {
+Deno.test("a multi-name acquire with the token of a reentrant lease is mode_mismatch, and ends nothing", async () => {
   const { redis } = await fixture();
-  const [a, b] = [keygen("ra"), keygen("rb")];
-  // The releaser's second request (its release again, as EVAL) waits until the other name's
-  // release is done: each finds the other's name held.
-  let armed = false;
-  let execs = 0;
-  let open!: () => void;
-  const gate = new Promise<void>((resolve) => open = resolve);
-  const gated = new Proxy(redis, {
-    get(target, property, receiver) {
-      if (property !== "pipeline") return Reflect.get(target, property, receiver);
-      return () => {
-        const pipeline = target.pipeline();
-        const exec = pipeline.exec.bind(pipeline);
-        return Object.assign(pipeline, {
-          exec: async (...options: Parameters<typeof exec>) => {
-            if (armed && ++execs === 2) await gate;
-            return await exec(...options);
-          },
-        });
-      };
-    },
-  });
-  const releaser = new Locks(gated);
-  const holder = new Locks(redis);
-  const { client, blocks } = blocksOf(redis);
-  const locks = new Locks(client);
-  const first = acquired(await holder.acquire(a, { ttlMs: 30_000 }));
-  const other = acquired(await holder.acquire(b, { ttlMs: 30_000 }));
-  const writer = releaser.acquire(a, { ttlMs: 30_000, waitMs: 20_000 });
-  await queued(redis, [a]);
-  const waiting = locks.acquireAll([b, a], { ttlMs: 5_000, waitMs: 20_000 });
-  await until("queued second", async () => await redis.zcard(lockKeys(a)[1]) === 2);
-  await holder.release(first);
-  const held = acquired(await writer); // its grant names the multi-name waiter
-  await redis.scriptFlush();
-  await redis.scriptLoad(HAND_OVER_ALL.source); // the hand-over's source is loaded, the release's not
-  armed = true;
-  const releasing = releaser.release(held); // hand_over_all runs first and finds its name held
-  await until("the first request ran", () => Promise.resolve(execs >= 2));
-  assert.equal(await holder.release(other), true); // its hand-over finds the first name held
-  open();
-  assert.equal(await releasing, true);
-  const leases = leasesOf(await waiting);
-  assert.deepEqual(blocks, { answered: 1, empty: 0 }, "handed over by the release's second step");
-  for (const lease of leases) assert.equal(await locks.release(lease), true);
+  const locks = new Locks(redis);
+  const [a, b] = [keygen("ea"), keygen("eb")];
+  const outer = acquired(await locks.acquire(b, { reentrant: true, ttlMs: 30_000 }));
+  await assert.rejects(
+    locks.acquireAll([a, b], { token: outer.token, waitMs: 1_000 }),
+    (error) => error instanceof EdgelockError && error.code === "mode_mismatch",
+  );
+  assert.equal((await locks.inspect(a)).held, false, "no name taken");
+  const info = await locks.inspect(b);
+  assert.ok(info.held && info.fence === outer.fence && info.expiresAt === outer.expiresAt);
+  assert.equal(await locks.release(outer), true);
+  assert.equal((await locks.inspect(b)).held, false, "its one hold ended it");
 });
+
+// A writer's release, and a reader's (the last of the readers: its grant named the waiter too).
+for (const mode of ["exclusive", "shared"] as const) {
+  Deno.test(`a ${mode} release whose source was loaded anew runs after the hand-over behind it, which waits for it`, async () => {
+    const { redis } = await fixture();
+    const [a, b] = [keygen("ra"), keygen("rb")];
+    // The releaser's second request (its release again, as EVAL) waits until the other name's
+    // release is done: each finds the other's name held.
+    let armed = false;
+    let execs = 0;
+    let open!: () => void;
+    const gate = new Promise<void>((resolve) => open = resolve);
+    const gated = new Proxy(redis, {
+      get(target, property, receiver) {
+        if (property !== "pipeline") return Reflect.get(target, property, receiver);
+        return () => {
+          const pipeline = target.pipeline();
+          const exec = pipeline.exec.bind(pipeline);
+          return Object.assign(pipeline, {
+            exec: async (...options: Parameters<typeof exec>) => {
+              if (armed && ++execs === 2) await gate;
+              return await exec(...options);
+            },
+          });
+        };
+      },
+    });
+    const releaser = new Locks(gated);
+    const holder = new Locks(redis);
+    const { client, blocks } = blocksOf(redis);
+    const locks = new Locks(client);
+    const first = acquired(await holder.acquire(a, { ttlMs: 30_000 }));
+    const other = acquired(await holder.acquire(b, { ttlMs: 30_000 }));
+    const writer = releaser.acquire(a, { ttlMs: 30_000, waitMs: 20_000, mode });
+    await queued(redis, [a]);
+    const waiting = locks.acquireAll([b, a], { ttlMs: 5_000, waitMs: 20_000 });
+    await until("queued second", async () => await redis.zcard(lockKeys(a)[1]) === 2);
+    await holder.release(first);
+    const held = acquired(await writer); // its grant names the multi-name waiter
+    await redis.scriptFlush();
+    await redis.scriptLoad(HAND_OVER_ALL.source); // the hand-over's source is loaded, the release's not
+    armed = true;
+    const releasing = releaser.release(held); // hand_over_all runs first and finds its name held
+    await until("the first request ran", () => Promise.resolve(execs >= 2));
+    assert.equal(await holder.release(other), true); // its hand-over finds the first name held
+    open();
+    assert.equal(await releasing, true);
+    const leases = leasesOf(await waiting);
+    assert.deepEqual(blocks, { answered: 1, empty: 0 }, "handed over by the release's second step");
+    for (const lease of leases) assert.equal(await locks.release(lease), true);
+  });
+}
 
 Deno.test("leases kept at a leave name the next waiters, as leases handed while blocked do", async () => {
   const requests = async (atLeave: boolean) => {

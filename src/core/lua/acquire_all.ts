@@ -9,7 +9,9 @@
  * ticket) leaves all and joins all again. So every caller's places in all its queues date from
  * one instant, the order of those instants is one order across all queues, and the earliest
  * waiter is first in each of its queues: once their holders' leases end (they always do), it
- * gets all its names.
+ * gets all its names. (A name the caller's token holds already, through another acquire, stays
+ * granted: it holds that one while it waits, so two such callers can wait for each other until
+ * one's wait or lease ends.)
  *
  * A waiter that blocks (`wakeId`) leaves in each queue the offer `m<ttlMs>|<sinceMs>|<wakeId>|
  * <names>|<meta>` (its names comma-joined; builds before this one read no offer there, and leave
@@ -28,7 +30,8 @@ import { ACQUIRE_LUA, INDEX_LUA, NOW, OFFER_LUA, QUEUE_LUA, RECORD_LUA, STATS_LU
  * Acquire every name (`n` of them, in `names`), exclusively. Returns `{1, nowMs, ttlMs,
  * fence..., hint...}` (one fence and one grant hint per name, in order) when acquired (or
  * re-acquired by the same token, keeping each fence), the exclusive script's busy reply (the latest hint and lease end over the
- * names it waits for, its furthest place), or `{-1, 1}` when a name is held as a semaphore.
+ * names it waits for, its furthest place), `{-1, 1}` when a name is held as a semaphore, or
+ * `{-1, 5}` when this token holds one reentrant (a plain acquire would count no hold).
  */
 export const ACQUIRE_ALL = defineScript(
   "acquire_all",
@@ -55,6 +58,8 @@ for i = 1, n do
   records[i] = r
   held[i] = r and (r.token or r.shared) and nowMs < r.leaseEnd
   if held[i] and r.shared and r.limit > 0 then return {-1, 1, nowMs} end
+  -- a plain acquire of a reentrant lease of this token
+  if held[i] and r.token == token and #r.holds.ids > 0 then return {-1, 5, nowMs} end
   -- a name this token holds already stays granted
   if not (held[i] and r.token == token) then
     if not r or r.flag == '1' then heads[i] = queueHead(queueKey(i), ticketsKey(i), nowMs, maxWaiters, offersKey(i)) end

@@ -14,15 +14,17 @@ import {
 /**
  * Hands every name of a multi-name waiter (`n` of them, in `names`, as it acquires them) to it at
  * once: the step a release takes when the head of the name it freed is such a waiter (its offer
- * names `wakeId` and these names, see `./acquire_all.ts`). It grants only when the waiter heads
- * every queue with that offer and no name is held by another, as its own look would: each name
- * gets a new fence and the lease its offer asked for (a name the waiter's token holds already
- * keeps its fence, and its lease end if later), and `<fence>,<fence>…:<leaseEndMs>:<nowMs>:<hints>`
- * (each name's grant hint, `;`-joined) then a receipt `r<first fence>` go on `wakeKey`.
+ * names `wakeId` and these names, see `./acquire_all.ts`). It grants only when its own look would:
+ * no name held by another lease, and the waiter at the head of every queue but those of names its
+ * token holds already (each of those keeps its fence, and its lease end if later; one held
+ * reentrant is its look's mismatch). Each other name gets a new fence and the lease the offer asked
+ * for, and `<fence>,<fence>…:<leaseEndMs>:<nowMs>:<hints>` (each name's grant hint, `;`-joined)
+ * then a receipt `r<first fence>` go on `wakeKey`.
  *
  * Sent after a release in one request, it names that release (`by` its token, `at` its name's
- * place in `names`; '' and 0 for none): when that lease still holds its name, the release has not
- * run yet (its source was loaded anew, so it ran second), and it answers 0 without a look.
+ * place in `names`; '' and 0 for none): when that lease (or, shared, any) still holds its name,
+ * the release has not run yet (its source was loaded anew, so it ran second) or did not free the
+ * name, and it answers 0 without a look.
  * Returns 1 when handed over, `-i` when the i-th name is held by another (whose release hands
  * over), else 0 (the caller's second step, or the waiter's next look, decides).
  */
@@ -43,22 +45,30 @@ local function hintOf(i, first)
 end
 if at > 0 then
   local r = readRecord(lockKey(at))
-  if r and r.token == by and nowMs < r.leaseEnd then return 0 end
+  if r and (r.token == by or r.shared) and nowMs < r.leaseEnd then return 0 end
 end
-local records, mine, token = {}, {}, nil
+-- The waiter: a head whose offer names this wake key and these names (the same in every queue).
+local heads, token, offer = {}, nil, nil
 for i = 1, n do
-  local head = queueHead(queueKey(i), ticketsKey(i), nowMs, ${MAX_QUEUE}, offersKey(i))
-  if not head or head ~= (token or head) then return 0 end
-  token = head
-  local r = readRecord(lockKey(i))
-  mine[i] = r and r.token == token and nowMs < r.leaseEnd
-  if r and not mine[i] and (r.foreign or ((r.token or r.shared) and nowMs < r.leaseEnd)) then
-    return -i
+  heads[i] = queueHead(queueKey(i), ticketsKey(i), nowMs, ${MAX_QUEUE}, offersKey(i))
+  if heads[i] and not token then
+    local o = parseOffer(redis.call('HGET', offersKey(i), heads[i]))
+    if o and o.wake == wakeId and o.names == table.concat(names, ',') then token, offer = heads[i], o end
   end
+end
+if not token then return 0 end
+local records, mine = {}, {}
+for i = 1, n do
+  local r = readRecord(lockKey(i))
+  local live = r and (r.token or r.shared) and nowMs < r.leaseEnd
+  mine[i] = live and r.token == token
+  -- a reentrant lease of its token: its look answers the mismatch
+  if mine[i] and #r.holds.ids > 0 then return 0 end
+  -- it heads every queue but those of names its token holds, which it keeps
+  if not mine[i] and heads[i] ~= token then return 0 end
+  if r and (r.foreign or (live and not mine[i])) then return -i end
   records[i] = r or {fence = '0', hold = 1, released = ''}
 end
-local offer = parseOffer(redis.call('HGET', offersKey(1), token))
-if not offer or offer.wake ~= wakeId or offer.names ~= table.concat(names, ',') then return 0 end
 local leaseEnd, fences, hints = nowMs + offer.ttl, {}, {}
 for i = 1, n do
   local r = records[i]
