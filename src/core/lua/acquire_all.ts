@@ -29,9 +29,10 @@ import { ACQUIRE_LUA, INDEX_LUA, NOW, OFFER_LUA, QUEUE_LUA, RECORD_LUA, STATS_LU
 /**
  * Acquire every name (`n` of them, in `names`), exclusively. Returns `{1, nowMs, ttlMs,
  * fence..., hint...}` (one fence and one grant hint per name, in order) when acquired (or
- * re-acquired by the same token, keeping each fence), the exclusive script's busy reply (the latest hint and lease end over the
- * names it waits for, its furthest place), `{-1, 1}` when a name is held as a semaphore, or
- * `{-1, 5}` when this token holds one reentrant (a plain acquire would count no hold).
+ * re-acquired by the same token, keeping each fence), the exclusive script's busy reply (the
+ * latest hint and lease end over the names it waits for, its furthest place), `{-1, 1}` when a
+ * name is held as a semaphore, or `{-1, 5}` when this token holds one reentrant (a plain acquire
+ * would count no hold).
  */
 export const ACQUIRE_ALL = defineScript(
   "acquire_all",
