@@ -7,6 +7,7 @@ import fc from "fast-check";
 import { check, type Operation, withBroken } from "../dev/history.ts";
 import { HAND_OVER_ALL } from "../src/core/lua/hand_over_all.ts";
 import { acquired, keygen, lockKeys, shared, startBackend, until } from "./_backend.ts";
+import { beforePipelines, holdAndRelease } from "./_handoff.ts";
 
 const fixture = shared(startBackend, (backend) => backend.stop());
 
@@ -136,21 +137,10 @@ Deno.test("a multi-name waiter that leaves as it is handed its names keeps them"
   // The waiter's wait ends busy; as it leaves the queues (one pipeline), the holder releases
   // first, which hands the waiter its names: its leave finds the hand-off.
   let released = false;
-  const late = new Proxy(redis, {
-    get(target, property, receiver) {
-      if (property !== "pipeline") return Reflect.get(target, property, receiver);
-      return () => {
-        const pipeline = target.pipeline();
-        const exec = pipeline.exec.bind(pipeline);
-        return Object.assign(pipeline, {
-          exec: async (...options: Parameters<typeof exec>) => {
-            released = true;
-            for (const lease of held) await holder.release(lease);
-            return await exec(...options);
-          },
-        });
-      };
-    },
+  const late = beforePipelines(redis, async () => {
+    if (released) return;
+    released = true;
+    for (const lease of held) await holder.release(lease);
   });
   const locks = new Locks(late);
   const result = await locks.acquireAll(names, { ttlMs: 5_000, waitMs: 300 });
@@ -218,36 +208,13 @@ Deno.test("random queues of writers, readers and multi-name waiters: exclusion, 
             ? [acquired(await by.acquire(names[0]!, { ttlMs: 30_000, waitMs: 20_000, ...mode }))]
             : leasesOf(await by.acquireAll(names, { ttlMs: 30_000, waitMs: 20_000 }));
           grants.push(i);
-          for (const lease of leases) {
-            history.push({
-              op: "acquire",
-              client: `c${i}`,
-              name: lease.name,
-              token: lease.token,
-              invokedAt,
-              completedAt: Date.now(),
-              outcome: "acquired",
-              fence: lease.fence,
-              serverTime: lease.serverTime,
-              expiresAt: lease.expiresAt,
-              ...(reads && { mode: "shared" as const }),
-              ...(!reads && names.length > 1 && { multi: true }),
-            });
-          }
-          await new Promise((resolve) => setTimeout(resolve, holdMs));
-          for (const lease of leases) {
-            const releasedAt = Date.now();
-            const released = await (elsewhere ? other : by).release(lease);
-            history.push({
-              op: "release",
-              client: `c${i}`,
-              name: lease.name,
-              token: lease.token,
-              invokedAt: releasedAt,
-              completedAt: Date.now(),
-              outcome: released ? "released" : "not_held",
-            });
-          }
+          const kind = reads
+            ? { mode: "shared" as const }
+            : names.length > 1
+            ? { multi: true }
+            : {};
+          const releaser = elsewhere ? other : by;
+          await holdAndRelease(history, `c${i}`, leases, invokedAt, kind, holdMs, releaser);
         };
         const started: Promise<void>[] = [];
         for (const [i, waiter] of waiters.entries()) {
@@ -338,20 +305,8 @@ for (const mode of ["exclusive", "shared"] as const) {
     let execs = 0;
     let open!: () => void;
     const gate = new Promise<void>((resolve) => open = resolve);
-    const gated = new Proxy(redis, {
-      get(target, property, receiver) {
-        if (property !== "pipeline") return Reflect.get(target, property, receiver);
-        return () => {
-          const pipeline = target.pipeline();
-          const exec = pipeline.exec.bind(pipeline);
-          return Object.assign(pipeline, {
-            exec: async (...options: Parameters<typeof exec>) => {
-              if (armed && ++execs === 2) await gate;
-              return await exec(...options);
-            },
-          });
-        };
-      },
+    const gated = beforePipelines(redis, async () => {
+      if (armed && ++execs === 2) await gate;
     });
     const releaser = new Locks(gated);
     const holder = new Locks(redis);
@@ -388,23 +343,10 @@ Deno.test("leases kept at a leave name the next waiters, as leases handed while 
     const held = await Promise.all(names.map(async (n) => acquired(await holder.acquire(n))));
     // At a leave, the holder releases first: the leave finds the names handed over.
     let released = !atLeave;
-    const late = new Proxy(redis, {
-      get(target, property, receiver) {
-        if (property !== "pipeline" || released) return Reflect.get(target, property, receiver);
-        return () => {
-          const pipeline = target.pipeline();
-          const exec = pipeline.exec.bind(pipeline);
-          return Object.assign(pipeline, {
-            exec: async (...options: Parameters<typeof exec>) => {
-              if (!released) {
-                released = true;
-                for (const lease of held) await holder.release(lease);
-              }
-              return await exec(...options);
-            },
-          });
-        };
-      },
+    const late = beforePipelines(redis, async () => {
+      if (released) return;
+      released = true;
+      for (const lease of held) await holder.release(lease);
     });
     const first = new Locks(late);
     const waiting = first.acquireAll(names, { ttlMs: 30_000, waitMs: atLeave ? 400 : 20_000 });

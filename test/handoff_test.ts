@@ -21,6 +21,7 @@ import { HAND_OVER } from "../src/core/lua/hand_over.ts";
 import { BELL_ENTRIES } from "../src/core/lua/lib.ts";
 import { startShiftedRedisServer } from "../dev/clock_shift.ts";
 import { acquired, keygen, lockKeys, shared, startBackend, takeTicket, until } from "./_backend.ts";
+import { holdAndRelease } from "./_handoff.ts";
 
 const fixture = shared(async () => {
   const backend = await startBackend();
@@ -1199,41 +1200,6 @@ Deno.test("a token that holds a semaphore's permits is not handed more by a rele
   assert.equal(await locks.release(held), true);
 });
 
-// A lease granted at `invokedAt` (`kind`, its mode fields) in `history`, held `holdMs`, then
-// released through `releaser` (the acquire's Locks or another), its release in `history` too.
-async function holdAndRelease(
-  history: Operation[],
-  client: string,
-  lease: Lease,
-  invokedAt: number,
-  kind: Pick<Operation & { op: "acquire" }, "mode" | "limit" | "permits">,
-  holdMs: number,
-  releaser: Locks,
-): Promise<void> {
-  const common = { client, name: lease.name, token: lease.token };
-  history.push({
-    op: "acquire",
-    ...common,
-    invokedAt,
-    completedAt: Date.now(),
-    outcome: "acquired",
-    fence: lease.fence,
-    serverTime: lease.serverTime,
-    expiresAt: lease.expiresAt,
-    ...kind,
-  });
-  await new Promise((resolve) => setTimeout(resolve, holdMs));
-  const releasedAt = Date.now();
-  const released = await releaser.release(lease);
-  history.push({
-    op: "release",
-    ...common,
-    invokedAt: releasedAt,
-    completedAt: Date.now(),
-    outcome: released ? "released" : "not_held",
-  });
-}
-
 // Starts `count` waiters on `first`'s name in a known order (each queues before the next comes),
 // then releases `first` through `locks` and waits for every waiter.
 async function inArrivalOrder(
@@ -1292,7 +1258,7 @@ Deno.test("random queues of readers and writers: exclusion, fences and arrival o
           grants.push(i);
           const kind = shared ? { mode: "shared" as const } : {};
           const releaser = elsewhere ? other : polls ? polling : locks;
-          await holdAndRelease(history, `c${i}`, lease, invokedAt, kind, holdMs, releaser);
+          await holdAndRelease(history, `c${i}`, [lease], invokedAt, kind, holdMs, releaser);
         };
         await inArrivalOrder(
           backend.redis,
@@ -1358,7 +1324,7 @@ Deno.test("random queues of a semaphore's waiters: the limit, fences and arrival
           await holdAndRelease(
             history,
             `c${i}`,
-            lease,
+            [lease],
             invokedAt,
             kind,
             holdMs,

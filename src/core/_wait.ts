@@ -337,7 +337,8 @@ export async function handOver(context: LockContext, name: string, wakeId: strin
   };
   try {
     for (let n = 0, next = wakeId; n < HAND_OVER_STEPS && (n === 0 || next !== ""); n++) {
-      if (next.includes("|")) return await handOverAll(context, next);
+      const waiter = multiHead(next);
+      if (waiter) return await handOverAll(context, waiter);
       next = decodeHandOver(HAND_OVER, await context.run(HAND_OVER, step(next)));
     }
   } catch {
@@ -345,25 +346,34 @@ export async function handOver(context: LockContext, name: string, wakeId: strin
   }
 }
 
-// Hands a multi-name waiter (`head`: `<wakeId>|<names>`, as a release names it) all its names
-// when all are free and it heads every queue (see `./lua/hand_over_all.ts`).
-async function handOverAll(context: LockContext, head: string): Promise<void> {
-  const call = handOverAllCall(context, head);
+/**
+ * A multi-name waiter as a release or a grant's hint names it, `<wakeId>|<names>` (its names
+ * comma-joined, the first its wake key's); none for a single waiter's wake ids.
+ */
+export function multiHead(head: string): MultiHead | undefined {
+  const bar = head.indexOf("|");
+  if (bar < 0) return undefined;
+  return { wakeId: head.slice(0, bar), names: head.slice(bar + 1).split(",") };
+}
+type MultiHead = { wakeId: string; names: string[] };
+
+// Hands a multi-name waiter all its names when all are free and it heads every queue (see
+// `./lua/hand_over_all.ts`).
+async function handOverAll(context: LockContext, waiter: MultiHead): Promise<void> {
+  const call = handOverAllCall(context, waiter);
   if (call) await context.run(HAND_OVER_ALL, call);
 }
 
 /**
- * The call of `./lua/hand_over_all.ts` for `head`, sent after the release of `released` (the
+ * The call of `./lua/hand_over_all.ts` for `waiter`, sent after the release of `released` (the
  * lease's name and token) in the same request, or as a step of its own (none); no call for names
  * not of one slot.
  */
 export function handOverAllCall(
   context: LockContext,
-  head: string,
+  { wakeId, names }: MultiHead,
   released?: { name: string; token: string },
 ): ScriptCall | undefined {
-  const [wakeId, list] = head.split("|") as [string, string];
-  const names = list.split(",");
   // Names this layout cannot take together (another slot) are never one waiter's.
   if (context.keys.cluster && new Set(names.map((name) => context.keys.base(name))).size > 1) {
     return undefined;

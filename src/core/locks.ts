@@ -20,7 +20,7 @@ import {
   MAX_BATCH,
   newToken,
 } from "./_validate.ts";
-import { type Attempt, handOver, handOverAllCall, type Look, waitFor } from "./_wait.ts";
+import { type Attempt, handOver, handOverAllCall, type Look, multiHead, waitFor } from "./_wait.ts";
 import type { Script } from "./lua/_define.ts";
 import { ACQUIRE } from "./lua/acquire.ts";
 import { ACQUIRE_ALL } from "./lua/acquire_all.ts";
@@ -357,10 +357,9 @@ export class Locks implements LockClient {
     // The grant's hint: the next waiters' wake keys, declared; or a multi-name waiter at the
     // head, handed its names by a second script in the same request, after the release.
     const hint = this.#hints.get(`${name}\n${token}`) ?? "";
-    const multi = hint.includes("|")
-      ? handOverAllCall(this.#context, hint, { name, token })
-      : undefined;
-    const hints = hint === "" || hint.includes("|") ? [] : hint.split(",");
+    const waiter = multiHead(hint);
+    const multi = waiter && handOverAllCall(this.#context, waiter, { name, token });
+    const hints = hint === "" || waiter ? [] : hint.split(",");
     const call = RELEASE.call({
       keys: {
         lockKey,
@@ -400,9 +399,9 @@ export class Locks implements LockClient {
       // the script after it did not hand its names: hand over in a second step, unless another
       // lease holds another of its names (that lease's release hands over). The script answers
       // 0 when it ran before the release (whose source was loaded anew): this step then runs.
-      const held = typeof handedAll === "number" && handedAll < 0
-        ? hint.split(/[|,]/)[-handedAll]
-        : "";
+      const held = waiter && typeof handedAll === "number" && handedAll < 0
+        ? waiter.names[-handedAll - 1]
+        : undefined;
       if (head !== "" && !(head === hint && (handedAll === 1 || (held && held !== name)))) {
         await handOver(this.#context, name, head);
       }

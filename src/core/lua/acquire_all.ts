@@ -24,7 +24,16 @@
 
 import { defineScript } from "./_define.ts";
 import { ACQUIRE_ARGS, STATS_KEYS, WAIT_ARGS } from "./contracts.ts";
-import { ACQUIRE_LUA, INDEX_LUA, NOW, OFFER_LUA, QUEUE_LUA, RECORD_LUA, STATS_LUA } from "./lib.ts";
+import {
+  ACQUIRE_LUA,
+  INDEX_LUA,
+  NAMES_HINT_LUA,
+  NOW,
+  OFFER_LUA,
+  QUEUE_LUA,
+  RECORD_LUA,
+  STATS_LUA,
+} from "./lib.ts";
 
 /**
  * Acquire every name (`n` of them, in `names`), exclusively. Returns `{1, nowMs, ttlMs,
@@ -44,13 +53,8 @@ export const ACQUIRE_ALL = defineScript(
     args: { ...ACQUIRE_ARGS, n: "number", ...WAIT_ARGS, wakeId: "string" },
     rest: "names",
   },
-  [NOW, RECORD_LUA, QUEUE_LUA, STATS_LUA, INDEX_LUA, OFFER_LUA, ACQUIRE_LUA],
+  [NOW, RECORD_LUA, QUEUE_LUA, STATS_LUA, INDEX_LUA, OFFER_LUA, NAMES_HINT_LUA, ACQUIRE_LUA],
   `
--- Name i's grant hint (\`grantHint\`): its first waiters, \`first\`, with their offers.
-local function hintOf(i, first)
-  if not first or #first == 0 then return '' end
-  return grantHint(first, redis.call('HMGET', offersKey(i), unpack(first)))
-end
 local records, held, heads, blocked = {}, {}, {}, {}
 local ready = true
 for i = 1, n do

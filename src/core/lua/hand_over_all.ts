@@ -4,6 +4,7 @@ import {
   INDEX_LUA,
   MAX_HOLD_MS,
   MAX_QUEUE,
+  NAMES_HINT_LUA,
   NOW,
   OFFER_LUA,
   QUEUE_LUA,
@@ -36,13 +37,8 @@ export const HAND_OVER_ALL = defineScript(
     args: { graceMs: "number", n: "number", wakeId: "string", by: "string", at: "number" },
     rest: "names",
   },
-  [NOW, RECORD_LUA, QUEUE_LUA, STATS_LUA, INDEX_LUA, OFFER_LUA],
+  [NOW, RECORD_LUA, QUEUE_LUA, STATS_LUA, INDEX_LUA, OFFER_LUA, NAMES_HINT_LUA],
   `
--- Name i's grant hint (\`grantHint\`): its first waiters, \`first\`, with their offers.
-local function hintOf(i, first)
-  if not first or #first == 0 then return '' end
-  return grantHint(first, redis.call('HMGET', offersKey(i), unpack(first)))
-end
 if at > 0 then
   local r = readRecord(lockKey(at))
   if r and (r.token == by or r.shared) and nowMs < r.leaseEnd then return 0 end

@@ -400,6 +400,17 @@ local function grantHint(first, offers)
 end
 `;
 
+/**
+ * For the scripts over several names (\`offersKey(i)\` each): name i's grant hint (\`grantHint\`),
+ * its first waiters \`first\` with their offers. After OFFER_LUA.
+ */
+export const NAMES_HINT_LUA = `
+local function hintOf(i, first)
+  if not first or #first == 0 then return '' end
+  return grantHint(first, redis.call('HMGET', offersKey(i), unpack(first)))
+end
+`;
+
 /** The release's side of the hand-off (see OFFER_LUA), after it. */
 export const HANDOFF_LUA = `
 -- Where the caller declared the wake key with id \`wake\`: its index (\`hintKey(i)\`), else nil.
