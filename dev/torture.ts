@@ -1,7 +1,8 @@
 /**
  * `deno task torture`: many clients contend for a few names through the library and through the
- * HTTP service, with HTTP faults injected on both hops, Redis restarted and its script cache
- * flushed mid-run, and the HTTP API fuzzed meanwhile. Every operation goes into a history that
+ * HTTP service, with HTTP faults injected on both hops, Redis paused (SIGSTOP, past the leases and
+ * the requests' deadline), restarted and its script cache flushed mid-run, and the HTTP API fuzzed
+ * meanwhile. Every operation goes into a history that
  * the checker verifies afterwards; a fenced model resource shows stale holders being refused.
  *
  * Every primitive takes part: exclusive leases and shared ones (readers) on the same names, a
@@ -48,7 +49,7 @@ export interface TortureOptions {
   broken?: BrokenRule;
   /** Fault probabilities per hop. @default a mix of every kind */
   faults?: Partial<Record<FaultKind, number>>;
-  /** Restart redis-server and flush its scripts mid-run. @default true */
+  /** Pause and restart redis-server and flush its scripts mid-run. @default true */
   redisFaults?: boolean;
   /**
    * Run on a local Redis Cluster (3 primaries, 3 replicas; the cluster key layout): the Redis faults are then
@@ -64,10 +65,12 @@ export interface TortureReport {
   operations: Record<string, number>;
   faults: Record<FaultKind, number>;
   redisRestarts: number;
+  /** Times redis-server was paused (SIGSTOP, then SIGCONT); none on the cluster. */
+  redisPauses: number;
   scriptFlushes: number;
   fuzzCases: number;
   fuzz5xx: number;
-  /** Fuzz requests answered 503 backend_unavailable while redis-server restarted. */
+  /** Fuzz requests answered 503 backend_unavailable while redis-server restarted or paused. */
   fuzzBackendDown: number;
   staleWritesRefused: number;
   acceptedWrites: number;
@@ -155,6 +158,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
   const semNames = Array.from({ length: Math.max(2, names >> 2) }, (_, i) => `torture-sem-${i}`);
   const deadline = Date.now() + seconds * 1000;
   let redisRestarts = 0;
+  let redisPauses = 0;
   let scriptFlushes = 0;
   let fuzzCases = 0;
   let fuzz5xx = 0;
@@ -380,7 +384,23 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
       if (Date.now() >= deadline - 500) break;
       if (cluster) await flushEveryNode(cluster.nodes).then(() => scriptFlushes++, () => {});
       else await direct.scriptFlush().then(() => scriptFlushes++, () => {});
-      await sleep(Math.min(spacing / 2, Math.max(0, deadline - Date.now() - 500)));
+      await sleep(Math.min(spacing / 4, Math.max(0, deadline - Date.now() - 500)));
+      if (!cluster && Date.now() < deadline - 2000) {
+        // Paused past every lease (TTL_MS) and, at times, past the requests' deadline: the
+        // commands sent meanwhile run late, on a server clock that moved on, after their callers
+        // may have given up on them.
+        const pid = await redisPid(server!.url);
+        const pauseMs = 300 + Math.floor(Math.random() * 2000);
+        Deno.kill(pid, "SIGSTOP");
+        try {
+          await sleep(pauseMs);
+        } finally {
+          Deno.kill(pid, "SIGCONT");
+        }
+        redisPauses++;
+        log(`redis-server paused ${pauseMs} ms (${redisPauses})`);
+      }
+      await sleep(Math.min(spacing / 4, Math.max(0, deadline - Date.now() - 500)));
       if (Date.now() >= deadline - 500) break;
       if (cluster) {
         // One primary, once: its replica takes over (the cluster has no spare for a second).
@@ -434,7 +454,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
           body: method === "GET" ? undefined : body,
         });
         const text = await res.text();
-        // 503 backend_unavailable is the right answer while redis-server restarts.
+        // 503 backend_unavailable is the right answer while redis-server restarts or is paused.
         if (res.status === 503 && text.includes('"backend_unavailable"')) fuzzBackendDown++;
         else if (res.status >= 500) fuzz5xx++;
         if (res.status >= 400 && res.headers.get("content-type") !== "application/problem+json") {
@@ -485,6 +505,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     operations,
     faults,
     redisRestarts,
+    redisPauses,
     scriptFlushes,
     fuzzCases,
     fuzz5xx,
@@ -494,6 +515,17 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     violations,
     evidence: evidenceFor(violations, history),
   };
+}
+
+// The redis-server's process id, to pause it.
+async function redisPid(url: string): Promise<number> {
+  const { Redis: IORedis } = await import("ioredis");
+  const client = new IORedis(url, { retryStrategy: () => null, maxRetriesPerRequest: 0 });
+  try {
+    return Number(/process_id:(\d+)/.exec(await client.info("server"))![1]);
+  } finally {
+    client.disconnect();
+  }
 }
 
 // The operations of every token a violation names (tokens are 32 hex digits here).
@@ -574,9 +606,11 @@ if (import.meta.main) {
     console.log(`torture: ${report.seconds} s${broken ? ` (broken ${broken} variant)` : ""}`);
     console.log(`operations: ${JSON.stringify(report.operations)}`);
     console.log(`faults injected: ${JSON.stringify(report.faults)}`);
-    console.log(`redis restarts: ${report.redisRestarts}, script flushes: ${report.scriptFlushes}`);
     console.log(
-      `fuzz cases: ${report.fuzzCases} (5xx: ${report.fuzz5xx}; 503 while Redis restarted: ${report.fuzzBackendDown})`,
+      `redis restarts: ${report.redisRestarts}, pauses: ${report.redisPauses}, script flushes: ${report.scriptFlushes}`,
+    );
+    console.log(
+      `fuzz cases: ${report.fuzzCases} (5xx: ${report.fuzz5xx}; 503 while Redis restarted or paused: ${report.fuzzBackendDown})`,
     );
     console.log(
       `fenced resource: ${report.acceptedWrites} writes accepted, ${report.staleWritesRefused} stale accesses refused`,

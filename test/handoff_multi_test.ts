@@ -4,6 +4,7 @@ import assert from "node:assert/strict";
 import type { Redis } from "@upstash/redis";
 import { EdgelockError, type Lease, type LockEvent, Locks } from "@edgelock/edgelock";
 import fc from "fast-check";
+import { startShiftedRedisServer } from "../dev/clock_shift.ts";
 import { check, type Operation, withBroken } from "../dev/history.ts";
 import { HAND_OVER_ALL } from "../src/core/lua/hand_over_all.ts";
 import { acquired, keygen, lockKeys, shared, startBackend, until } from "./_backend.ts";
@@ -150,6 +151,37 @@ Deno.test("a multi-name waiter that leaves as it is handed its names keeps them"
     const info = await holder.inspect(lease.name);
     assert.ok(info.held && info.fence === lease.fence, "the handed lease");
     assert.equal(await holder.release(lease), true);
+  }
+});
+
+Deno.test("a multi-name waiter handed its names after the server clock stepped back finds them at its next look", async () => {
+  const server = await startShiftedRedisServer();
+  const backend = await startBackend([], server);
+  try {
+    const names = [keygen("ma"), keygen("mb")];
+    const holder = new Locks(backend.redis);
+    const held = await Promise.all(names.map(async (n) => acquired(await holder.acquire(n))));
+    const { client, blocks } = blocksOf(backend.redis);
+    const { locks, looks } = tracked(client);
+    const waiting = locks.acquireAll(names, { ttlMs: 30_000, waitMs: 20_000 });
+    await queued(backend.redis, names);
+    // The hand-off's grant now carries a server time before the waiter's look: the waiter cannot
+    // tell it from a grant made before its look (no live lease), so it looks again.
+    await server.shift(-10_000);
+    for (const lease of held) assert.equal(await holder.release(lease), true);
+    const leases = leasesOf(await waiting);
+    assert.equal(blocks.answered, 1, "the hand-off woke it");
+    assert.equal(looks(), 1, "one busy look before the block; the look after it was granted");
+    for (const [i, lease] of leases.entries()) {
+      assert.equal(lease.name, names[i]);
+      const info = await holder.inspect(lease.name);
+      assert.ok(info.held && info.fence === lease.fence, "the lease Redis holds for it");
+      assert.ok(lease.fence > held[i]!.fence, "fences still increase across the step back");
+      assert.equal(await locks.release(lease), true);
+    }
+    for (const name of names) assert.equal((await holder.inspect(name)).held, false);
+  } finally {
+    await backend.stop();
   }
 });
 

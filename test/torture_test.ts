@@ -8,7 +8,7 @@ Deno.test("a short torture run under every fault kind has no violations", async 
   const report = await runTorture({ clients: 24, names: 4, seconds: 8, fuzzRuns: 500 });
   assert.deepEqual(report.violations, []);
   for (const kind of FAULT_KINDS) assert.ok(report.faults[kind] > 0, `no ${kind} fault injected`);
-  assert.ok(report.redisRestarts >= 1 && report.scriptFlushes >= 1);
+  assert.ok(report.redisRestarts >= 1 && report.redisPauses >= 1 && report.scriptFlushes >= 1);
   // Progress, not speed: every kind was granted (a loaded machine may grant few).
   for (const kind of ["exclusive", "shared", "semaphore", "multi"]) {
     assert.ok((report.operations[`acquire:${kind}:acquired`] ?? 0) > 0, `${kind} leases granted`);
