@@ -613,7 +613,8 @@ try {
   const heldBytes = await usage(`*{${name}}*`);
   if (held.acquired) await locks.release(held.lease);
   const residue = await usage(`*{${name}}*`);
-  // Taken again: the record keeps the last release too, for retries (the marks, counted apart).
+  // Taken again by another token: the record keeps nothing of the last release, which the marks
+  // (counted apart) remember for retries.
   const again = await locks.acquire(name, { ttlMs: 60_000 });
   const againBytes = await usage(`edgelock:lock:{${name}}`);
   if (again.acquired) await locks.release(again.lease);

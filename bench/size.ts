@@ -76,9 +76,10 @@ import { cli } from "../bridge/_cli.ts";
  * kept in its hand-off, and the release named to it so it knows when it ran first: the core
  * 30.8 KB, the service 72.3 KB; the waiter found by its offer (it need not head the queue of a
  * name it holds) and a reentrant lease of its token its mismatch: the core 30.9 KB, the service
- * 72.5 KB. */
+ * 72.5 KB. A new exclusive lease's record that keeps the last release only when its marks may not
+ * (`ownRelease`: 32 B less per lock taken again): the core 31.1 KB. */
 export const BUDGETS = {
-  ".": 31_000,
+  ".": 31_100,
   "./uses": 11_200,
   "./hono": 8_400,
   "./client": 7_000,

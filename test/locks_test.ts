@@ -157,6 +157,28 @@ Deno.test("a released name leaves a small record for fenceWindowMs and its relea
   assert.throws(() => new Locks(redis, { fenceWindowMs: 999 }), /fenceWindowMs/);
 });
 
+Deno.test("a name taken again by another token keeps no release in its record; retries find the marks", async () => {
+  const { redis, locks } = await fixture();
+  const name = keygen();
+  const released = /\|\d+:[0-9a-f]{12}\|/; // a record's `<fence>:<sha>` of its last release
+  const first = acquired(await locks.acquire(name));
+  assert.equal(await locks.release(first), true);
+  const second = acquired(await locks.acquire(name));
+  const record = (await redis.get<string>(lockKey(name)))!;
+  assert.doesNotMatch(record, released, "as short as a first lease");
+  assert.equal(await locks.release(first), true, "a retry of the first release, by its fence");
+  assert.equal(await locks.release({ name, token: first.token }), true, "and by its token alone");
+  assert.equal(await holderOf(redis, name), second.token, "the second lease stands");
+  // Taken again by the token that released it: the record keeps that release, whose mark the
+  // grant to the token forgot.
+  assert.equal(await locks.release(second), true);
+  const third = acquired(await locks.acquire(name, { token: second.token }));
+  assert.match((await redis.get<string>(lockKey(name)))!, new RegExp(`\\|${second.fence}:`));
+  assert.equal(await locks.release(second), true, "its earlier release, by its fence");
+  assert.equal(await holderOf(redis, name), third.token);
+  assert.equal(await locks.release(third), true);
+});
+
 Deno.test("a lease that runs out unreleased leaves its record, meta included, for fenceWindowMs", async () => {
   const { backend, locks } = await fixture();
   const name = keygen();

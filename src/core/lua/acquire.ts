@@ -26,7 +26,8 @@ if not raw then
 else
   local f, h, sha = string.match(raw, '^R(%d+)|(%d+)|0|(%x+)$')
   if f then
-    fast, hold0, released0 = tonumber(f), math.min(math.max(tonumber(h), 1), ${MAX_HOLD_MS}), f .. ':' .. sha
+    fast, hold0, released0 = tonumber(f), math.min(math.max(tonumber(h), 1), ${MAX_HOLD_MS}), ''
+    if sha == string.sub(redis.sha1hex(token), 1, #sha) then released0 = f .. ':' .. sha end
   end
 end
 if fast then
@@ -117,7 +118,7 @@ if not held and (not head or head == token) then
   local flag = (nextHead and '1') or '0'
   local grant = {fence = newFence(r), leaseEnd = nowMs + ttlMs, at = nowMs, hold = holdMs,
     flag = flag, token = token, meta = meta, holds = newHolds(hold),
-    released = (r and r.released) or ''}
+    released = ownRelease(r, token)}
   writeHeld(lockKey, grant, nowMs, graceMs)
   -- a release without a fence now means this lease
   redis.call('ZREM', marksKey, token)

@@ -93,7 +93,7 @@ if ready then
       hints[i] = hintOf(i, first)
       r = {fence = newFence(r), leaseEnd = nowMs + ttlMs, at = nowMs, hold = holdEstimate(r),
         flag = flag, token = token, meta = meta, holds = newHolds(''),
-        released = (r and r.released) or ''}
+        released = ownRelease(r, token)}
       redis.call('ZREM', marksKey(i), token)
     end
     writeHeld(lockKey(i), r, nowMs, graceMs)

@@ -78,7 +78,8 @@ for i = 1, n do
   else
     r = {fence = string.format('%.0f', math.max(nowUs, tonumber(r.fence) + 1)), leaseEnd = leaseEnd,
       at = nowMs, hold = clamp(r.hold or 1, 1, ${MAX_HOLD_MS}), flag = (nextHead and '1') or '0',
-      token = token, meta = offer.meta, holds = newHolds(''), released = r.released or ''}
+      token = token, meta = offer.meta, holds = newHolds(''),
+      released = ownRelease(r, token)}
     -- a release without a fence now means this lease
     redis.call('ZREM', marksKey(i), token)
   end

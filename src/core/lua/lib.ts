@@ -14,7 +14,8 @@
  *   grant time) count ms from the fence's own millisecond (`floor(fence / 1000)`, about the grant
  *   time), so they are short (`60000|0`): a name's first lease, with a generated token and no
  *   meta, is 57 characters, within Redis's 64-byte allocation (136 B per held lock with a
- *   12-character name; a name taken again carries its last release, 29 characters more: 168 B).
+ *   12-character name, taken again by another token as well; taken again by the token that
+ *   released it last, it carries that release, 29 characters more: 168 B, see `ownRelease`).
  *   Builds before this form wrote `H…`, with both in ms since the epoch: still read, and kept `H`
  *   until that lease ends (see the CHANGELOG for what a fleet of both builds meets);
  * - `S<fence>|<leaseEndMs>|<atMs>|<holdMs>|<flag>|<limit>|<released>` while shared or semaphore
@@ -22,7 +23,8 @@
  * - `R<fence>|<holdMs>|<flag>|<sha>` once it was released (`released` is then `<fence>:<sha>`).
  *
  * `released` is `<fence>:<sha>` of the last release, `sha` the first 12 hex digits of the SHA-1 of
- * its token, so a retried release answers the same for exactly that lease.
+ * its token, so a retried release answers the same for exactly that lease (an exclusive lease's
+ * record keeps it only when the release was its own token's: the marks have it for any other).
  *
  * Either way it keeps the last fence (the floor) for `graceMs` after the lease ends, so fences keep
  * increasing across that window even if the server clock steps back within it. `holdMs` is a
@@ -143,6 +145,12 @@ end
 
 // The lock record: read, and written with a TTL that keeps the fence `graceMs` past the lease.
 // A value this code did not write is `foreign`: busy until its TTL (given one if it has none).
+// `ownRelease`: the marks remember every release, but a grant to a token forgets that token's
+// mark, so a retry of its earlier release with the fence finds it only in the record. A new
+// exclusive lease's record keeps the last release when it was the new token's, or the token's
+// whose lease the record holds (or held, unreleased), or the record is shared (its holders
+// unnamed); any other token's mark is still there (a release marks its token as it frees the
+// record), and the record stays short.
 export const RECORD_LUA = `
 local function clamp(value, low, high) return math.min(math.max(value, low), high) end
 -- value: the key's value when the caller read it already (false: none), else nil.
@@ -184,6 +192,14 @@ ${HOLDS_LUA}local function readRecord(key, value)
   return {foreign = true}
 end
 local function ms(value) return string.format('%.0f', value) end
+-- What a new exclusive lease of \`token\` keeps of record r's last release (see above)
+local function ownRelease(r, token)
+  local sha = r and string.match(r.released or '', ':(%x+)$')
+  if not sha then return '' end
+  local function owns(t) return t and sha == string.sub(redis.sha1hex(t), 1, #sha) end
+  if r.shared or owns(token) or (not r.free and owns(r.token)) then return r.released end
+  return ''
+end
 -- A lease written H stays H while it lasts (a busy look, a renew, a reentrant hold), so the build
 -- that wrote it still reads it; each new grant is written X.
 local function writeHeld(key, r, nowMs, graceMs)
@@ -555,6 +571,7 @@ local function handOver(r)
   else
     token = head
     lease.token, lease.meta, lease.holds = head, offer.meta, newHolds(offer.hold)
+    lease.released = ownRelease(r, head)
     writeHeld(lockKey, lease, nowMs, graceMs)
   end
   -- a release without a fence now means this lease
