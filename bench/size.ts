@@ -77,7 +77,8 @@ import { cli } from "../bridge/_cli.ts";
  * 30.8 KB, the service 72.3 KB; the waiter found by its offer (it need not head the queue of a
  * name it holds) and a reentrant lease of its token its mismatch: the core 30.9 KB, the service
  * 72.5 KB. A new exclusive lease's record that keeps the last release only when its marks may not
- * (`ownRelease`: 32 B less per lock taken again): the core 31.1 KB. */
+ * (`ownRelease`: 32 B less per lock taken again): the core 31.1 KB; a histogram's sum not added
+ * to when 0 ms: the service 72.6 KB. */
 export const BUDGETS = {
   ".": 31_100,
   "./uses": 11_200,
@@ -86,7 +87,7 @@ export const BUDGETS = {
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 7_500,
-  "./service": 72_600,
+  "./service": 72_700,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

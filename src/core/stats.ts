@@ -132,7 +132,7 @@ local function observe(key, nowMs, histogram, ms)
     if ms <= bounds[j] then i = j - 1; break end
   end
   count(key, nowMs, histogram .. '.' .. i)
-  redis.pcall('HINCRBY', key, 't:' .. histogram .. '.sum', ms)
+  if ms > 0 then redis.pcall('HINCRBY', key, 't:' .. histogram .. '.sum', ms) end
 end
 `;
 
