@@ -375,6 +375,24 @@ Deno.test("release() of a lease that was lost answers false, even after the same
   assert.equal(await locks.release(sameToken), true);
 });
 
+Deno.test("a release retried by its fence answers true after the token's next lease was lost and another's released", async () => {
+  const { redis, locks } = await fixture();
+  const name = keygen();
+  const token = "chosen-token-00000000003";
+  const first = acquired(await locks.acquire(name, { token, ttlMs: 1000 }));
+  assert.equal(await locks.release(first), true);
+  const second = acquired(await locks.acquire(name, { token, ttlMs: 150 }));
+  await until("the second lease expires", async () => !(await locks.inspect(name)).held);
+  const other = acquired(await locks.acquire(name, { ttlMs: 5000 }));
+  assert.equal(await locks.release(other), true); // the record now remembers this release only
+  assert.equal(await locks.release(first), true, "the first release did happen");
+  assert.equal(await locks.release(second), false, "the second lease was lost");
+  assert.equal(await locks.release({ name, token }), false, "the token's latest lease was lost");
+  assert.equal(await locks.release(other), true, "and the other release is still a release");
+  assert.equal((await locks.inspect(name)).held, false);
+  void redis;
+});
+
 Deno.test("a late retry of an earlier release never frees the same token's newer lease", async () => {
   const { locks } = await fixture();
   const name = keygen();

@@ -38,8 +38,9 @@ if fast then
   if hold ~= '' then holds = '0,' .. hold end
   redis.call('SET', lockKey, 'X' .. fence .. '|' .. string.format('%.0f|%.0f|%d', leaseEnd - base, nowMs - base, hold0) ..
     '|0|' .. token .. '|' .. released0 .. '|' .. holds .. '|' .. meta, 'PX', ttlMs + graceMs)
-  -- a release without a fence now means this lease
-  redis.call('ZREM', marksKey, token)
+  -- supersede, inline
+  local mark = tonumber(redis.call('ZSCORE', marksKey, token))
+  if mark and mark > 0 then redis.call('ZADD', marksKey, -mark, token) end
   noteGrant(statsKey, namesKey, endsKey, nowMs, waitedMs)
   indexPut(namesKey, endsKey, name, leaseEnd, nowMs)
   return {1, tonumber(fence), ttlMs, nowMs, 1, ''}
@@ -121,7 +122,7 @@ if not held and (not head or head == token) then
     released = ownRelease(r, token)}
   writeHeld(lockKey, grant, nowMs, graceMs)
   -- a release without a fence now means this lease
-  redis.call('ZREM', marksKey, token)
+  supersede(marksKey, token)
   granted(grant.leaseEnd)
   return {1, tonumber(grant.fence), ttlMs, nowMs, 1, grantHint(first)}
 end

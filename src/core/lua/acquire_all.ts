@@ -94,7 +94,7 @@ if ready then
       r = {fence = newFence(r), leaseEnd = nowMs + ttlMs, at = nowMs, hold = holdEstimate(r),
         flag = flag, token = token, meta = meta, holds = newHolds(''),
         released = ownRelease(r, token)}
-      redis.call('ZREM', marksKey(i), token)
+      supersede(marksKey(i), token)
     end
     writeHeld(lockKey(i), r, nowMs, graceMs)
     indexPut(namesKey, endsKey, names[i], r.leaseEnd, nowMs)

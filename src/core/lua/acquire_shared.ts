@@ -147,7 +147,7 @@ local h = {fence = newFence(r), leaseEnd = nowMs + ttlMs, permits = permits,
   holds = newHolds(hold), meta = meta}
 writeHolder(holdersKey, token, h)
 -- a release without a fence now means this lease
-redis.call('ZREM', marksKey, token)
+supersede(marksKey, token)
 local grant = {fence = h.fence, leaseEnd = h.leaseEnd, at = nowMs, hold = holdMs, flag = flag,
   limit = limit, released = (r and r.released) or '', shared = true}
 if live then grant.leaseEnd = math.max(r.leaseEnd, h.leaseEnd) end

@@ -81,7 +81,7 @@ for i = 1, n do
       token = token, meta = offer.meta, holds = newHolds(''),
       released = ownRelease(r, token)}
     -- a release without a fence now means this lease
-    redis.call('ZREM', marksKey(i), token)
+    supersede(marksKey(i), token)
   end
   fences[i] = r.fence
   writeHeld(lockKey(i), r, nowMs, graceMs)

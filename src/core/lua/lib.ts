@@ -84,6 +84,9 @@ export const WAKE_HINTS = 8;
  */
 export const RELEASE_MEMORY_MS = 600_000;
 
+// `supersede`, at a grant to a token: a release without a fence now means the new lease, so the
+// token's mark (its last release) answers only a retry with that release's fence: negated (see
+// `retried` in ./release.ts).
 // A lease's holds, written `<n>` or `<n>,<id>,<id>…`: n holds without an id (a plain acquire's,
 // and every hold of a record written before hold ids) and the ids of reentrant holds. A
 // reentrant acquire or release names its own hold, so a retry of either takes effect once. `<n>p`
@@ -136,6 +139,11 @@ end
 local function holdForgotten(holds, hold)
   return hold == '' and holds.anon == 0 and not holds.plainGone
 end
+-- a grant to token: its mark negated (see above)
+local function supersede(marksKey, token)
+  local mark = tonumber(redis.call('ZSCORE', marksKey, token))
+  if mark and mark > 0 then redis.call('ZADD', marksKey, -mark, token) end
+end
 -- Remembers a release (member: a token, or '~' and a break id) with its fence, for retries.
 local function markReleased(marksKey, member, fence)
   redis.call('ZADD', marksKey, fence, member)
@@ -146,12 +154,12 @@ end
 
 // The lock record: read, and written with a TTL that keeps the fence `graceMs` past the lease.
 // A value this code did not write is `foreign`: busy until its TTL (given one if it has none).
-// `ownRelease`: the marks remember every release, but a grant to a token forgets that token's
-// mark, so a retry of its earlier release with the fence finds it only in the record. A new
-// exclusive lease's record keeps the last release when it was the new token's, or the token's
-// whose lease the record holds (or held, unreleased), or the record is shared (its holders
-// unnamed); any other token's mark is still there (a release marks its token as it frees the
-// record), and the record stays short.
+// `ownRelease`: the marks remember every release (a release marks its token as it frees the
+// record), and a grant to a token keeps that token's mark for retries with its fence
+// (`supersede`). Earlier builds forgot the mark at a grant, leaving only the record's copy: a new
+// exclusive lease's record keeps the last release where such a build may have forgotten its mark
+// (the new token's, or the token's whose lease the record holds or held unreleased, or any of a
+// shared record, whose holders it does not name); otherwise the record stays short.
 export const RECORD_LUA = `
 local function clamp(value, low, high) return math.min(math.max(value, low), high) end
 -- value: the key's value when the caller read it already (false: none), else nil.
@@ -467,7 +475,7 @@ local function grantReaders(r)
     redis.call('ZREM', ticketsKey, m)
     redis.call('HDEL', offersKey, m)
     -- a release without a fence now means this lease
-    redis.call('ZREM', marksKey, token)
+    supersede(marksKey, token)
     local grant = fence .. ':' .. ms(h.leaseEnd) .. ':' .. ms(nowMs)
     local hinted = declared(offer.wake)
     if hinted then
@@ -576,7 +584,7 @@ local function handOver(r)
     writeHeld(lockKey, lease, nowMs, graceMs)
   end
   -- a release without a fence now means this lease
-  redis.call('ZREM', marksKey, token)
+  supersede(marksKey, token)
   -- The grant, which the waiter's BLPOP pops, then a receipt that stays: the proof that this
   -- wake key (this acquire, not another with the same token) was handed the lease. A wake key
   -- is one acquire's, and each of its looks clears it: it holds at most the grants made since.
