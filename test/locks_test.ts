@@ -393,6 +393,23 @@ Deno.test("a release retried by its fence answers true after the token's next le
   void redis;
 });
 
+Deno.test("a token's every release answers its retry by fence, after its later leases were released or broken", async () => {
+  const { redis, locks } = await fixture();
+  const ops = new LockOps(redis);
+  const name = keygen();
+  const token = "chosen-token-00000000004";
+  const first = acquired(await locks.acquire(name, { token }));
+  assert.equal(await locks.release(first), true);
+  const second = acquired(await locks.acquire(name, { token }));
+  assert.equal(await locks.release(second), true);
+  const third = acquired(await locks.acquire(name, { token }));
+  assert.equal((await ops.break(name, { by: "test" })).broken, true);
+  assert.equal(await locks.release(first), true, "the first release");
+  assert.equal(await locks.release(second), true, "the second release");
+  assert.equal(await locks.release(third), false, "the third lease was broken");
+  assert.equal(await locks.release({ name, token }), false, "so was the token's latest");
+});
+
 Deno.test("a late retry of an earlier release never frees the same token's newer lease", async () => {
   const { locks } = await fixture();
   const name = keygen();

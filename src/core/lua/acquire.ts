@@ -39,8 +39,11 @@ if fast then
   redis.call('SET', lockKey, 'X' .. fence .. '|' .. string.format('%.0f|%.0f|%d', leaseEnd - base, nowMs - base, hold0) ..
     '|0|' .. token .. '|' .. released0 .. '|' .. holds .. '|' .. meta, 'PX', ttlMs + graceMs)
   -- supersede, inline
-  local mark = tonumber(redis.call('ZSCORE', marksKey, token))
-  if mark and mark > 0 then redis.call('ZADD', marksKey, -mark, token) end
+  local mark = redis.call('ZSCORE', marksKey, token)
+  if mark then
+    redis.call('ZADD', marksKey, mark, token .. '@' .. mark)
+    redis.call('ZREM', marksKey, token)
+  end
   noteGrant(statsKey, namesKey, endsKey, nowMs, waitedMs)
   indexPut(namesKey, endsKey, name, leaseEnd, nowMs)
   return {1, tonumber(fence), ttlMs, nowMs, 1, ''}

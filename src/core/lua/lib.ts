@@ -85,8 +85,8 @@ export const WAKE_HINTS = 8;
 export const RELEASE_MEMORY_MS = 600_000;
 
 // `supersede`, at a grant to a token: a release without a fence now means the new lease, so the
-// token's mark (its last release) answers only a retry with that release's fence: negated (see
-// `retried` in ./release.ts).
+// token's mark (its last release) moves to the member `<token>@<fence>`, which answers only a
+// retry with that release's fence (see `retried` in ./release.ts); `@` is in no token.
 // A lease's holds, written `<n>` or `<n>,<id>,<id>…`: n holds without an id (a plain acquire's,
 // and every hold of a record written before hold ids) and the ids of reentrant holds. A
 // reentrant acquire or release names its own hold, so a retry of either takes effect once. `<n>p`
@@ -139,10 +139,13 @@ end
 local function holdForgotten(holds, hold)
   return hold == '' and holds.anon == 0 and not holds.plainGone
 end
--- a grant to token: its mark negated (see above)
+-- a grant to token: its mark kept as \`<token>@<fence>\` (see above)
 local function supersede(marksKey, token)
-  local mark = tonumber(redis.call('ZSCORE', marksKey, token))
-  if mark and mark > 0 then redis.call('ZADD', marksKey, -mark, token) end
+  local mark = redis.call('ZSCORE', marksKey, token)
+  if mark then
+    redis.call('ZADD', marksKey, mark, token .. '@' .. mark)
+    redis.call('ZREM', marksKey, token)
+  end
 end
 -- Remembers a release (member: a token, or '~' and a break id) with its fence, for retries.
 local function markReleased(marksKey, member, fence)

@@ -40,8 +40,8 @@ end
  * a retry), also when this release already went through (a retried or duplicated request), else
  * 0. Every release that frees a lease is
  * remembered by token for RELEASE_MEMORY_MS (the last RELEASED_MARKS of a name; a grant to the
- * token negates its mark): with the lease's fence, a retry matches exactly that lease; without
- * it, the token's latest lease, if that one was released.
+ * token keeps its mark under `<token>@<fence>`): with the lease's fence, a retry matches exactly
+ * that lease; without it, the token's latest lease, if that one was released.
  *
  * A release that frees the name hands it to the head of the queue in place when the head blocks
  * on a wake key the caller declared (`n` of them, `hintKey` each, their ids `hints`: the hint of
@@ -102,12 +102,13 @@ local function sampleHold(r, at)
   observe(statsKey, nowMs, 'hold', nowMs - at)
 end
 -- A retry of a release that went through answers 1 again, by the mark it left (the record may be
--- gone already: it lives fenceWindowMs, the marks RELEASE_MEMORY_MS). A grant to the token negates
--- its mark (\`supersede\`): without a fence only a positive mark, its latest lease's, answers.
+-- gone already: it lives fenceWindowMs, the marks RELEASE_MEMORY_MS). A grant to the token moves
+-- its mark to \`<token>@<fence>\` (\`supersede\`): without a fence the mark is its latest lease's.
 local function retried(released, sha)
   local mark = tonumber(redis.call('ZSCORE', marksKey, token))
-  if fence == '' then return mark ~= nil and mark > 0 end
-  return (mark ~= nil and math.abs(mark) == tonumber(fence)) or released == fence .. ':' .. sha
+  if fence == '' then return mark ~= nil end
+  if mark == tonumber(fence) or released == fence .. ':' .. sha then return true end
+  return redis.call('ZSCORE', marksKey, token .. '@' .. fence) ~= false
 end
 -- read by the fast path above
 local r = readRecord(lockKey, raw)
