@@ -80,7 +80,8 @@ import { cli } from "../bridge/_cli.ts";
  * (`ownRelease`: 32 B less per lock taken again): the core 31.1 KB; a histogram's sum not added
  * to when 0 ms: the service 72.6 KB; a grant that keeps its token's release mark under
  * `<token>@<fence>` where it removed it (`supersede`, so a retry by fence still finds it): the
- * core 31.2 KB, the service 72.7 KB. */
+ * core 31.2 KB, the service 72.7 KB; its fence written and read as `%.0f` formats it: the service
+ * 72.8 KB. */
 export const BUDGETS = {
   ".": 31_300,
   "./uses": 11_200,
@@ -89,7 +90,7 @@ export const BUDGETS = {
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 7_500,
-  "./service": 72_800,
+  "./service": 72_900,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

@@ -39,9 +39,9 @@ if fast then
   redis.call('SET', lockKey, 'X' .. fence .. '|' .. string.format('%.0f|%.0f|%d', leaseEnd - base, nowMs - base, hold0) ..
     '|0|' .. token .. '|' .. released0 .. '|' .. holds .. '|' .. meta, 'PX', ttlMs + graceMs)
   -- supersede, inline
-  local mark = redis.call('ZSCORE', marksKey, token)
+  local mark = tonumber(redis.call('ZSCORE', marksKey, token))
   if mark then
-    redis.call('ZADD', marksKey, mark, token .. '@' .. mark)
+    redis.call('ZADD', marksKey, mark, token .. '@' .. string.format('%.0f', mark))
     redis.call('ZREM', marksKey, token)
   end
   noteGrant(statsKey, namesKey, endsKey, nowMs, waitedMs)

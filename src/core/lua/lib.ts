@@ -141,9 +141,9 @@ local function holdForgotten(holds, hold)
 end
 -- a grant to token: its mark kept as \`<token>@<fence>\` (see above)
 local function supersede(marksKey, token)
-  local mark = redis.call('ZSCORE', marksKey, token)
+  local mark = tonumber(redis.call('ZSCORE', marksKey, token))
   if mark then
-    redis.call('ZADD', marksKey, mark, token .. '@' .. mark)
+    redis.call('ZADD', marksKey, mark, token .. '@' .. string.format('%.0f', mark))
     redis.call('ZREM', marksKey, token)
   end
 end

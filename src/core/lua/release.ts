@@ -108,7 +108,8 @@ local function retried(released, sha)
   local mark = tonumber(redis.call('ZSCORE', marksKey, token))
   if fence == '' then return mark ~= nil end
   if mark == tonumber(fence) or released == fence .. ':' .. sha then return true end
-  return redis.call('ZSCORE', marksKey, token .. '@' .. fence) ~= false
+  local f = tonumber(fence)
+  return f ~= nil and redis.call('ZSCORE', marksKey, token .. '@' .. ms(f)) ~= false
 end
 -- read by the fast path above
 local r = readRecord(lockKey, raw)
