@@ -13,6 +13,7 @@ import {
   type RecordStore,
 } from "@edgelock/edgelock/uses";
 import { keygen, shared, startBackend } from "./_backend.ts";
+import { type Lease, Locks } from "@edgelock/edgelock";
 
 const SECRET = "client-secret-0123456789";
 
@@ -177,6 +178,27 @@ Deno.test("a busy acquire through the client says when the lease ends", async ()
   const busy = await client.acquire(name);
   assert.ok(held.acquired && !busy.acquired);
   assert.ok(Math.abs(busy.lockExpiresAt! - held.lease.expiresAt) <= 5);
+});
+
+Deno.test("a release whose fence is not a fence is a RangeError, as in the library, and ends nothing", async () => {
+  const { client, backend } = await fixture();
+  const name = keygen();
+  const token = "chosen-token-00000000005";
+  const first = await client.acquire(name, { token, ttlMs: 60_000 });
+  assert.ok(first.acquired);
+  assert.equal(await client.release(first.lease), true);
+  const second = await client.acquire(name, { token, ttlMs: 60_000 });
+  assert.ok(second.acquired);
+  // A lease kept as JSON text: its fence a string. Dropped, the release would mean the token's
+  // latest lease, the second (helper-32's case).
+  for (const fence of [String(first.lease.fence), Number.NaN, 0, -1, 1.5]) {
+    const stale = { name, token, fence } as unknown as Lease;
+    await assert.rejects(client.release(stale), RangeError);
+    await assert.rejects(new Locks(backend.redis).release(stale), RangeError);
+  }
+  const info = await client.inspect(name);
+  assert.ok(info.held && info.fence === second.lease.fence, "the second lease stands");
+  assert.equal(await client.release(second.lease), true);
 });
 
 Deno.test("bad record ids and kinds are RangeErrors before any request", async () => {

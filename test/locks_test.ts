@@ -169,8 +169,8 @@ Deno.test("a name taken again by another token keeps no release in its record; r
   assert.equal(await locks.release(first), true, "a retry of the first release, by its fence");
   assert.equal(await locks.release({ name, token: first.token }), true, "and by its token alone");
   assert.equal(await holderOf(redis, name), second.token, "the second lease stands");
-  // Taken again by the token that released it: the record keeps that release, whose mark the
-  // grant to the token forgot.
+  // Taken again by the token that released it: the record keeps that release too (its mark moves
+  // to <token>@<fence> at the grant; earlier builds removed it).
   assert.equal(await locks.release(second), true);
   const third = acquired(await locks.acquire(name, { token: second.token }));
   assert.match((await redis.get<string>(lockKey(name)))!, new RegExp(`\\|${second.fence}:`));

@@ -399,6 +399,31 @@ Deno.test("a retried break answers the same, and never ends a lease granted sinc
   assert.equal(await locks.release(later), true);
 });
 
+Deno.test("a retried break of a free name ends no lease granted since, also with the name's marks full", async () => {
+  const { redis } = await fixture();
+  const prefix = keygen("brk");
+  const locks = new Locks(redis, { prefix });
+  const ops = new LockOps(redis, { prefix });
+  // The last 1,000 releases of the name, remembered for retries (helper-32's case).
+  const marks = `${prefix}:lock:{x}:released`;
+  const fence = Date.now() * 1000;
+  for (let i = 0; i < 1000; i += 250) {
+    const batch = Array.from({ length: 250 }, (_, j) => ({
+      score: fence + i + j,
+      member: `released-token-${i + j}`,
+    }));
+    await redis.zadd(marks, batch[0]!, ...batch.slice(1));
+  }
+  await redis.pexpire(marks, 600_000);
+  const id = "break-id-000003";
+  assert.deepEqual(await ops.break("x", { by: "ops", id }), { broken: false });
+  const lease = acquired(await locks.acquire("x", { ttlMs: 60_000 }));
+  assert.deepEqual(await ops.break("x", { by: "ops", id }), { broken: false }, "the same answer");
+  const info = await locks.inspect("x");
+  assert.ok(info.held && info.fence === lease.fence, "the lease granted since stands");
+  assert.equal(await locks.release(lease), true);
+});
+
 Deno.test("break refuses bad input and answers not held for a free name", async () => {
   const { redis } = await fixture();
   const prefix = keygen("brk");

@@ -3,6 +3,7 @@
 import {
   ACQUIRE_OPTIONS,
   checkDuration,
+  checkFence,
   checkHoldId,
   checkLockName,
   checkLockNames,
@@ -116,9 +117,12 @@ function releasing(http: Http): Pick<LockClient, "release" | "inspect"> {
   return {
     async release(lease) {
       checkLockName(lease?.name);
+      // A fence that is not one (a string from stored JSON) is refused, not dropped: without it
+      // the release would mean the token's latest lease.
+      const fence = checkFence(lease.fence);
       const body = {
         token: checkToken(lease.token),
-        ...(Number.isSafeInteger(lease.fence) && { fence: lease.fence }),
+        ...(fence !== undefined && { fence }),
         ...(lease.hold !== undefined && { hold: checkHoldId(lease.hold) }),
       };
       const data = await http.ok<Data>("POST", lockPath(lease.name, "release"), body);

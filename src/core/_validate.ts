@@ -48,6 +48,14 @@ export const DEFAULT_LEASE_MS = 30_000;
 /** How long a completed record is kept, by default: a day. */
 export const DEFAULT_RETENTION_MS = 86_400_000;
 
+/** A lease's fence, when given: a positive safe integer, else a RangeError. */
+export function checkFence(fence: unknown): number | undefined {
+  if (fence !== undefined && !(Number.isSafeInteger(fence) && (fence as number) > 0)) {
+    throw new RangeError("The lease's fence must be a positive integer");
+  }
+  return fence as number | undefined;
+}
+
 /** Inclusive limits of each duration, in milliseconds. */
 export const LIMITS = {
   ttlMs: { min: 100, max: 300_000 },

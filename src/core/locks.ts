@@ -5,6 +5,7 @@ import { parseJsonText, type RedisLike } from "./_runner.ts";
 import {
   ACQUIRE_OPTIONS,
   checkDuration,
+  checkFence,
   checkHold,
   checkHoldId,
   checkLockName,
@@ -505,8 +506,6 @@ function checkLease(lease: LeaseRef): LeaseRef {
   checkLockName(lease.name);
   checkToken(lease.token);
   if (lease.hold !== undefined) checkHoldId(lease.hold);
-  if (lease.fence !== undefined && !(Number.isSafeInteger(lease.fence) && lease.fence > 0)) {
-    throw new RangeError("The lease's fence must be a positive integer");
-  }
+  checkFence(lease.fence);
   return lease;
 }

@@ -26,15 +26,20 @@ export const BREAK = defineScript(
   },
   [NOW, RECORD_LUA, STATS_LUA, INDEX_LUA],
   `
--- a retry: the same answer (a fence, or 0 for not held), nothing more
+-- a retry: the same answer (a fence, or not held), nothing more
 if breakId ~= '' then
   local done = tonumber(redis.call('ZSCORE', marksKey, '~' .. breakId))
-  if done == 0 then return {0, nowMs} end
-  if done then return {1, done, nowMs} end
+  if done and done > 0 then return {1, done, nowMs} end
+  if done == 0 or redis.call('ZSCORE', marksKey, '!' .. breakId) then return {0, nowMs} end
 end
 local r = readRecord(lockKey)
 if not r or not (r.token or r.shared) or nowMs >= r.leaseEnd then
-  if breakId ~= '' then markReleased(marksKey, '~' .. breakId, 0) end
+  if breakId ~= '' then
+    -- not held: '!' scored by the time, kept as long as the latest marks (the '~' mark at 0, which
+    -- earlier builds read, is the first the trimming drops)
+    redis.call('ZADD', marksKey, 0, '~' .. breakId)
+    markReleased(marksKey, '!' .. breakId, nowUs)
+  end
   return {0, nowMs}
 end
 r.released = r.fence .. ':' .. string.sub(redis.sha1hex('broken:' .. (r.token or 'shared')), 1, 12)
