@@ -180,7 +180,7 @@ Deno.test("a busy acquire through the client says when the lease ends", async ()
   assert.ok(Math.abs(busy.lockExpiresAt! - held.lease.expiresAt) <= 5);
 });
 
-Deno.test("a release whose fence is not a fence is a RangeError, as in the library, and ends nothing", async () => {
+Deno.test("a lease whose fence is not a fence is a RangeError, as in the library, and ends nothing", async () => {
   const { client, backend } = await fixture();
   const name = keygen();
   const token = "chosen-token-00000000005";
@@ -195,6 +195,8 @@ Deno.test("a release whose fence is not a fence is a RangeError, as in the libra
     const stale = { name, token, fence } as unknown as Lease;
     await assert.rejects(client.release(stale), RangeError);
     await assert.rejects(new Locks(backend.redis).release(stale), RangeError);
+    await assert.rejects(client.renew(stale), RangeError, "renew refuses it too");
+    await assert.rejects(client.renewMany([stale]), RangeError);
   }
   const info = await client.inspect(name);
   assert.ok(info.held && info.fence === second.lease.fence, "the second lease stands");

@@ -76,6 +76,7 @@ function renewing(http: Http): Pick<LockClient, "renew" | "renewMany"> {
   return {
     async renew(lease, opts = {}) {
       checkLockName(lease?.name);
+      checkFence(lease.fence); // unsent (a renew goes by token), but refused as the library does
       checkOptions(opts, ["ttlMs"], "renew()");
       const body = {
         token: checkToken(lease.token),
@@ -96,10 +97,11 @@ function renewing(http: Http): Pick<LockClient, "renew" | "renewMany"> {
       }
       const body = {
         ttlMs: checkDuration(opts.ttlMs, "ttlMs", DEFAULT_TTL_MS),
-        leases: leases.map((lease) => ({
-          name: checkLockName(lease?.name),
-          token: checkToken(lease.token),
-        })),
+        leases: leases.map((lease) => {
+          const name = checkLockName(lease?.name);
+          checkFence(lease.fence);
+          return { name, token: checkToken(lease.token) };
+        }),
       };
       const { status, data } = await http.call("POST", "v1/locks/renew", body);
       if (status !== 200 || !Array.isArray(data.results)) throw fromProblem(status, data);

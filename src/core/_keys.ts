@@ -66,7 +66,7 @@ export class KeySpace {
   /**
    * A lock's keys. The name sits in a hash tag so all of them share a cluster slot (see
    * slotTag): the record, the queue, its tickets and offers, the shared holders, the release
-   * marks and the readers' bell.
+   * marks, the breaks by id and the readers' bell.
    */
   lock(name: string): LockKeys {
     const base = `${this.base(name)}:lock:{${name}}`;
@@ -77,6 +77,7 @@ export class KeySpace {
       offersKey: `${base}:offers`,
       holdersKey: `${base}:holders`,
       marksKey: `${base}:released`,
+      breaksKey: `${base}:breaks`,
       readersKey: `${base}:readers`,
     };
   }
@@ -100,6 +101,8 @@ export interface LockKeys {
   offersKey: string;
   holdersKey: string;
   marksKey: string;
+  /** Breaks with an id, by id: the fence each broke (0: none), for their retries. */
+  breaksKey: string;
   /** A stream that rings (XADD) when the name fits the shared waiters at the queue's head. */
   readersKey: string;
 }

@@ -111,9 +111,16 @@ export class LockOps {
     const reason = checkText(options?.reason ?? "", "reason", 0, 200);
     const breakId = options.id === undefined ? "" : checkHoldId(options.id, "The break id");
     const { keys, fenceWindowMs } = this.#context;
-    const { lockKey, holdersKey, marksKey } = keys.lock(name);
+    const { lockKey, holdersKey, marksKey, breaksKey } = keys.lock(name);
     const call = BREAK.call({
-      keys: { lockKey, holdersKey, marksKey, auditKey: keys.audit(name), ...keys.statsKeys(name) },
+      keys: {
+        lockKey,
+        holdersKey,
+        marksKey,
+        breaksKey,
+        auditKey: keys.audit(name),
+        ...keys.statsKeys(name),
+      },
       args: { graceMs: fenceWindowMs, name, by, reason, breakId },
     });
     return await this.#context.observe(name, "break", async () => {

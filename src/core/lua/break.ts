@@ -1,6 +1,14 @@
 import { defineScript } from "./_define.ts";
 import { STATS_KEYS } from "./contracts.ts";
-import { INDEX_LUA, NOW, RECORD_LUA, STATS_LUA, STATS_RETENTION_MS } from "./lib.ts";
+import {
+  INDEX_LUA,
+  NOW,
+  RECORD_LUA,
+  RELEASE_MEMORY_MS,
+  RELEASED_MARKS,
+  STATS_LUA,
+  STATS_RETENTION_MS,
+} from "./lib.ts";
 
 /** The number of audit entries a prefix keeps (its stream is trimmed to them). */
 export const AUDIT_LENGTH = 1000;
@@ -10,12 +18,14 @@ export const AUDIT_LENGTH = 1000;
  * fence stays the floor, so the holder's renew and release fail and the next grant gets a higher
  * fence; waiters keep their places. Recorded in the audit stream. Returns `{1, fence, nowMs}`, or
  * `{0, nowMs}` when it was not held. A break with an id is remembered for RELEASE_MEMORY_MS: a
- * retry answers the same and breaks nothing more (never a lease granted since).
+ * retry answers the same and breaks nothing more (never a lease granted since). Breaks by id have
+ * a set of their own (the last RELEASED_MARKS of a name), apart from the release marks, which
+ * every lease's release trims; the marks also get `~<id>` as before, for earlier builds' retries.
  */
 export const BREAK = defineScript(
   "break",
   {
-    keys: ["lockKey", "holdersKey", "marksKey", "auditKey", ...STATS_KEYS],
+    keys: ["lockKey", "holdersKey", "marksKey", "breaksKey", "auditKey", ...STATS_KEYS],
     args: {
       graceMs: "number",
       name: "string",
@@ -26,26 +36,30 @@ export const BREAK = defineScript(
   },
   [NOW, RECORD_LUA, STATS_LUA, INDEX_LUA],
   `
--- a retry: the same answer (a fence, or not held), nothing more
+-- a retry: the same answer (a fence, or 0 for not held), nothing more; an earlier build's
+-- break left its mark with the releases only
 if breakId ~= '' then
-  local done = tonumber(redis.call('ZSCORE', marksKey, '~' .. breakId))
-  if done and done > 0 then return {1, done, nowMs} end
-  if done == 0 or redis.call('ZSCORE', marksKey, '!' .. breakId) then return {0, nowMs} end
+  local done = tonumber(redis.call('ZSCORE', breaksKey, breakId)) or
+    tonumber(redis.call('ZSCORE', marksKey, '~' .. breakId))
+  if done == 0 then return {0, nowMs} end
+  if done then return {1, done, nowMs} end
+end
+local function remember(fence)
+  if breakId == '' then return end
+  redis.call('ZADD', breaksKey, fence, breakId)
+  redis.call('ZREMRANGEBYRANK', breaksKey, 0, -${RELEASED_MARKS + 1})
+  redis.call('PEXPIRE', breaksKey, ${RELEASE_MEMORY_MS})
+  markReleased(marksKey, '~' .. breakId, fence)
 end
 local r = readRecord(lockKey)
 if not r or not (r.token or r.shared) or nowMs >= r.leaseEnd then
-  if breakId ~= '' then
-    -- not held: '!' scored by the time, kept as long as the latest marks (the '~' mark at 0, which
-    -- earlier builds read, is the first the trimming drops)
-    redis.call('ZADD', marksKey, 0, '~' .. breakId)
-    markReleased(marksKey, '!' .. breakId, nowUs)
-  end
+  remember(0)
   return {0, nowMs}
 end
 r.released = r.fence .. ':' .. string.sub(redis.sha1hex('broken:' .. (r.token or 'shared')), 1, 12)
 writeReleased(lockKey, r, graceMs)
 redis.call('DEL', holdersKey)
-if breakId ~= '' then markReleased(marksKey, '~' .. breakId, r.fence) end
+remember(r.fence)
 indexEnd(endsKey, name, nowMs)
 count(statsKey, nowMs, 'break.broken')
 redis.call('XADD', auditKey, 'MAXLEN', ${AUDIT_LENGTH}, '*', 'action', 'break', 'name', name,

@@ -147,7 +147,7 @@ local function supersede(marksKey, token)
     redis.call('ZREM', marksKey, token)
   end
 end
--- Remembers a release (member: a token, or '~' or '!' and a break id) with its fence, for retries.
+-- Remembers a release (member: a token, or '~' and a break id) with its fence, for retries.
 local function markReleased(marksKey, member, fence)
   redis.call('ZADD', marksKey, fence, member)
   redis.call('ZREMRANGEBYRANK', marksKey, 0, -${RELEASED_MARKS + 1})
