@@ -81,17 +81,18 @@ import { cli } from "../bridge/_cli.ts";
  * to when 0 ms: the service 72.6 KB; a grant that keeps its token's release mark under
  * `<token>@<fence>` where it removed it (`supersede`, so a retry by fence still finds it): the
  * core 31.2 KB, the service 72.7 KB; its fence written and read as `%.0f` formats it: the service
- * 72.8 KB. A not-held break's mark scored by the time (a retry then ends nothing, however many
- * marks), and the client's fence checked as the library's: the core 31.4 KB, the service 73 KB. */
+ * 72.8 KB. Breaks by id in a hash of their own, the oldest out first (a retry then ends nothing,
+ * however many releases or breaks came since), and the client's fence checked as the library's:
+ * the core 31.5 KB, the service 73.1 KB. */
 export const BUDGETS = {
-  ".": 31_400,
+  ".": 31_500,
   "./uses": 11_200,
   "./hono": 8_400,
   "./client": 7_000,
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 7_500,
-  "./service": 73_000,
+  "./service": 73_100,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

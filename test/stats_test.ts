@@ -432,6 +432,30 @@ Deno.test("a retried break ends no lease granted since, however many leases were
   assert.equal(await locks.release(lease), true);
 });
 
+Deno.test("a retried break ends no lease granted since, after 1,000 other breaks of the name", async () => {
+  const { redis } = await fixture();
+  const prefix = keygen("brk");
+  const locks = new Locks(redis, { prefix });
+  const ops = new LockOps(redis, { prefix });
+  // helper-34's cases: breaks of the name while held (higher fences), then free (fence 0), and the
+  // newest id sorting first.
+  for (let i = 0; i < 1000; i++) {
+    const held = i % 2 === 0;
+    if (held) acquired(await locks.acquire("x", { ttlMs: 60_000 }));
+    const id = `seed-${String(i).padStart(6, "0")}`;
+    assert.equal((await ops.break("x", { by: "ops", id })).broken, held);
+  }
+  const id = "AAAA-newest-01";
+  assert.deepEqual(await ops.break("x", { by: "ops", id }), { broken: false });
+  const lease = acquired(await locks.acquire("x", { ttlMs: 60_000 }));
+  assert.deepEqual(await ops.break("x", { by: "ops", id }), { broken: false }, "the same answer");
+  const info = await locks.inspect("x");
+  assert.ok(info.held && info.fence === lease.fence, "the lease granted since stands");
+  assert.equal(await redis.hlen(`${prefix}:lock:{x}:breaks`), 1001, "1,000 ids and the last seq");
+  assert.ok(await redis.pttl(`${prefix}:lock:{x}:breaks`) > 0);
+  assert.equal(await locks.release(lease), true);
+});
+
 Deno.test("break refuses bad input and answers not held for a free name", async () => {
   const { redis } = await fixture();
   const prefix = keygen("brk");

@@ -101,7 +101,7 @@ export interface LockKeys {
   offersKey: string;
   holdersKey: string;
   marksKey: string;
-  /** Breaks with an id, by id: the fence each broke (0: none), for their retries. */
+  /** Breaks with an id, a hash by id: the fence each broke (0: none), for their retries. */
   breaksKey: string;
   /** A stream that rings (XADD) when the name fits the shared waiters at the queue's head. */
   readersKey: string;

@@ -19,8 +19,10 @@ export const AUDIT_LENGTH = 1000;
  * fence; waiters keep their places. Recorded in the audit stream. Returns `{1, fence, nowMs}`, or
  * `{0, nowMs}` when it was not held. A break with an id is remembered for RELEASE_MEMORY_MS: a
  * retry answers the same and breaks nothing more (never a lease granted since). Breaks by id have
- * a set of their own (the last RELEASED_MARKS of a name), apart from the release marks, which
- * every lease's release trims; the marks also get `~<id>` as before, for earlier builds' retries.
+ * a hash of their own, apart from the release marks, which every release trims by fence: id ->
+ * `<fence broken, 0 for none>|<seq>`, `#` the last seq; past RELEASED_MARKS ids the oldest goes
+ * (by seq, not by fence or clock, which a step back would reorder). The marks also get `~<id>` as
+ * before, for earlier builds' retries.
  */
 export const BREAK = defineScript(
   "break",
@@ -39,15 +41,24 @@ export const BREAK = defineScript(
 -- a retry: the same answer (a fence, or 0 for not held), nothing more; an earlier build's
 -- break left its mark with the releases only
 if breakId ~= '' then
-  local done = tonumber(redis.call('ZSCORE', breaksKey, breakId)) or
+  local kept = redis.call('HGET', breaksKey, breakId)
+  local done = tonumber(string.match(kept or '', '^(%d+)|')) or
     tonumber(redis.call('ZSCORE', marksKey, '~' .. breakId))
   if done == 0 then return {0, nowMs} end
   if done then return {1, done, nowMs} end
 end
 local function remember(fence)
   if breakId == '' then return end
-  redis.call('ZADD', breaksKey, fence, breakId)
-  redis.call('ZREMRANGEBYRANK', breaksKey, 0, -${RELEASED_MARKS + 1})
+  local seq = redis.call('HINCRBY', breaksKey, '#', 1)
+  redis.call('HSET', breaksKey, breakId, fence .. '|' .. seq)
+  if redis.call('HLEN', breaksKey) > ${RELEASED_MARKS + 1} then
+    local all, oldest, least = redis.call('HGETALL', breaksKey), nil, nil
+    for i = 1, #all, 2 do
+      local s = tonumber(string.match(all[i + 1], '|(%d+)$'))
+      if s and (not least or s < least) then oldest, least = all[i], s end
+    end
+    if oldest then redis.call('HDEL', breaksKey, oldest) end
+  end
   redis.call('PEXPIRE', breaksKey, ${RELEASE_MEMORY_MS})
   markReleased(marksKey, '~' .. breakId, fence)
 end
