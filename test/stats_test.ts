@@ -456,6 +456,30 @@ Deno.test("a retried break ends no lease granted since, after 1,000 other breaks
   assert.equal(await locks.release(lease), true);
 });
 
+Deno.test("a damaged breaks hash (a hand edit) neither fails a break after it ended the lease nor loses the break", async () => {
+  const { redis } = await fixture();
+  // helper-35's cases: the last seq not a number, at the 64-bit limit, huge, or gone.
+  for (const last of ["abc", "9223372036854775807", "100000000000000", undefined]) {
+    const prefix = keygen("brk");
+    const locks = new Locks(redis, { prefix });
+    const ops = new LockOps(redis, { prefix });
+    const breaks = `${prefix}:lock:{x}:breaks`;
+    await redis.hset(breaks, { "seed-000001": "0|7", ...(last !== undefined && { "#": last }) });
+    await redis.pexpire(breaks, 600_000);
+    const held = acquired(await locks.acquire("x", { ttlMs: 60_000 }));
+    const once = await ops.break("x", { by: "ops", id: "break-id-000005" });
+    assert.deepEqual(once, { broken: true, fence: held.fence }, `# ${last}`);
+    const [seq, kept] = await redis.hmget<Record<string, string>>(breaks, "#", "break-id-000005")
+      .then((got) => [got!["#"], got!["break-id-000005"]]);
+    assert.match(String(seq), /^\d+$/, `a whole seq again after # ${last}`);
+    assert.equal(kept, `${held.fence}|${seq}`);
+    const lease = acquired(await locks.acquire("x", { ttlMs: 60_000 }));
+    assert.deepEqual(await ops.break("x", { by: "ops", id: "break-id-000005" }), once);
+    assert.ok((await locks.inspect("x")).held, "the lease granted since stands");
+    assert.equal(await locks.release(lease), true);
+  }
+});
+
 Deno.test("break refuses bad input and answers not held for a free name", async () => {
   const { redis } = await fixture();
   const prefix = keygen("brk");

@@ -21,8 +21,11 @@ export const AUDIT_LENGTH = 1000;
  * retry answers the same and breaks nothing more (never a lease granted since). Breaks by id have
  * a hash of their own, apart from the release marks, which every release trims by fence: id ->
  * `<fence broken, 0 for none>|<seq>`, `#` the last seq; past RELEASED_MARKS ids the oldest goes
- * (by seq, not by fence or clock, which a step back would reorder). The marks also get `~<id>` as
- * before, for earlier builds' retries.
+ * (by seq, not by fence or clock, which a step back would reorder), a field without one first,
+ * never `#` nor the break just written. The seq is read, not HINCRBY'd (which a damaged `#`, a hand
+ * edit, would fail), and a `#` lost or damaged is taken again from the highest seq kept; the break
+ * is remembered before it ends the lease, so nothing fails after that. The marks also get `~<id>`
+ * as before, which earlier builds' retries read (and a retry reads when the hash is gone).
  */
 export const BREAK = defineScript(
   "break",
@@ -38,8 +41,7 @@ export const BREAK = defineScript(
   },
   [NOW, RECORD_LUA, STATS_LUA, INDEX_LUA],
   `
--- a retry: the same answer (a fence, or 0 for not held), nothing more; an earlier build's
--- break left its mark with the releases only
+-- a retry: the same answer (a fence, or 0 for not held), nothing more
 if breakId ~= '' then
   local kept = redis.call('HGET', breaksKey, breakId)
   local done = tonumber(string.match(kept or '', '^(%d+)|')) or
@@ -49,13 +51,24 @@ if breakId ~= '' then
 end
 local function remember(fence)
   if breakId == '' then return end
-  local seq = redis.call('HINCRBY', breaksKey, '#', 1)
-  redis.call('HSET', breaksKey, breakId, fence .. '|' .. seq)
+  local last = tonumber(string.match(redis.call('HGET', breaksKey, '#') or '', '^%d+$'))
+  if not last or last >= 1e14 then
+    last = 0
+    local all = redis.call('HGETALL', breaksKey)
+    for i = 1, #all, 2 do
+      local s = tonumber(string.match(all[i + 1], '|(%d+)$'))
+      if s and s < 1e14 then last = math.max(last, s) end
+    end
+  end
+  local seq = string.format('%d', last + 1)
+  redis.call('HSET', breaksKey, '#', seq, breakId, fence .. '|' .. seq)
   if redis.call('HLEN', breaksKey) > ${RELEASED_MARKS + 1} then
     local all, oldest, least = redis.call('HGETALL', breaksKey), nil, nil
     for i = 1, #all, 2 do
-      local s = tonumber(string.match(all[i + 1], '|(%d+)$'))
-      if s and (not least or s < least) then oldest, least = all[i], s end
+      if all[i] ~= '#' and all[i] ~= breakId then
+        local s = tonumber(string.match(all[i + 1], '|(%d+)$')) or -1
+        if not least or s < least then oldest, least = all[i], s end
+      end
     end
     if oldest then redis.call('HDEL', breaksKey, oldest) end
   end
@@ -68,9 +81,9 @@ if not r or not (r.token or r.shared) or nowMs >= r.leaseEnd then
   return {0, nowMs}
 end
 r.released = r.fence .. ':' .. string.sub(redis.sha1hex('broken:' .. (r.token or 'shared')), 1, 12)
+remember(r.fence)
 writeReleased(lockKey, r, graceMs)
 redis.call('DEL', holdersKey)
-remember(r.fence)
 indexEnd(endsKey, name, nowMs)
 count(statsKey, nowMs, 'break.broken')
 redis.call('XADD', auditKey, 'MAXLEN', ${AUDIT_LENGTH}, '*', 'action', 'break', 'name', name,
