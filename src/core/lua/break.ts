@@ -51,6 +51,7 @@ if breakId ~= '' then
 end
 local function remember(fence)
   if breakId == '' then return end
+  markReleased(marksKey, '~' .. breakId, fence)
   local last = tonumber(string.match(redis.call('HGET', breaksKey, '#') or '', '^%d+$'))
   if not last or last >= 1e14 then
     last = 0
@@ -73,7 +74,6 @@ local function remember(fence)
     if oldest then redis.call('HDEL', breaksKey, oldest) end
   end
   redis.call('PEXPIRE', breaksKey, ${RELEASE_MEMORY_MS})
-  markReleased(marksKey, '~' .. breakId, fence)
 end
 local r = readRecord(lockKey)
 if not r or not (r.token or r.shared) or nowMs >= r.leaseEnd then
