@@ -131,14 +131,15 @@ export function lockKeys(name: string, prefix = "edgelock"): [string, string, st
 /**
  * Takes a queue ticket for `token` the way a waiter does, then never looks again: a waiter that
  * vanished (with `wakeId`, one that vanished while blocked: it leaves an offer, and a release
- * hands it the lock). Returns the acquire script's reply (`[0, retryAfterMs, nowMs, position]` when busy).
+ * hands it the lock; `ttlMs` the lease it asks for). Returns the acquire script's reply
+ * (`[0, retryAfterMs, nowMs, position]` when busy, `[1, fence, ttlMs, nowMs, …]` when granted).
  */
 export async function takeTicket(
   redis: RedisLike,
   name: string,
   token: string,
   ticketMs: number,
-  { prefix = "edgelock", maxWaiters = 128, wakeId = "" } = {},
+  { prefix = "edgelock", maxWaiters = 128, wakeId = "", ttlMs = 1000 } = {},
 ): Promise<number[]> {
   const [lockKey, queueKey, ticketsKey, marksKey] = lockKeys(name, prefix);
   const { keys, args } = ACQUIRE.call({
@@ -152,7 +153,7 @@ export async function takeTicket(
     },
     args: {
       token,
-      ttlMs: 1000,
+      ttlMs,
       meta: "",
       graceMs: FENCE_GRACE_MS,
       ticketMs,

@@ -8,10 +8,8 @@
 // Runs: RETRY_RUNS (default 200; `RETRY_RUNS=3000 deno test -A test/retry_model_test.ts`).
 import fc from "fast-check";
 import { LockOps, Locks } from "@edgelock/edgelock";
-import { ACQUIRE } from "../src/core/lua/acquire.ts";
-import { runScript } from "../src/core/_runner.ts";
 import { startShiftedRedisServer } from "../dev/clock_shift.ts";
-import { keygen, lockKeys, shared, startBackend } from "./_backend.ts";
+import { keygen, lockKeys, shared, startBackend, takeTicket } from "./_backend.ts";
 
 const RUNS = Number(Deno.env.get("RETRY_RUNS") ?? 200);
 const [SHORT, LONG, STEP, MARGIN] = [5000, 300_000, 6000, 1000];
@@ -131,33 +129,14 @@ Deno.test(`retried releases answer as the guarantee says, in ${RUNS} random hist
             case "block": { // a blocked waiter's look: it stays queued with its offer
               const token = tokens[c.who]!;
               const name = names[c.n]!;
-              const [lockKey, queueKey, ticketsKey, marksKey] = lockKeys(name);
               const wakeId = `w${c.who}x${name.slice(-6)}`;
-              const { keys, args } = ACQUIRE.call({
-                keys: {
-                  lockKey,
-                  queueKey,
-                  ticketsKey,
-                  marksKey,
-                  offersKey: `${lockKey}:offers`,
-                  wakeKey: `${lockKey}:wake:${wakeId}`,
-                },
-                args: {
-                  token,
-                  ttlMs: c.long ? LONG : SHORT,
-                  meta: "",
-                  graceMs: 3_600_000,
-                  ticketMs: 20_000,
-                  maxWaiters: 8,
-                  name,
-                  waitedMs: 0,
-                  waiting: true,
-                  hold: "",
-                  wakeId,
-                },
-              });
               try {
-                const r = await runScript(redis, ACQUIRE, keys, args) as number[];
+                const ttlMs = c.long ? LONG : SHORT;
+                const r = await takeTicket(redis, name, token, 20_000, {
+                  maxWaiters: 8,
+                  wakeId,
+                  ttlMs,
+                });
                 if (r[0] !== 1) return `busy:${r[0]}:${r[3]}`;
                 add(token, c.n, r[1]!, r[3]! + r[2]!);
                 return "granted";
