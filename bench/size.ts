@@ -84,16 +84,18 @@ import { cli } from "../bridge/_cli.ts";
  * 72.8 KB. Breaks by id in a hash of their own, the oldest out first (a retry then ends nothing,
  * however many releases or breaks came since), and the client's fence checked as the library's:
  * the core 31.5 KB, the service 73.1 KB; that hash's seq read, not incremented, and taken again
- * from the ids when a hand edit damaged it: the core 31.6 KB, the service 73.2 KB. */
+ * from the ids when a hand edit damaged it: the core 31.6 KB, the service 73.2 KB. A look that
+ * joins a queue of under 32 from what it read of it, and queue keys given a fixed TTL (four
+ * commands fewer per look): the core 31.8 KB, the service 73.4 KB. */
 export const BUDGETS = {
-  ".": 31_600,
+  ".": 31_800,
   "./uses": 11_200,
   "./hono": 8_400,
   "./client": 7_000,
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 7_500,
-  "./service": 73_200,
+  "./service": 73_400,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

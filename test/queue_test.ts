@@ -121,6 +121,39 @@ Deno.test("crashed waiters anywhere in the queue are dropped: a new waiter count
   assert.ok(reply[1]! <= 10_000);
 });
 
+Deno.test("places follow arrival whether a look read the whole queue or only its first waiters", async () => {
+  const { redis, locks, ticket } = await fixture();
+  const name = keygen("q");
+  const holder = await locks.acquire(name, { ttlMs: 10_000 });
+  assert.ok(holder.acquired);
+  // A look reads the first 32 waiters: a queue shorter than that is joined from what it read.
+  const token = (i: number) => `arrival-token-${String(i).padStart(8, "0")}`;
+  for (let i = 0; i < 40; i++) {
+    const reply = await ticket(name, token(i), 10_000);
+    assert.deepEqual([reply[0], reply[3]], [0, i], `waiter ${i} is ${i}th`);
+  }
+  // A look again keeps the place, among the first 32 or past them.
+  for (const i of [0, 3, 31, 32, 39]) assert.equal((await ticket(name, token(i), 10_000))[3], i);
+  const queue = await redis.zrange<string[]>(keys(name)[1]!, 0, -1);
+  assert.deepEqual(queue, Array.from({ length: 40 }, (_, i) => token(i)));
+  await locks.release(holder.lease);
+  // Each is granted in turn, the queue shrinking below 32; a newcomer now and then joins last.
+  const waiting = queue.slice();
+  for (let step = 0; waiting.length > 0; step++) {
+    const next = waiting.shift()!;
+    const reply = await ticket(name, next, 10_000);
+    assert.equal(reply[0], 1, `${next} is granted in its turn`);
+    if (step % 4 === 0) {
+      const late = `late-token-${String(step).padStart(11, "0")}`;
+      const joined = await ticket(name, late, 10_000);
+      assert.deepEqual([joined[0], joined[3]], [0, waiting.length], "a newcomer joins last");
+      waiting.push(late);
+    }
+    await locks.release({ name, token: next, fence: reply[1]! });
+  }
+  assert.equal(await redis.zcard(keys(name)[1]!), 0);
+});
+
 Deno.test("a full queue answers queue_full at once, and the waiters in it keep their places", async () => {
   const { redis, ticket } = await fixture();
   const name = keygen("q");

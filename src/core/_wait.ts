@@ -17,7 +17,7 @@ import {
   type Mismatch,
   QUEUE_FULL,
 } from "./lua/replies.ts";
-import { MAX_HOLDS } from "./lua/lib.ts";
+import { MAX_HOLDS, MAX_TICKET_MS } from "./lua/lib.ts";
 import type { AcquireResult, Lease, LockEvent } from "./types.ts";
 
 // A polling waiter looks again at least this often, and its ticket outlives each look by the
@@ -143,7 +143,10 @@ export async function waitFor<T extends Lease | Lease[]>(
     // A waiter holds a FIFO ticket that outlives its next look (or block) by a margin.
     const between = blocking ? BLOCK_MS : MAX_POLL_MS;
     const margin = TICKET_MARGIN_MS + 2 * Math.min(rtt, MAX_RTT_MS);
-    const ticketMs = left > 0 ? Math.ceil(Math.min(left, between) + margin) : 0;
+    // At most 4.25 s, within the longest ticket the scripts give (MAX_TICKET_MS).
+    const ticketMs = left > 0
+      ? Math.min(Math.ceil(Math.min(left, between) + margin), MAX_TICKET_MS)
+      : 0;
     const waitedMs = Math.round(performance.now() - started);
     queued ||= ticketMs > 0;
     const sentAt = performance.now();

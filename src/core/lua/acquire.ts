@@ -8,8 +8,8 @@ import {
   OFFER_LUA,
   QUEUE_LUA,
   RECORD_LUA,
+  SEEN_WAITERS,
   STATS_LUA,
-  WAKE_HINTS,
 } from "./lib.ts";
 import { DEFAULT_HOLD_MS } from "../_validate.ts";
 
@@ -111,9 +111,9 @@ if held and r.token == token then
   return {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, holdCount(r.holds), grantHint(first)}
 end
 -- No record (a first acquire, or one that was lost): look at the queue too.
-local head, queue
+local head, queue, seen
 if not r or r.flag == '1' then
-  head, queue = queueHead(queueKey, ticketsKey, nowMs, maxWaiters, offersKey, ${WAKE_HINTS} + 1)
+  head, queue, seen = queueHead(queueKey, ticketsKey, nowMs, maxWaiters, offersKey, ${SEEN_WAITERS})
 end
 local holdMs = holdEstimate(r)
 if not held and (not head or head == token) then
@@ -131,6 +131,6 @@ if not held and (not head or head == token) then
 end
 local offer
 if wakeId ~= '' then offer = blockingOffer(0) end
-return busy(r, held, holdMs, token, head, offersKey, offer)
+return busy(r, held, holdMs, token, head, offersKey, offer, seen)
 `,
 );

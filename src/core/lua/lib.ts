@@ -6,7 +6,7 @@
  *
  * Keys per lock name, all in one hash slot: the lock record, one string; the wait queue (members
  * by arrival) and its tickets (members by deadline), which exist only while callers wait and live
- * as long as the latest ticket; for shared and semaphore leases (`./acquire_shared.ts`) the
+ * MAX_TICKET_MS past the last look, beyond every ticket; for shared and semaphore leases (`./acquire_shared.ts`) the
  * holders' hash and the last releases. The record is
  *
  * - `X<fence>|<leaseEnd>|<at>|<holdMs>|<flag>|<token>|<released>|<holds>|<meta>` while an exclusive
@@ -60,6 +60,16 @@ export const MAX_HOLD_MS = LIMITS.ttlMs.max;
 
 /** The most waiters a queue ever holds (\`maxWaiters\` is at most this). */
 export const MAX_QUEUE = 1000;
+
+/**
+ * The longest a waiter's ticket lives from its look, ms (a longer one is cut to this): its queue
+ * keys live this long from each look, past every ticket. Waiters take at most 4.25 s (see
+ * `../_wait.ts`).
+ */
+export const MAX_TICKET_MS = 5000;
+
+/** How many waiters an exclusive acquire's look reads; a queue no longer is joined without more reads. */
+export const SEEN_WAITERS = 32;
 
 /** How many releases a name remembers, for retried releases. */
 export const RELEASED_MARKS = 1000;
@@ -277,13 +287,24 @@ end
 // The wait queue: tokens by arrival and by ticket deadline. A member is a token (an exclusive
 // waiter) or `<token>~s` (shared) or `<token>~<permits>` (a semaphore), so a look at the queue
 // knows what each waiter asks for. `joinQueue`'s `rank` is the member's place when the caller
-// read it already in the script (false: not in the queue), else nil.
+// read it already in the script (false: not in the queue), else nil; its `seen` is what
+// `queueHead` read of this queue in this script (the first members, their places' scores, how
+// many it asked for), unchanged since, else nil: a member among them, or a queue shorter than
+// that, is joined without reading the queue again. No ticket lives past MAX_TICKET_MS from its
+// look (the scripts cut a longer one), so the queue, its tickets and offers, given that TTL at each
+// look, outlive every ticket without reading the latest.
 export const QUEUE_LUA = `
 -- The head of the queue, once lapsed tickets are dropped (at most maxWaiters of them), and the
 -- first \`count\` waiters (1 when nil), the head first. With offersKey, the lapsed ones' offers go too.
+-- Third, what was read, for joinQueue.
 local function queueHead(queueKey, ticketsKey, nowMs, maxWaiters, offersKey, count)
   count = count or 1
-  local first = redis.call('ZRANGE', queueKey, 0, count - 1)
+  local function read()
+    local raw, members, scores = redis.call('ZRANGE', queueKey, 0, count - 1, 'WITHSCORES'), {}, {}
+    for i = 1, #raw, 2 do members[#members + 1], scores[#scores + 1] = raw[i], raw[i + 1] end
+    return members, scores
+  end
+  local first, scores = read()
   -- the queue and its tickets hold the same members: no head, no tickets
   if first[1] then
     local lapsed = redis.call('ZRANGEBYSCORE', ticketsKey, '-inf', nowMs, 'LIMIT', 0, maxWaiters)
@@ -291,39 +312,45 @@ local function queueHead(queueKey, ticketsKey, nowMs, maxWaiters, offersKey, cou
       redis.call('ZREM', queueKey, unpack(lapsed))
       redis.call('ZREM', ticketsKey, unpack(lapsed))
       if offersKey then redis.call('HDEL', offersKey, unpack(lapsed)) end
-      first = redis.call('ZRANGE', queueKey, 0, count - 1)
+      first, scores = read()
     end
   end
-  return first[1], first
+  return first[1], first, {members = first, scores = scores, count = count}
 end
 -- Takes a ticket for ticketMs (keeping an earlier place); returns the place, 0 the head, or -2
--- when the queue is full. With \`offersKey\` (a waiter that blocks), the waiter's \`offer\`
--- (\`HANDOFF_LUA\`; nil for none) is kept beside its ticket, and lives as long.
-local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters, offersKey, offer, rank)
-  local place = rank
+-- when the queue is full. With \`offersKey\`, the waiter's \`offer\` (nil for none) goes beside it.
+local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters, offersKey, offer, rank, seen)
+  local place, size, last = rank, nil, nil
+  if place == nil and seen then
+    for i, m in ipairs(seen.members) do
+      if m == member then place = i - 1; break end
+    end
+    -- the whole queue, without the member
+    if place == nil and #seen.members < seen.count then
+      place, size, last = false, #seen.members, tonumber(seen.scores[#seen.scores]) or 0
+    end
+  end
   if place == nil then place = redis.call('ZRANK', queueKey, member) end
   if not place then
-    place = redis.call('ZCARD', queueKey)
+    place = size or redis.call('ZCARD', queueKey)
     if place >= maxWaiters then return -2 end
     -- Arrival order from the queue itself: one past the last waiter's place.
-    local last = redis.call('ZRANGE', queueKey, -1, -1, 'WITHSCORES')[2]
-    redis.call('ZADD', queueKey, (tonumber(last) or 0) + 1, member)
+    last = last or tonumber(redis.call('ZRANGE', queueKey, -1, -1, 'WITHSCORES')[2]) or 0
+    redis.call('ZADD', queueKey, last + 1, member)
   end
-  redis.call('ZADD', ticketsKey, nowMs + ticketMs, member)
-  -- The queue lives as long as its latest ticket, so no ticket dies before its deadline.
-  local latest = tonumber(redis.call('ZRANGE', ticketsKey, -1, -1, 'WITHSCORES')[2])
-  redis.call('PEXPIRE', queueKey, math.max(latest - nowMs, 1))
-  redis.call('PEXPIRE', ticketsKey, math.max(latest - nowMs, 1))
+  redis.call('ZADD', ticketsKey, nowMs + math.min(ticketMs, ${MAX_TICKET_MS}), member)
+  redis.call('PEXPIRE', queueKey, ${MAX_TICKET_MS})
+  redis.call('PEXPIRE', ticketsKey, ${MAX_TICKET_MS})
   if offersKey then
     if offer then redis.call('HSET', offersKey, member, offer)
     else redis.call('HDEL', offersKey, member) end
-    redis.call('PEXPIRE', offersKey, math.max(latest - nowMs, 1))
+    redis.call('PEXPIRE', offersKey, ${MAX_TICKET_MS})
   end
   return place
 end
 -- Returns the waiter now at the head, nil when the queue is empty, and the first waiters (up to
 -- WAKE_HINTS, for a grant's hint). With offersKey, the member's offer goes too. \`queue\`, when
--- given, is the first WAKE_HINTS + 1 waiters as \`queueHead\` read them in this script: when the
+-- given, is the first waiters (WAKE_HINTS + 1 or more) as \`queueHead\` read them in this script: when the
 -- member leaving is their head, the waiters after it are not read again.
 local function leaveQueue(queueKey, ticketsKey, member, offersKey, queue)
   redis.call('ZREM', queueKey, member)
@@ -679,8 +706,8 @@ local function foreignBusy(key)
   return {0, ${MIN_RETRY_MS}, nowMs, -1, ttlOrSet(key, ${MAX_HOLD_MS})}
 end
 -- Busy: note the contention, queue \`member\` when it waits (with its offer, for an exclusive
--- waiter), and hint when to look again.
-local function busy(r, held, holdMs, member, head, offersKey, offer)
+-- waiter; \`seen\` as for joinQueue), and hint when to look again.
+local function busy(r, held, holdMs, member, head, offersKey, offer, seen)
   noteContended(lockKey, r, nowMs, graceMs)
   local pttl = 0
   if held then
@@ -689,7 +716,7 @@ local function busy(r, held, holdMs, member, head, offersKey, offer)
   end
   local position = -1
   if ticketMs > 0 then position = joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters,
-    offersKey, offer) end
+    offersKey, offer, nil, seen) end
   countBusy(position)
   return {0, retryAfter(r, held, holdMs, position, ticketsKey, head, nowMs), nowMs, position, pttl}
 end
