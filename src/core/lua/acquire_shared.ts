@@ -99,10 +99,12 @@ end
 -- everyone behind it. An exclusive waiter (a bare token) takes everything, and only alone.
 local free = capacity - used
 if exclusive then free = 0 end
-local head
-if not r or r.flag == '1' then head = queueHead(queueKey, ticketsKey, nowMs, maxWaiters) end
+local head, queue, seen
+if not r or r.flag == '1' then
+  head, queue, seen = queueHead(queueKey, ticketsKey, nowMs, maxWaiters, nil, maxWaiters)
+end
 if head then
-  for _, m in ipairs(redis.call('ZRANGE', queueKey, 0, maxWaiters - 1)) do
+  for _, m in ipairs(queue) do
     if m == member then break end
     local want = string.match(m, '~(%w+)$')
     local takes
@@ -124,7 +126,7 @@ if permits > free then
   -- A waiter that blocks may be handed its lease: a semaphore's on its wake key, a reader's on its
   -- wake key or in a ring of the readers' bell (below).
   if wakeId ~= '' then offer = blockingOffer(limit) end
-  local reply = busy(r, exclusive or live, holdMs, member, head, offersKey, offer)
+  local reply = busy(r, exclusive or live, holdMs, member, head, offersKey, offer, seen)
   -- When the first holder's lease ends, ms (0: none): a waiter may fit then, unannounced.
   local soonest = 0
   for _, h in pairs(holders) do
@@ -139,7 +141,7 @@ if permits > free then
   return reply
 end
 local nextHead, first
-if head then nextHead, first = leaveQueue(queueKey, ticketsKey, member, offersKey) end
+if head then nextHead, first = leaveQueue(queueKey, ticketsKey, member, offersKey, queue) end
 local flag = (nextHead and '1') or '0'
 -- holders of an earlier shared spell
 if not live then redis.call('DEL', holdersKey) end
