@@ -9,7 +9,7 @@ export const ACQUIRE_ARGS = {
   ttlMs: "number",
   meta: "string", // JSON object text, or '' for none
   graceMs: "number", // how long the fence outlives the lease
-  ticketMs: "number", // how long a waiter's ticket lives; 0: do not queue
+  ticketMs: "number", // how long a waiter's ticket lives (at most MAX_TICKET_MS); 0: do not queue
   maxWaiters: "number", // the queue's bound
 } as const;
 
