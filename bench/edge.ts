@@ -7,6 +7,7 @@
  *
  * @module
  */
+import { AsyncLocalStorage } from "node:async_hooks";
 import { Lock as UpstashLock } from "@upstash/lock";
 import { Redis } from "@upstash/redis";
 import { Redis as IORedis } from "ioredis";
@@ -145,7 +146,9 @@ async function measure(cycle: Cycle, count: number, concurrency = 1) {
  * `waiters` callers on one name, each acquiring `rounds` times and holding HOLD_MS. The first
  * round arrives in a known order: each waiter starts once the previous ones were answered
  * (`arrived`, where the case can tell; else 1 ms apart), since two requests sent within a
- * millisecond on different connections reach Redis in either order.
+ * millisecond on different connections reach Redis in either order. Each acquire runs in its
+ * waiter's `caller` context, so an answer counts once per waiter: the first waiters' next rounds,
+ * which begin while the last ones are still arriving, do not let two start at once.
  */
 async function contend(
   { acquire, arrived }: Waiting,
@@ -159,13 +162,13 @@ async function contend(
   const requests = bridge.stats().requests;
   const before = await redisStats();
   const started = performance.now();
-  const base = arrived?.() ?? 0;
+  answeredBy.clear();
   await Promise.all(Array.from({ length: waiters }, async (_, waiter) => {
     if (!arrived) await sleep(waiter);
-    for (let t = 0; arrived && arrived() - base < waiter && t < 500; t++) await sleep(1);
+    for (let t = 0; arrived && arrived() < waiter && t < 500; t++) await sleep(1);
     for (let r = 0; r < rounds; r++) {
       const arrival = next++;
-      const release = await acquire(name);
+      const release = await caller.run(waiter, () => acquire(name));
       arrivals.push(arrival);
       holds.push(await hold(HOLD_MS));
       await release();
@@ -193,10 +196,17 @@ interface Waiting {
   capacity?: number;
 }
 
+// The waiters of the running `contend` answered so far (a look answered busy, or a grant).
+const answeredBy = new Set<number>();
+const caller = new AsyncLocalStorage<number>();
+
 function waitersFor(redis: Redis): Record<string, Waiting> {
-  let answered = 0; // looks answered busy, and grants: how many waiters have arrived
+  const answered = () => answeredBy.size;
   const onEvent = (event: LockEvent) => {
-    if (event.type === "wait" || event.type === "acquire") answered++;
+    const waiter = caller.getStore();
+    if ((event.type === "wait" || event.type === "acquire") && waiter !== undefined) {
+      answeredBy.add(waiter);
+    }
   };
   const locks = new Locks(redis, { onEvent });
   const polling = new Locks(redis, { onEvent, blocking: false });
@@ -210,7 +220,7 @@ function waitersFor(redis: Redis): Record<string, Waiting> {
       if (!result.acquired) throw new Error("edgelock readers and writers: gave up");
       return () => locks.release(result.lease);
     },
-    arrived: () => answered,
+    arrived: answered,
     capacity: 2.5,
   });
   return {
@@ -220,7 +230,7 @@ function waitersFor(redis: Redis): Record<string, Waiting> {
         if (!result.acquired) throw new Error("edgelock: gave up");
         return () => locks.release(result.lease);
       },
-      arrived: () => answered,
+      arrived: answered,
     },
     "edgelock, semaphore of 2 permits": {
       acquire: async (name: string) => {
@@ -229,7 +239,7 @@ function waitersFor(redis: Redis): Record<string, Waiting> {
         if (!result.acquired) throw new Error("edgelock semaphore: gave up");
         return () => locks.release(result.lease);
       },
-      arrived: () => answered,
+      arrived: answered,
       capacity: 2,
     },
     "edgelock, multi-name (2 names each)": {
@@ -241,7 +251,7 @@ function waitersFor(redis: Redis): Record<string, Waiting> {
         if (!result.acquired) throw new Error("edgelock multi-name: gave up");
         return () => Promise.all(result.leases.map((lease) => locks.release(lease)));
       },
-      arrived: () => answered,
+      arrived: answered,
     },
     "edgelock, 1 writer : 4 readers": readersAndWriters(locks),
     "edgelock, 1 writer : 4 readers, polling": readersAndWriters(polling),
