@@ -63,7 +63,8 @@ end
  * and everyone else (waiting or not) is busy until it takes it or its ticket lapses. A ticket
  * lives `ticketMs` (at most MAX_TICKET_MS) from each call, so a waiter that gave up or crashed
  * blocks nobody for longer; each call that looks at the queue drops every lapsed ticket (at most
- * `maxWaiters`, the queue's bound), wherever it is. Shared holders (kind S) hold it until the latest of their lease ends.
+ * `maxWaiters`, the queue's bound), wherever it is. Shared holders (kind S) hold it until the
+ * latest of their lease ends.
  *
  * A waiter with a `wakeId` blocks on its `wakeKey` between looks, and leaves an offer with its
  * ticket, so a release can hand it the lock in place (`HANDOFF_LUA`). Each look clears that key:

@@ -6,8 +6,8 @@
  *
  * Keys per lock name, all in one hash slot: the lock record, one string; the wait queue (members
  * by arrival) and its tickets (members by deadline), which exist only while callers wait and live
- * MAX_TICKET_MS past the last look, beyond every ticket; for shared and semaphore leases (`./acquire_shared.ts`) the
- * holders' hash and the last releases. The record is
+ * MAX_TICKET_MS past the last look, beyond every ticket; for shared and semaphore leases
+ * (`./acquire_shared.ts`) the holders' hash and the last releases. The record is
  *
  * - `X<fence>|<leaseEnd>|<at>|<holdMs>|<flag>|<token>|<released>|<holds>|<meta>` while an exclusive
  *   lease may be held: it is held until `leaseEnd` on the server clock. `leaseEnd` and `at` (the
@@ -69,7 +69,7 @@ export const MAX_QUEUE = 1000;
  */
 export const MAX_TICKET_MS = 60_000;
 
-/** How many waiters an exclusive acquire's look reads; a queue no longer is joined without more reads. */
+/** How many waiters an exclusive look reads: it joins a shorter queue without reading it again. */
 export const SEEN_WAITERS = 32;
 
 /** How many releases a name remembers, for retried releases. */
@@ -351,8 +351,8 @@ local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaite
 end
 -- Returns the waiter now at the head, nil when the queue is empty, and the first waiters (up to
 -- WAKE_HINTS, for a grant's hint). With offersKey, the member's offer goes too. \`queue\`, when
--- given, is the first waiters (WAKE_HINTS + 1 or more) as \`queueHead\` read them in this script: when the
--- member leaving is their head, the waiters after it are not read again.
+-- given, is the first waiters (WAKE_HINTS + 1 or more) as \`queueHead\` read them in this script:
+-- when the member leaving is their head, the waiters after it are not read again.
 local function leaveQueue(queueKey, ticketsKey, member, offersKey, queue)
   redis.call('ZREM', queueKey, member)
   redis.call('ZREM', ticketsKey, member)
