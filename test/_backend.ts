@@ -4,6 +4,7 @@ import { type Bridge, startBridge } from "../bridge/mod.ts";
 import { type RedisServer, startRedisServer } from "../dev/redis_server.ts";
 import { type RedisLike, runScript } from "../src/core/_runner.ts";
 import { ACQUIRE } from "../src/core/lua/acquire.ts";
+import { ACQUIRE_SHARED } from "../src/core/lua/acquire_shared.ts";
 import { FENCE_GRACE_MS } from "../src/core/_validate.ts";
 import type { AcquireResult, Lease } from "../src/core/types.ts";
 
@@ -166,4 +167,47 @@ export async function takeTicket(
     },
   });
   return await runScript(redis, ACQUIRE, keys, args) as number[];
+}
+
+/**
+ * A shared (`limit` 0) or semaphore waiter's look, as `takeTicket` is an exclusive one's: the
+ * acquire_shared script's reply (`[0, retryAfterMs, nowMs, position, …]` when busy, `[1, fence,
+ * ttlMs, nowMs, holdCount, hint]` when granted). `ticketMs` 0: a caller that does not queue.
+ */
+export async function takeSharedTicket(
+  redis: RedisLike,
+  name: string,
+  token: string,
+  ticketMs: number,
+  { maxWaiters = 128, wakeId = "", ttlMs = 10_000, limit = 0, permits = 1 } = {},
+): Promise<unknown[]> {
+  const [lockKey, queueKey, ticketsKey, marksKey] = lockKeys(name);
+  const { keys, args } = ACQUIRE_SHARED.call({
+    keys: {
+      lockKey,
+      queueKey,
+      ticketsKey,
+      holdersKey: `${lockKey}:holders`,
+      marksKey,
+      offersKey: `${lockKey}:offers`,
+      wakeKey: `${lockKey}:wake:${wakeId}`,
+      readersKey: `${lockKey}:readers`,
+    },
+    args: {
+      token,
+      ttlMs,
+      meta: "",
+      graceMs: FENCE_GRACE_MS,
+      ticketMs,
+      maxWaiters,
+      name,
+      waitedMs: 0,
+      waiting: ticketMs > 0,
+      hold: "",
+      limit,
+      permits,
+      wakeId,
+    },
+  });
+  return await runScript(redis, ACQUIRE_SHARED, keys, args) as unknown[];
 }

@@ -1,6 +1,14 @@
 import assert from "node:assert/strict";
 import { Locks } from "@edgelock/edgelock";
-import { keygen, lockKeys, shared, startBackend, takeTicket, until } from "./_backend.ts";
+import {
+  keygen,
+  lockKeys,
+  shared,
+  startBackend,
+  takeSharedTicket,
+  takeTicket,
+  until,
+} from "./_backend.ts";
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -152,6 +160,78 @@ Deno.test("places follow arrival whether a look read the whole queue or only its
     await locks.release({ name, token: next, fence: reply[1]! });
   }
   assert.equal(await redis.zcard(keys(name)[1]!), 0);
+});
+
+// Callers whose maxWaiters is below the queue's length still see all of it: who is ahead of them,
+// who comes next after their grant (the record's contention flag, the grant's hint).
+Deno.test("a reader granted by a caller with maxWaiters 1 leaves the writer behind it in charge", async () => {
+  const { redis, locks } = await fixture();
+  const name = keygen("q");
+  const holder = await locks.acquire(name, { ttlMs: 10_000 });
+  assert.ok(holder.acquired);
+  const small = { maxWaiters: 1 };
+  assert.equal((await takeSharedTicket(redis, name, "reader-small-000001", 30_000, small))[3], 0);
+  assert.equal((await takeTicket(redis, name, "writer-behind-00001", 30_000))[3], 1);
+  await locks.release(holder.lease);
+  assert.equal((await takeSharedTicket(redis, name, "reader-small-000001", 30_000, small))[0], 1);
+  // The writer still waits: a later reader comes after it, and so does a release's hand-off.
+  const late = await takeSharedTicket(redis, name, "reader-later-000001", 0);
+  assert.equal(late[0], 0, "a later reader is not granted past the queued writer");
+  assert.match(String(await redis.get(keys(name)[0]!)), /^S\d+\|\d+\|\d+\|\d+\|1\|/);
+});
+
+Deno.test("a semaphore's caller with maxWaiters 1 leaves the waiter behind it first in line", async () => {
+  const { redis } = await fixture();
+  const name = keygen("q");
+  const sem = { limit: 2, permits: 1 };
+  const holder = await takeSharedTicket(redis, name, "holder-token-000001", 0, {
+    limit: 2,
+    permits: 2,
+  });
+  assert.equal(holder[0], 1);
+  const small = { ...sem, maxWaiters: 1 };
+  assert.equal((await takeSharedTicket(redis, name, "small-token-0000001", 30_000, small))[3], 0);
+  const two = { limit: 2, permits: 2 };
+  assert.equal((await takeSharedTicket(redis, name, "two-permits-000001", 30_000, two))[3], 1);
+  const { locks } = await fixture();
+  await locks.release({ name, token: "holder-token-000001", fence: holder[1] as number });
+  assert.equal((await takeSharedTicket(redis, name, "small-token-0000001", 30_000, small))[0], 1);
+  const late = await takeSharedTicket(redis, name, "late-token-00000001", 0, sem);
+  assert.equal(late[0], 0, "the permit left is the queued waiter's, not a later caller's");
+});
+
+Deno.test("a grant names the next waiters whatever its caller's maxWaiters", async () => {
+  const { redis, locks } = await fixture();
+  const name = keygen("q");
+  const sem = { limit: 1, permits: 1 };
+  const holder = await takeSharedTicket(redis, name, "holder-token-000001", 0, sem);
+  assert.equal(holder[0], 1);
+  const small = { ...sem, maxWaiters: 2 };
+  assert.equal((await takeSharedTicket(redis, name, "small-token-0000001", 30_000, small))[3], 0);
+  for (const [i, t] of ["a", "b", "c"].entries()) {
+    const look = await takeSharedTicket(redis, name, `waiter-${t}-00000001`, 30_000, {
+      ...sem,
+      wakeId: `${t}w`,
+    });
+    assert.equal(look[3], i + 1);
+  }
+  await locks.release({ name, token: "holder-token-000001", fence: holder[1] as number });
+  const granted = await takeSharedTicket(redis, name, "small-token-0000001", 30_000, small);
+  assert.deepEqual([granted[0], granted[5]], [1, "aw,bw,cw"]);
+});
+
+Deno.test("a reader that does not queue waits behind a writer past its own maxWaiters", async () => {
+  const { redis, locks } = await fixture();
+  const name = keygen("q");
+  const holder = await locks.acquire(name, { ttlMs: 10_000 });
+  assert.ok(holder.acquired);
+  for (const t of ["reader-one-00000001", "reader-two-00000001"]) {
+    await takeSharedTicket(redis, name, t, 30_000);
+  }
+  assert.equal((await takeTicket(redis, name, "writer-third-000001", 30_000))[3], 2);
+  await locks.release(holder.lease);
+  const late = await takeSharedTicket(redis, name, "reader-late-0000001", 0, { maxWaiters: 2 });
+  assert.equal(late[0], 0, "the queued writer keeps it out");
 });
 
 Deno.test("a full queue answers queue_full at once, and the waiters in it keep their places", async () => {

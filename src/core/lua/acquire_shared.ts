@@ -17,6 +17,7 @@ import {
   ACQUIRE_LUA,
   HOLDERS_LUA,
   INDEX_LUA,
+  MAX_QUEUE,
   MAX_SHARED,
   NOW,
   OFFER_LUA,
@@ -99,9 +100,11 @@ end
 -- everyone behind it. An exclusive waiter (a bare token) takes everything, and only alone.
 local free = capacity - used
 if exclusive then free = 0 end
+-- The whole queue (a caller's own maxWaiters may be below its length): who is ahead, the join and
+-- the grant's hint all read it.
 local head, queue, seen
 if not r or r.flag == '1' then
-  head, queue, seen = queueHead(queueKey, ticketsKey, nowMs, maxWaiters, nil, maxWaiters)
+  head, queue, seen = queueHead(queueKey, ticketsKey, nowMs, maxWaiters, nil, ${MAX_QUEUE})
 end
 if head then
   for _, m in ipairs(queue) do
