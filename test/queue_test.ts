@@ -234,6 +234,42 @@ Deno.test("a reader that does not queue waits behind a writer past its own maxWa
   assert.equal(late[0], 0, "the queued writer keeps it out");
 });
 
+Deno.test("lapsed waiters go at any caller's look: a reader behind a live one is granted", async () => {
+  const { redis, locks } = await fixture();
+  const name = keygen("q");
+  const holder = await locks.acquire(name, { ttlMs: 10_000 });
+  assert.ok(holder.acquired);
+  assert.equal((await takeSharedTicket(redis, name, "reader-live-0000001", 30_000))[3], 0);
+  for (const [i, t] of ["writer-gone-0000001", "writer-gone-0000002"].entries()) {
+    assert.equal((await takeTicket(redis, name, t, 30_000))[3], i + 1);
+  }
+  await locks.release(holder.lease);
+  // The writers crash: their tickets lapse.
+  for (const member of ["writer-gone-0000001", "writer-gone-0000002"]) {
+    await redis.zadd(keys(name)[2]!, { xx: true }, { score: 1, member });
+  }
+  const reader = await takeSharedTicket(redis, name, "reader-late-0000001", 0, { maxWaiters: 1 });
+  assert.equal(reader[0], 1, "only a live reader is ahead of it");
+  assert.deepEqual(await redis.zrange(keys(name)[1]!, 0, -1), ["reader-live-0000001~s"]);
+});
+
+Deno.test("a queue whose waiters all lapsed is not full, whatever the caller's maxWaiters", async () => {
+  const { redis, locks } = await fixture();
+  for (const look of ["exclusive", "shared"] as const) {
+    const name = keygen("q");
+    const holder = await locks.acquire(name, { ttlMs: 10_000 });
+    assert.ok(holder.acquired);
+    const gone = ["waiter-gone-0000001", "waiter-gone-0000002", "waiter-gone-0000003"];
+    for (const token of gone) await takeTicket(redis, name, token, 30_000);
+    for (const member of gone) await redis.zadd(keys(name)[2]!, { xx: true }, { score: 1, member });
+    const reply = look === "exclusive"
+      ? await takeTicket(redis, name, "newcomer-token-0001", 30_000, { maxWaiters: 1 })
+      : await takeSharedTicket(redis, name, "newcomer-token-0001", 30_000, { maxWaiters: 1 });
+    assert.deepEqual([reply[0], reply[3]], [0, 0], `${look}: first in line, not queue_full`);
+    await locks.release(holder.lease);
+  }
+});
+
 Deno.test("a full queue answers queue_full at once, and the waiters in it keep their places", async () => {
   const { redis, ticket } = await fixture();
   const name = keygen("q");

@@ -63,7 +63,7 @@ end
  * and everyone else (waiting or not) is busy until it takes it or its ticket lapses. A ticket
  * lives `ticketMs` (at most MAX_TICKET_MS) from each call, so a waiter that gave up or crashed
  * blocks nobody for longer; each call that looks at the queue drops every lapsed ticket (at most
- * `maxWaiters`, the queue's bound), wherever it is. Shared holders (kind S) hold it until the
+ * MAX_QUEUE, the most any queue holds), wherever it is. Shared holders (kind S) hold it until the
  * latest of their lease ends.
  *
  * A waiter with a `wakeId` blocks on its `wakeKey` between looks, and leaves an offer with its
@@ -114,7 +114,7 @@ end
 -- No record (a first acquire, or one that was lost): look at the queue too.
 local head, queue, seen
 if not r or r.flag == '1' then
-  head, queue, seen = queueHead(queueKey, ticketsKey, nowMs, maxWaiters, offersKey, ${SEEN_WAITERS})
+  head, queue, seen = queueHead(queueKey, ticketsKey, nowMs, offersKey, ${SEEN_WAITERS}, true)
 end
 local holdMs = holdEstimate(r)
 if not held and (not head or head == token) then

@@ -67,7 +67,7 @@ for i = 1, n do
   if held[i] and r.token == token and #r.holds.ids > 0 then return {-1, 5, nowMs} end
   -- a name this token holds already stays granted
   if not (held[i] and r.token == token) then
-    if not r or r.flag == '1' then heads[i] = queueHead(queueKey(i), ticketsKey(i), nowMs, maxWaiters, offersKey(i)) end
+    if not r or r.flag == '1' then heads[i] = queueHead(queueKey(i), ticketsKey(i), nowMs, offersKey(i)) end
     blocked[i] = held[i] or (heads[i] and heads[i] ~= token)
     if blocked[i] then ready = false end
   end

@@ -104,7 +104,7 @@ if exclusive then free = 0 end
 -- the grant's hint all read it.
 local head, queue, seen
 if not r or r.flag == '1' then
-  head, queue, seen = queueHead(queueKey, ticketsKey, nowMs, maxWaiters, nil, ${MAX_QUEUE})
+  head, queue, seen = queueHead(queueKey, ticketsKey, nowMs, nil, ${MAX_QUEUE})
 end
 if head then
   for _, m in ipairs(queue) do

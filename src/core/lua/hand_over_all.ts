@@ -3,7 +3,6 @@ import { STATS_KEYS } from "./contracts.ts";
 import {
   INDEX_LUA,
   MAX_HOLD_MS,
-  MAX_QUEUE,
   NAMES_HINT_LUA,
   NOW,
   OFFER_LUA,
@@ -46,7 +45,7 @@ end
 -- The waiter: a head whose offer names this wake key and these names (the same in every queue).
 local heads, token, offer = {}, nil, nil
 for i = 1, n do
-  heads[i] = queueHead(queueKey(i), ticketsKey(i), nowMs, ${MAX_QUEUE}, offersKey(i))
+  heads[i] = queueHead(queueKey(i), ticketsKey(i), nowMs, offersKey(i))
   if heads[i] and not token then
     local o = parseOffer(redis.call('HGET', offersKey(i), heads[i]))
     if o and o.wake == wakeId and o.names == table.concat(names, ',') then token, offer = heads[i], o end

@@ -295,12 +295,13 @@ end
 // look (the scripts cut a longer one), so the queue, its tickets and offers, given that TTL at each
 // look, outlive every ticket without reading the latest.
 export const QUEUE_LUA = `
--- The head of the queue, once lapsed tickets are dropped (at most maxWaiters of them), and the
--- first \`count\` waiters (1 when nil), the head first. With offersKey, the lapsed ones' offers go too.
--- Third, what was read, for joinQueue.
-local function queueHead(queueKey, ticketsKey, nowMs, maxWaiters, offersKey, count)
+-- The head of the queue, once lapsed tickets are dropped (all of them: at most MAX_QUEUE), and
+-- the first \`count\` waiters (1 when nil), the head first. With offersKey, the lapsed ones' offers go
+-- too. Third, what was read, for joinQueue (\`withScores\`: the places' scores too).
+local function queueHead(queueKey, ticketsKey, nowMs, offersKey, count, withScores)
   count = count or 1
   local function read()
+    if not withScores then return redis.call('ZRANGE', queueKey, 0, count - 1), nil end
     local raw, members, scores = redis.call('ZRANGE', queueKey, 0, count - 1, 'WITHSCORES'), {}, {}
     for i = 1, #raw, 2 do members[#members + 1], scores[#scores + 1] = raw[i], raw[i + 1] end
     return members, scores
@@ -308,7 +309,7 @@ local function queueHead(queueKey, ticketsKey, nowMs, maxWaiters, offersKey, cou
   local first, scores = read()
   -- the queue and its tickets hold the same members: no head, no tickets
   if first[1] then
-    local lapsed = redis.call('ZRANGEBYSCORE', ticketsKey, '-inf', nowMs, 'LIMIT', 0, maxWaiters)
+    local lapsed = redis.call('ZRANGEBYSCORE', ticketsKey, '-inf', nowMs, 'LIMIT', 0, ${MAX_QUEUE})
     if #lapsed > 0 then
       redis.call('ZREM', queueKey, unpack(lapsed))
       redis.call('ZREM', ticketsKey, unpack(lapsed))
@@ -328,7 +329,8 @@ local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaite
     end
     -- the whole queue, without the member
     if place == nil and #seen.members < seen.count then
-      place, size, last = false, #seen.members, tonumber(seen.scores[#seen.scores]) or 0
+      place, size = false, #seen.members
+      if seen.scores then last = tonumber(seen.scores[#seen.scores]) or 0 end
     end
   end
   if place == nil then place = redis.call('ZRANK', queueKey, member) end
@@ -561,7 +563,7 @@ end
 local handedNext = ''
 local function handOver(r)
   -- the head and the waiters after it (for the grant's hint), with their offers: read once
-  local head, queue = queueHead(queueKey, ticketsKey, nowMs, ${MAX_QUEUE}, offersKey, ${WAKE_HINTS} + 1)
+  local head, queue = queueHead(queueKey, ticketsKey, nowMs, offersKey, ${WAKE_HINTS} + 1)
   local live = not r.free and r.leaseEnd ~= nil and nowMs < r.leaseEnd
   -- readers: granted, and rung, when they fit
   if head and string.sub(head, -2) == '~s' then
