@@ -100,8 +100,7 @@ end
 -- everyone behind it. An exclusive waiter (a bare token) takes everything, and only alone.
 local free = capacity - used
 if exclusive then free = 0 end
--- The whole queue (a caller's own maxWaiters may be below its length): who is ahead, the join and
--- the grant's hint all read it.
+-- the whole queue, whatever this caller's maxWaiters
 local head, queue, seen
 if not r or r.flag == '1' then
   head, queue, seen = queueHead(queueKey, ticketsKey, nowMs, nil, ${MAX_QUEUE})

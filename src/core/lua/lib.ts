@@ -289,15 +289,14 @@ end
 // waiter) or `<token>~s` (shared) or `<token>~<permits>` (a semaphore), so a look at the queue
 // knows what each waiter asks for. `joinQueue`'s `rank` is the member's place when the caller
 // read it already in the script (false: not in the queue), else nil; its `seen` is what
-// `queueHead` read of this queue in this script (the first members, their places' scores, how
-// many it asked for), unchanged since, else nil: a member among them, or a queue shorter than
+// `queueHead` read of this queue in this script (the first members, their places' scores when
+// it was asked for them, how many it asked for), unchanged since, else nil: a member among them, or a queue shorter than
 // that, is joined without reading the queue again. No ticket lives past MAX_TICKET_MS from its
 // look (the scripts cut a longer one), so the queue, its tickets and offers, given that TTL at each
 // look, outlive every ticket without reading the latest.
 export const QUEUE_LUA = `
--- The head of the queue, once lapsed tickets are dropped (all of them: at most MAX_QUEUE), and
--- the first \`count\` waiters (1 when nil), the head first. With offersKey, the lapsed ones' offers go
--- too. Third, what was read, for joinQueue (\`withScores\`: the places' scores too).
+-- The head of the queue, once every lapsed ticket is dropped, and the first \`count\` waiters (1
+-- when nil). With offersKey, the lapsed ones' offers go too. Third, what was read, for joinQueue.
 local function queueHead(queueKey, ticketsKey, nowMs, offersKey, count, withScores)
   count = count or 1
   local function read()
