@@ -290,8 +290,8 @@ end
 // knows what each waiter asks for. `joinQueue`'s `rank` is the member's place when the caller
 // read it already in the script (false: not in the queue), else nil; its `seen` is what
 // `queueHead` read of this queue in this script (the first members, their places' scores when
-// it was asked for them, how many it asked for), unchanged since, else nil: a member among them, or a queue shorter than
-// that, is joined without reading the queue again. No ticket lives past MAX_TICKET_MS from its
+// it was asked for them, how many it asked for), unchanged since, else nil: a member among them,
+// or a queue shorter than that, is joined without reading the queue again. No ticket lives past MAX_TICKET_MS from its
 // look (the scripts cut a longer one), so the queue, its tickets and offers, given that TTL at each
 // look, outlive every ticket without reading the latest.
 export const QUEUE_LUA = `
