@@ -129,6 +129,34 @@ export function lockKeys(name: string, prefix = "edgelock"): [string, string, st
   return [base, `${base}:queue`, `${base}:tickets`, `${base}:released`];
 }
 
+// The arguments a waiter's first look passes to either acquire script (no meta, no hold).
+function lookArgs(
+  name: string,
+  token: string,
+  ticketMs: number,
+  { maxWaiters, wakeId, ttlMs, waiting }: {
+    maxWaiters: number;
+    wakeId: string;
+    ttlMs: number;
+    waiting: boolean;
+  },
+) {
+  const graceMs = FENCE_GRACE_MS;
+  return {
+    token,
+    ttlMs,
+    meta: "",
+    graceMs,
+    ticketMs,
+    maxWaiters,
+    name,
+    waitedMs: 0,
+    waiting,
+    hold: "",
+    wakeId,
+  };
+}
+
 /**
  * Takes a queue ticket for `token` the way a waiter does, then never looks again: a waiter that
  * vanished (with `wakeId`, one that vanished while blocked: it leaves an offer, and a release
@@ -152,19 +180,7 @@ export async function takeTicket(
       offersKey: `${lockKey}:offers`,
       wakeKey: `${lockKey}:wake:${wakeId}`,
     },
-    args: {
-      token,
-      ttlMs,
-      meta: "",
-      graceMs: FENCE_GRACE_MS,
-      ticketMs,
-      maxWaiters,
-      name,
-      waitedMs: 0,
-      waiting: true,
-      hold: "",
-      wakeId,
-    },
+    args: lookArgs(name, token, ticketMs, { maxWaiters, wakeId, ttlMs, waiting: true }),
   });
   return await runScript(redis, ACQUIRE, keys, args) as number[];
 }
@@ -194,19 +210,9 @@ export async function takeSharedTicket(
       readersKey: `${lockKey}:readers`,
     },
     args: {
-      token,
-      ttlMs,
-      meta: "",
-      graceMs: FENCE_GRACE_MS,
-      ticketMs,
-      maxWaiters,
-      name,
-      waitedMs: 0,
-      waiting: ticketMs > 0,
-      hold: "",
+      ...lookArgs(name, token, ticketMs, { maxWaiters, wakeId, ttlMs, waiting: ticketMs > 0 }),
       limit,
       permits,
-      wakeId,
     },
   });
   return await runScript(redis, ACQUIRE_SHARED, keys, args) as unknown[];
