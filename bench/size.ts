@@ -86,16 +86,19 @@ import { cli } from "../bridge/_cli.ts";
  * the core 31.5 KB, the service 73.1 KB; that hash's seq read, not incremented, and taken again
  * from the ids when a hand edit damaged it: the core 31.6 KB, the service 73.2 KB. A look that
  * joins a queue of under 32 from what it read of it, and queue keys given a fixed TTL (four
- * commands fewer per look): the core 31.8 KB, the service 73.4 KB. */
+ * commands fewer per look): the core 31.8 KB, the service 73.4 KB. The first waiter behind a
+ * lease granted with none waiting blocking on that lease's successor key (`f<fence>`), which
+ * every release of it declares, so it is handed over in place (two waiters taking turns paid a
+ * second request per hand-off): the core 32.1 KB, the service 73.7 KB. */
 export const BUDGETS = {
-  ".": 31_800,
+  ".": 32_100,
   "./uses": 11_200,
   "./hono": 8_400,
   "./client": 7_000,
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 7_500,
-  "./service": 73_400,
+  "./service": 73_700,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

@@ -172,18 +172,56 @@ Deno.test("blocked waiters are handed the lock in arrival order, three requests 
   assert.ok(requests <= 8 + 1 + 1, `${requests} requests for 8 hand-offs`);
 });
 
+Deno.test("the first waiter behind a lease is handed it by any release of it, in one request", async () => {
+  const { backend } = await fixture();
+  const waiter = tracked(backend.redis);
+  const other = new Locks(backend.redis);
+  const name = keygen("h");
+  // Granted with no one waiting: its grant names no next waiter.
+  const holder = acquired(await other.acquire(name, { ttlMs: 10_000 }));
+  const waiting = waiter.locks.acquire(name, { ttlMs: 5_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  const before = backend.requests();
+  // Another instance, which knows only the lease: its fence names the waiter's wake key.
+  assert.equal(await new Locks(backend.redis).release(holder), true);
+  const lease = acquired(await waiting);
+  // The BLPOP was counted when it arrived, before the release.
+  assert.equal(backend.requests() - before, 1, "the release alone");
+  assert.equal(waiter.looks(), 1, "the waiter never looked again");
+  assert.ok(lease.fence > holder.fence);
+  await waiter.locks.release(lease);
+});
+
 Deno.test("a release that does not know the head's wake key hands over in a second step", async () => {
   const { backend } = await fixture();
   const waiter = tracked(backend.redis);
   const other = new Locks(backend.redis); // releases without the hint: another instance
   const name = keygen("h");
   const holder = acquired(await other.acquire(name, { ttlMs: 10_000 }));
+  // The first waiter gives up: the one after it blocks on a wake key of its own.
+  const first = await other.acquire(name, { waitMs: 300 });
+  assert.equal(first.acquired, false);
   const waiting = waiter.locks.acquire(name, { ttlMs: 5_000, waitMs: 20_000 });
   await queued(backend.redis, name, 1);
   const before = backend.requests();
   assert.equal(await new Locks(backend.redis).release(holder), true);
   const lease = acquired(await waiting);
-  // The BLPOP was counted when it arrived, before the release.
+  assert.equal(backend.requests() - before, 2, "the release, then the hand-over");
+  assert.equal(waiter.looks(), 1, "the waiter never looked again");
+  await waiter.locks.release(lease);
+});
+
+Deno.test("a release without its fence hands the first waiter over in a second step", async () => {
+  const { backend } = await fixture();
+  const waiter = tracked(backend.redis);
+  const name = keygen("h");
+  const holder = acquired(await new Locks(backend.redis).acquire(name, { ttlMs: 10_000 }));
+  const waiting = waiter.locks.acquire(name, { ttlMs: 5_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  const before = backend.requests();
+  const released = await new Locks(backend.redis).release({ name, token: holder.token });
+  assert.equal(released, true);
+  const lease = acquired(await waiting);
   assert.equal(backend.requests() - before, 2, "the release, then the hand-over");
   assert.equal(waiter.looks(), 1, "the waiter never looked again");
   await waiter.locks.release(lease);
@@ -259,18 +297,31 @@ Deno.test("a waiter leaving the queue finds a hand-off that beat it", async () =
       wakeId: "wTestWake0001",
     },
   });
-  assert.equal((await runScript(redis, ACQUIRE, look.keys, look.args) as number[])[0], 0);
-  await locks.release(holder); // no hint: the second step hands it over
-  assert.equal(await redis.llen(wakeKey), 2, "the grant and its receipt wait on the wake key");
+  const busy = await runScript(redis, ACQUIRE, look.keys, look.args) as unknown[];
+  assert.equal(busy[0], 0);
+  // The first waiter behind the lease blocks on the lease's successor key, which its release
+  // declares: the release hands it over.
+  const wakeId = `f${holder.fence}`;
+  assert.equal(busy[7], wakeId);
+  const handedKey = `${lockKey}:wake:${wakeId}`;
+  await locks.release(holder);
+  assert.equal(await redis.llen(handedKey), 2, "the grant and its receipt wait on the wake key");
   const leave = LEAVE_QUEUE.call({
-    keys: { queueKey, ticketsKey, offersKey, lockKey, wakeKey, holdersKey: `${lockKey}:holders` },
-    args: { member: token, outcome: "", wakeId: "wTestWake0001", lookedAt: 0 },
+    keys: {
+      queueKey,
+      ticketsKey,
+      offersKey,
+      lockKey,
+      wakeKey: handedKey,
+      holdersKey: `${lockKey}:holders`,
+    },
+    args: { member: token, outcome: "", wakeId, lookedAt: 0 },
   });
   const reply = await runScript(redis, LEAVE_QUEUE, leave.keys, leave.args) as number[];
   assert.equal(reply[0], 2, "the leave reports the lease");
   assert.equal(reply[1], await fenceOf(locks, name));
   assert.ok(reply[2]! > 2_000 && reply[2]! <= 3_000, `with its TTL left: ${reply[2]}`);
-  assert.equal(await redis.exists(wakeKey, offersKey), 0, "the wake key and the offer are gone");
+  assert.equal(await redis.exists(handedKey, offersKey), 0, "the wake key and the offer are gone");
   assert.equal(await locks.release({ name, token }), true);
 });
 
@@ -1088,20 +1139,73 @@ Deno.test("two holders releasing at once hand a semaphore's permits to two waite
   for (const lease of leases) await locks.release(lease);
 });
 
-Deno.test("a semaphore holder's release hands over in place to whichever next waiter is the head", async () => {
-  const { backend } = await fixture();
+// A client that counts hand-overs in a second request (`steps`), after a release that could not
+// name the head's wake key.
+async function countingSteps(redis: Redis) {
   const handOverSha = await HAND_OVER.sha1();
-  let steps = 0; // hand-overs in a second request, after a release that could not name the head
-  const counted = new Proxy(backend.redis, {
+  const counter = { steps: 0, client: redis };
+  counter.client = new Proxy(redis, {
     get(target, property, receiver) {
       if (property !== "evalsha") return Reflect.get(target, property, receiver);
       return (sha: string, keys: string[], args: unknown[]) => {
-        if (sha === handOverSha) steps++;
+        if (sha === handOverSha) counter.steps++;
         return target.evalsha(sha, keys, args);
       };
     },
   });
-  const locks = new Locks(counted);
+  return counter;
+}
+
+Deno.test("two waiters behind a lease granted with none waiting: each release hands over in place", async () => {
+  const { backend } = await fixture();
+  const counter = await countingSteps(backend.redis);
+  const { locks, looks } = tracked(counter.client);
+  const name = keygen("h");
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const first = locks.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  const second = locks.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 2);
+  // The first blocks on the holder's successor key, the second on its own: one key, one waiter.
+  const { lockKey, offersKey } = keysOf(name);
+  const offers: unknown[] = await backend.redis.hvals(offersKey);
+  const wakes = offers.map((offer) => String(offer).split("|")[2]);
+  assert.equal(wakes.filter((id) => id === `f${holder.fence}`).length, 1, wakes.join());
+  await locks.release(holder);
+  const lease = acquired(await first);
+  // Granted with the second waiting: its grant names the second's key.
+  await locks.release(lease);
+  await locks.release(acquired(await second));
+  assert.equal(counter.steps, 0, "no release needed a second step");
+  assert.equal(looks(), 2, "each waiter looked once");
+  assert.equal((await backend.redis.keys(`${lockKey}:wake:f*`)).length, 1, "the successor key");
+});
+
+Deno.test("the first semaphore waiter is handed its permits by the latest holder's release", async () => {
+  const { backend } = await fixture();
+  const counter = await countingSteps(backend.redis);
+  const { locks, looks } = tracked(counter.client);
+  const name = keygen("h");
+  const sem = { limit: 2, permits: 1, ttlMs: 60_000 };
+  const earlier = acquired(await locks.acquire(name, sem));
+  const latest = acquired(await locks.acquire(name, sem));
+  const waiting = locks.acquire(name, { ...sem, waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  const before = backend.requests();
+  await new Locks(backend.redis).release(latest); // another instance: only the lease
+  const lease = acquired(await waiting);
+  assert.equal(backend.requests() - before, 1, "the release alone");
+  assert.equal(counter.steps, 0);
+  assert.equal(looks(), 1);
+  assert.ok(lease.fence > latest.fence);
+  await locks.release(earlier);
+  await locks.release(lease);
+});
+
+Deno.test("a semaphore holder's release hands over in place to whichever next waiter is the head", async () => {
+  const { backend } = await fixture();
+  const counter = await countingSteps(backend.redis);
+  const locks = new Locks(counter.client);
   const name = keygen("h");
   const sem = { limit: 2, permits: 1, ttlMs: 60_000 };
   const holders = [
@@ -1116,15 +1220,15 @@ Deno.test("a semaphore holder's release hands over in place to whichever next wa
   // The first holders knew no waiter when granted: their releases hand over in a second step.
   for (const lease of holders) await locks.release(lease);
   const [first, second] = [acquired(await waiters[0]!), acquired(await waiters[1]!)];
-  assert.ok(steps > 0);
-  steps = 0;
+  assert.ok(counter.steps > 0);
+  counter.steps = 0;
   // Each grant named the waiters then first in line, so each release finds the head among them:
   // the first's release, made while the second holds, grants the third waiter, not the second.
   await locks.release(first);
   const third = acquired(await waiters[2]!);
   await locks.release(second);
   const fourth = acquired(await waiters[3]!);
-  assert.equal(steps, 0, "both handed over by the release itself");
+  assert.equal(counter.steps, 0, "both handed over by the release itself");
   assert.ok(first.fence < second.fence && second.fence < third.fence && third.fence < fourth.fence);
   for (const lease of [third, fourth]) await locks.release(lease);
 });

@@ -113,10 +113,12 @@ export async function waitFor<T extends Lease | Lease[]>(
   let queued = false;
   let rtt = 0; // this wait's last round trip, ms
   let lookedAt = 0; // the server's time at the last look, ms
+  // Where a hand-off comes: the waiter's own wake key, or the one a look gave it (see `wakeFor`).
+  let wake = attempt.wake;
   // Leaves the queues; a hand-off that came first is the caller's lease, returned.
   const leave = async (why: string): Promise<T | undefined> => {
     if (!queued) return undefined;
-    const handed = attempt.wake ?? attempt.bell;
+    const handed = wake ?? attempt.bell;
     const grant = await leaveQueues(context, names, attempt.members, why, handed, lookedAt);
     if (!grant) return undefined;
     const lease = handed!.lease(grant);
@@ -126,7 +128,7 @@ export async function waitFor<T extends Lease | Lease[]>(
     const reply = attempt.decode(await context.run(attempt.script, attempt.call(look)));
     return reply.status === "granted" ? reply.granted : undefined;
   };
-  let blocking = (attempt.wake ?? attempt.bell) !== undefined && context.canBlock;
+  let blocking = (wake ?? attempt.bell) !== undefined && context.canBlock;
   const refused = (error: unknown) => {
     if (signal?.aborted) return null; // the loop's top leaves the queue
     blocking = false; // refused or unsupported: poll from here on
@@ -150,11 +152,14 @@ export async function waitFor<T extends Lease | Lease[]>(
     const waitedMs = Math.round(performance.now() - started);
     queued ||= ticketMs > 0;
     const sentAt = performance.now();
-    const wakeId = blocking && ticketMs > 0 ? (attempt.wake ?? attempt.bell)!.id : "";
+    const wakeId = blocking && ticketMs > 0 ? (wake ?? attempt.bell)!.id : "";
     const call = attempt.call({ ticketMs, waitedMs, waiting: waitMs > 0, wakeId });
     const reply = attempt.decode(await context.run(attempt.script, call));
     rtt = performance.now() - sentAt;
     if (reply.status === "busy") lookedAt = reply.now;
+    if (reply.status === "busy" && wake && wakeId !== "" && reply.wakeId !== undefined) {
+      wake = { ...wake, id: reply.wakeId, key: context.keys.wake(names[0]!, reply.wakeId) };
+    }
     // How long after this look the next one may arrive and still find the ticket it took.
     const within = ticketMs - TICKET_MARGIN_MS;
     if (reply.status === "granted") return granted(reply.granted, sentAt);
@@ -183,7 +188,7 @@ export async function waitFor<T extends Lease | Lease[]>(
     if (signal?.aborted) continue;
     const { position } = reply;
     context.emit({ type: "wait", name: label, position, retryAfterMs, ...timing(sentAt) });
-    if ((attempt.bell || attempt.wake) && wakeId !== "" && within - 2 * rtt <= 1) {
+    if ((attempt.bell || wake) && wakeId !== "" && within - 2 * rtt <= 1) {
       continue; // no time to block before the ticket's end: look again at once
     }
     const ends = reply.firstEndsIn || reply.pttl;
@@ -214,7 +219,7 @@ export async function waitFor<T extends Lease | Lease[]>(
         }
       }
       message ??= null;
-    } else if (attempt.wake && wakeId !== "" && position >= 0) {
+    } else if (wake && wakeId !== "" && position >= 0) {
       // Block until a release hands the lock over; the head no longer than the holder's lease (a
       // semaphore's first holder's), so a holder that vanished is followed at its lease end.
       const blockMs = Math.min(
@@ -223,10 +228,10 @@ export async function waitFor<T extends Lease | Lease[]>(
         within - 2 * rtt,
         position === 0 ? ends + 1 : BLOCK_MS,
       );
-      message = await context.block(attempt.wake.key, Math.max(1, blockMs), signal)
+      message = await context.block(wake.key, Math.max(1, blockMs), signal)
         .catch(refused);
     }
-    const handed = attempt.wake ?? attempt.bell;
+    const handed = wake ?? attempt.bell;
     if (message !== undefined && handed) {
       if (message instanceof Error) throw message;
       // A grant made before this look (the server clock says so) is no live lease: look again.

@@ -149,9 +149,11 @@ export class Locks implements LockClient {
       this.#hint(granted, decoded.next);
       return { status: "granted" as const, granted: withHold(granted, decoded.holdCount) };
     };
-    // A waiter that blocks between looks (exclusive, or a semaphore's) has a wake key of its own.
+    // A waiter that blocks between looks (exclusive, or a semaphore's) has a wake key of its own,
+    // or the one a look gave it (a lease's successor key, see `wakeFor`): each look declares it.
     const wakeId = `w${newToken().slice(0, 16)}`;
     const wakeKey = this.#context.keys.wake(name, wakeId);
+    const lookKey = (look: Look) => this.#context.keys.wake(name, look.wakeId || wakeId);
     const wake = (extra: Partial<Lease>) => ({
       key: wakeKey,
       id: wakeId,
@@ -166,7 +168,7 @@ export class Locks implements LockClient {
         script: ACQUIRE,
         call: (look) =>
           ACQUIRE.call({
-            keys: { ...keys, offersKey, wakeKey },
+            keys: { ...keys, offersKey, wakeKey: lookKey(look) },
             args: { ...common(look), wakeId: look.wakeId },
           }),
         members: [lease.token],
@@ -179,7 +181,7 @@ export class Locks implements LockClient {
       script: ACQUIRE_SHARED,
       call: (look) =>
         ACQUIRE_SHARED.call({
-          keys: { ...keys, holdersKey, offersKey, wakeKey, readersKey },
+          keys: { ...keys, holdersKey, offersKey, wakeKey: lookKey(look), readersKey },
           args: { ...common(look), limit, permits, wakeId: look.wakeId },
         }),
       members: [`${lease.token}~${limit > 0 ? permits : "s"}`],
@@ -360,7 +362,12 @@ export class Locks implements LockClient {
     const hint = this.#hints.get(`${name}\n${token}`) ?? "";
     const waiter = multiHead(hint);
     const multi = waiter && handOverAllCall(this.#context, waiter, { name, token });
-    const hints = hint === "" || waiter ? [] : hint.split(",");
+    // And the lease's successor key, `f<fence>`, which the first waiter to queue behind a lease
+    // granted with no one waiting blocks on (see `wakeFor`): known to any caller with the fence.
+    const hints = [
+      ...(hint === "" || waiter ? [] : hint.split(",")),
+      ...(lease.fence === undefined ? [] : [`f${lease.fence}`]),
+    ];
     const call = RELEASE.call({
       keys: {
         lockKey,

@@ -130,8 +130,13 @@ if not held and (not head or head == token) then
   granted(grant.leaseEnd)
   return {1, tonumber(grant.fence), ttlMs, nowMs, 1, grantHint(first)}
 end
-local offer
-if wakeId ~= '' then offer = blockingOffer(0) end
-return busy(r, held, holdMs, token, head, offersKey, offer, seen)
+local offer, wake
+if wakeId ~= '' then
+  wake = wakeFor(r, held, head)
+  offer = blockingOffer(0, wake)
+end
+local reply = busy(r, held, holdMs, token, head, offersKey, offer, seen)
+if wake then reply[6], reply[7], reply[8] = 0, '', wake end
+return reply
 `,
 );

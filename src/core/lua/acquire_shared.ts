@@ -124,10 +124,13 @@ if head then
 end
 local holdMs = holdEstimate(r)
 if permits > free then
-  local offer
+  local offer, wake
   -- A waiter that blocks may be handed its lease: a semaphore's on its wake key, a reader's on its
-  -- wake key or in a ring of the readers' bell (below).
-  if wakeId ~= '' then offer = blockingOffer(limit) end
+  -- own or in a ring of the readers' bell (below).
+  if wakeId ~= '' then
+    wake = (limit > 0 and wakeFor(r, live, head)) or wakeId
+    offer = blockingOffer(limit, wake)
+  end
   local reply = busy(r, exclusive or live, holdMs, member, head, offersKey, offer, seen)
   -- When the first holder's lease ends, ms (0: none): a waiter may fit then, unannounced.
   local soonest = 0
@@ -140,6 +143,7 @@ if permits > free then
     local last = redis.call('XREVRANGE', readersKey, '+', '-', 'COUNT', 1)[1]
     reply[7] = (last and last[1]) or '0-0'
   end
+  if wake then reply[7], reply[8] = reply[7] or '', wake end
   return reply
 end
 local nextHead, first

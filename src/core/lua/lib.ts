@@ -428,12 +428,18 @@ local function offersOf(members)
   if #members == 0 then return {} end
   return redis.call('HMGET', offersKey, unpack(members))
 end
--- A busy look's offer, for a waiter that blocks on its wake key (\`limit\` 0 when exclusive). The
--- look clears that key: no grant there is a live lease (one since broken, or ended by another
--- call with the token), so the block that follows waits for a new one only.
-local function blockingOffer(limit)
+-- A blocking waiter's wake id (before \`busy\`): the first behind a lease granted with none
+-- waiting takes \`f<fence>\`, which that lease's release declares.
+local function wakeFor(r, held, head)
+  if held and not head and r.flag == '0' then return 'f' .. r.fence end
+  return wakeId
+end
+-- A busy look's offer, for a waiter that blocks on the key of \`wake\` (\`limit\` 0 when exclusive).
+-- The look clears the key it declared: no grant there is a live lease (one since broken, or ended
+-- by another call with the token), so the block that follows waits for a new one only.
+local function blockingOffer(limit, wake)
   redis.call('DEL', wakeKey)
-  return string.format('%d|%d|', ttlMs, nowMs - waitedMs) .. wakeId .. '|' .. hold .. '|' .. limit ..
+  return string.format('%d|%d|', ttlMs, nowMs - waitedMs) .. wake .. '|' .. hold .. '|' .. limit ..
     '|' .. meta
 end
 -- The first waiters in the queue, up to WAKE_HINTS: those a grant's hint may name.

@@ -28,6 +28,8 @@ export interface Busy {
   firstEndsIn: number;
   /** For a shared waiter that blocks: the readers' bell's last ring, to listen from. */
   bellId?: string;
+  /** For a waiter that blocks: the wake id its offer names, its own or a lease's successor id. */
+  wakeId?: string;
 }
 
 /**
@@ -77,6 +79,8 @@ function decodeNotGranted(script: Script, reply: unknown): Busy | Mismatch {
   const firstEndsIn = Number.isSafeInteger(first) && (first as number) > 0 ? first as number : 0;
   const bell = (reply as unknown[])[6];
   const bellId = typeof bell === "string" && /^\d+-\d+$/.test(bell) ? bell : undefined;
+  const wake = (reply as unknown[])[7];
+  const wakeId = typeof wake === "string" && WAKE_ID.test(wake) ? wake : undefined;
   return {
     status: "busy",
     retryAfterMs,
@@ -85,6 +89,7 @@ function decodeNotGranted(script: Script, reply: unknown): Busy | Mismatch {
     pttl,
     firstEndsIn,
     ...(bellId && { bellId }),
+    ...(wakeId && { wakeId }),
   };
 }
 
@@ -130,6 +135,9 @@ export function decodeLeave(
 export function decodeDone(script: Script, reply: unknown): boolean {
   return integers(script, [reply], 1)[0] === 1;
 }
+
+/** A wake id: a waiter's own (`w…`), or a lease's successor id (`f<fence>`). */
+export const WAKE_ID = /^[\w-]{1,64}$/;
 
 /**
  * A head to hand over to, as a release names it: its wake id, or for a multi-name waiter
