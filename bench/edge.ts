@@ -435,7 +435,8 @@ try {
     // 2 permits too, whose bound is twice the lock's, and readers with writers (see waitersFor).
     const rtt = results.floor!.p50Ms / 2;
     const bound = 1000 / (HOLD_MS + rtt);
-    for (const [waiters, rounds] of [[20, 3], [50, delay === 0 ? 4 : 2]]) {
+    // Two callers taking turns, the commonest contention, are shown without targets of their own.
+    for (const [waiters, rounds] of [[20, 3], [50, delay === 0 ? 4 : 2], [2, 20]]) {
       // Each case REPEATS times, the cases taking turns (so a slow spell of the shared machine falls
       // on all of them); each row is the run with the median throughput.
       const cases = Object.entries(waitersFor(redis)).filter(([label]) =>
@@ -464,6 +465,7 @@ try {
       const ours = run.edgelock!;
       const theirs = run["@upstash/lock"]!;
       if (waiters === 20) plot.push({ delay, ours: ours.perSec, theirs: theirs.perSec, bound });
+      if (waiters === 2) continue;
       const at = `contention at ${delay} ms, ${waiters} waiters`;
       const least = delay === 0 ? 0.8 : 0.9;
       target(
