@@ -227,6 +227,48 @@ Deno.test("a release without its fence hands the first waiter over in a second s
   await waiter.locks.release(lease);
 });
 
+Deno.test("a first look run twice leaves the offer on the key its waiter blocks on", async () => {
+  const { backend } = await fixture();
+  // The waiter's first blocking look runs again after it ran (a retry whose first request arrived
+  // late, an at-least-once proxy); the waiter keeps the first run's reply.
+  const acquireSha = await ACQUIRE.sha1();
+  let duplicated = false;
+  const blocked: string[] = [];
+  const redis = new Proxy(backend.redis, {
+    get(target, property, receiver) {
+      if (property === "exec") {
+        return (command: Command) => {
+          if (command[0] === "BLPOP") blocked.push(command[1] ?? "");
+          return target.exec(command);
+        };
+      }
+      if (property !== "evalsha") return Reflect.get(target, property, receiver);
+      return async (sha: string, keys: string[], args: unknown[]) => {
+        const reply = await target.evalsha(sha, keys, args);
+        if (sha === acquireSha && !duplicated && Array.isArray(reply) && reply[0] === 0) {
+          duplicated = true;
+          await target.evalsha(sha, keys, args);
+        }
+        return reply;
+      };
+    },
+  });
+  const holder = new Locks(backend.redis);
+  const { locks, looks } = tracked(redis);
+  const name = keygen("h");
+  const lease = acquired(await holder.acquire(name, { ttlMs: 10_000 }));
+  const waiting = locks.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+  await until("blocked", () => Promise.resolve(blocked.length === 1));
+  assert.ok(duplicated);
+  const { offersKey, wakeKey } = keysOf(name);
+  const offers: unknown[] = await backend.redis.hvals(offersKey);
+  assert.equal(offers.length, 1);
+  assert.equal(wakeKey(String(offers[0]).split("|")[2]!), blocked[0], "the offer names that key");
+  assert.equal(await holder.release(lease), true);
+  await locks.release(acquired(await waiting));
+  assert.equal(looks(), 1, "handed over on the key it blocked on, without another look");
+});
+
 Deno.test("a lost wake-up costs one block: the waiter finds its lease at its next look", async () => {
   const { backend } = await fixture();
   // A client whose first BLPOP reply is lost: the grant was popped, the waiter hears nothing.

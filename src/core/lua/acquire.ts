@@ -132,7 +132,7 @@ if not held and (not head or head == token) then
 end
 local offer, wake
 if wakeId ~= '' then
-  wake = wakeFor(r, held, head)
+  wake = wakeFor(r, held, head, token)
   offer = blockingOffer(0, wake)
 end
 local reply = busy(r, held, holdMs, token, head, offersKey, offer, seen)

@@ -128,7 +128,7 @@ if permits > free then
   -- A waiter that blocks may be handed its lease: a semaphore's on its wake key, a reader's on its
   -- own or in a ring of the readers' bell (below).
   if wakeId ~= '' then
-    wake = (limit > 0 and wakeFor(r, live, head)) or wakeId
+    wake = (limit > 0 and wakeFor(r, live, head, member)) or wakeId
     offer = blockingOffer(limit, wake)
   end
   local reply = busy(r, exclusive or live, holdMs, member, head, offersKey, offer, seen)

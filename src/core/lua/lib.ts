@@ -429,10 +429,13 @@ local function offersOf(members)
   return redis.call('HMGET', offersKey, unpack(members))
 end
 -- A blocking waiter's wake id (before \`busy\`): the first behind a lease granted with none
--- waiting takes \`f<fence>\`, which that lease's release declares.
-local function wakeFor(r, held, head)
+-- waiting takes \`f<fence>\`, which that lease's release declares; the head keeps its offer's
+-- (a look run again, retried or duplicated, must not move it off the key it blocks on).
+local function wakeFor(r, held, head, member)
   if held and not head and r.flag == '0' then return 'f' .. r.fence end
-  return wakeId
+  local kept = head == member and string.match(redis.call('HGET', offersKey, member) or '',
+    '^%d+|%d+|([%w_-]+)|')
+  return kept or wakeId
 end
 -- A busy look's offer, for a waiter that blocks on the key of \`wake\` (\`limit\` 0 when exclusive).
 -- The look clears the key it declared: no grant there is a live lease (one since broken, or ended
