@@ -429,8 +429,8 @@ local function offersOf(members)
   return redis.call('HMGET', offersKey, unpack(members))
 end
 -- A blocking waiter's wake id (before \`busy\`): the first behind a lease granted with none
--- waiting takes \`f<fence>\`, which that lease's release declares; the head keeps its offer's
--- (a look run again, retried or duplicated, must not move it off the key it blocks on).
+-- waiting takes \`f<fence>\`, which its release declares; the head keeps its offer's (a look
+-- run twice must not move it).
 local function wakeFor(r, held, head, member)
   if held and not head and r.flag == '0' then return 'f' .. r.fence end
   local kept = head == member and string.match(redis.call('HGET', offersKey, member) or '',
