@@ -269,6 +269,39 @@ Deno.test("a first look run twice leaves the offer on the key its waiter blocks 
   assert.equal(looks(), 1, "handed over on the key it blocked on, without another look");
 });
 
+Deno.test("two reentrant holds of one token waiting together are each counted once handed", async () => {
+  const { backend } = await fixture();
+  const blocked: string[] = [];
+  const redis = withExec(backend.redis, (command, exec) => {
+    if (command[0] === "BLPOP") blocked.push(command[1] ?? "");
+    return exec(command);
+  });
+  const holder = new Locks(backend.redis);
+  const locks = new Locks(redis);
+  const name = keygen("h");
+  const lease = acquired(await holder.acquire(name, { ttlMs: 10_000 }));
+  const token = acquired(await locks.acquire(keygen("t"))).token;
+  const hold = (ttlMs: number) =>
+    locks.acquire(name, { ttlMs, waitMs: 20_000, token, reentrant: true });
+  // The first hold queues behind the lease on its successor key; the second, of the same token
+  // and at the head's place, on a key of its own: a hand-off carries the hold it was made for.
+  const first = hold(20_000);
+  await until("the first blocked", () => Promise.resolve(blocked.length === 1));
+  const second = hold(5_000);
+  await until("the second blocked", () => Promise.resolve(blocked.length === 2));
+  assert.notEqual(blocked[0], blocked[1]);
+  assert.equal(await holder.release(lease), true);
+  const [a, b] = [acquired(await first), acquired(await second)];
+  assert.notEqual(a.hold, b.hold);
+  const info = await holder.inspect(name);
+  assert.ok(info.held && a.fence === b.fence && info.fence === a.fence);
+  assert.equal(Math.max(a.holdCount!, b.holdCount!), 2, "both holds counted");
+  // Either hold released, the other still excludes everyone else.
+  assert.equal(await locks.release(b), true);
+  assert.equal((await holder.acquire(name)).acquired, false, "the first hold still holds it");
+  assert.equal(await locks.release(a), true);
+});
+
 Deno.test("a lost wake-up costs one block: the waiter finds its lease at its next look", async () => {
   const { backend } = await fixture();
   // A client whose first BLPOP reply is lost: the grant was popped, the waiter hears nothing.

@@ -429,13 +429,13 @@ local function offersOf(members)
   return redis.call('HMGET', offersKey, unpack(members))
 end
 -- A blocking waiter's wake id (before \`busy\`): the first behind a lease granted with none
--- waiting takes \`f<fence>\`, which its release declares; the head keeps its offer's (a look
--- run twice must not move it).
+-- waiting takes \`f<fence>\`, which its release declares; the head keeps its offer's for the
+-- same hold (a look run twice must not move it; another reentrant hold must not share it).
 local function wakeFor(r, held, head, member)
   if held and not head and r.flag == '0' then return 'f' .. r.fence end
-  local kept = head == member and string.match(redis.call('HGET', offersKey, member) or '',
-    '^%d+|%d+|([%w_-]+)|')
-  return kept or wakeId
+  local o = head == member and parseOffer(redis.call('HGET', offersKey, member))
+  if o and o.hold == hold and #o.wake <= 64 then return o.wake end
+  return wakeId
 end
 -- A busy look's offer, for a waiter that blocks on the key of \`wake\` (\`limit\` 0 when exclusive).
 -- The look clears the key it declared: no grant there is a live lease (one since broken, or ended
