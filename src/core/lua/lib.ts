@@ -429,8 +429,7 @@ local function offersOf(members)
   return redis.call('HMGET', offersKey, unpack(members))
 end
 -- A blocking waiter's wake id (before \`busy\`): the first behind a lease granted with none
--- waiting takes \`f<fence>\`, which its release declares; the head keeps its offer's for the
--- same hold (a look run twice must not move it; another reentrant hold must not share it).
+-- waiting takes \`f<fence>\`, which its release declares; the head keeps its offer's, same hold.
 local function wakeFor(r, held, head, member)
   if held and not head and r.flag == '0' then return 'f' .. r.fence end
   local o = head == member and parseOffer(redis.call('HGET', offersKey, member))
