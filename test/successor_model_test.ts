@@ -45,7 +45,7 @@ const steps = fc.array(
     { weight: 1, arbitrary: fc.record({ op: fc.constant("leave" as const), caller }) },
     {
       weight: 1,
-      arbitrary: fc.record({ op: fc.constant("sleep" as const), ms: fc.constantFrom(50, 450) }),
+      arbitrary: fc.record({ op: fc.constant("sleep" as const), ms: fc.constantFrom(50, 300) }),
     },
   ),
   { minLength: 10, maxLength: 45 },
@@ -270,7 +270,7 @@ for (const mode of ["an exclusive lock", "a semaphore of one permit"] as const) 
           }
         }
       }),
-      { numRuns: Number(Deno.env.get("SUCCESSOR_RUNS") ?? 40) },
+      { numRuns: Number(Deno.env.get("SUCCESSOR_RUNS") ?? 100) },
     );
   });
 }
