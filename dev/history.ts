@@ -380,6 +380,7 @@ export const BROKEN_RULES = [
   "hold",
   "handoff",
   "handoff_all",
+  "successor",
   "permits",
 ] as const;
 /**
@@ -435,6 +436,13 @@ local places, position = {}, -1`,
     HAND_OVER_ALL,
     "  if r and (r.foreign or (live and not mine[i])) then return -i end\n",
     "",
+  ],
+  // Every waiter behind a held lease blocks on its successor key, where one waiter at most may:
+  // a grant pushed there for the head wakes another, which takes it for its own.
+  successor: [
+    [ACQUIRE, ACQUIRE_SHARED],
+    "if held and not head and r.flag == '0' then",
+    "if held then",
   ],
   // A release (or a hand-over) gives a semaphore's waiter its permits whether or not they fit.
   permits: [[RELEASE, HAND_OVER], "if used + permits > offer.limit then return nil end", ""],

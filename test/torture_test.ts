@@ -41,6 +41,7 @@ const CAUGHT_AS: Record<(typeof BROKEN_RULES)[number], Violation["rule"]> = {
   hold: "overlap",
   handoff: "overlap",
   handoff_all: "overlap",
+  successor: "overlap",
   permits: "over_limit", // by test/handoff_test.ts, not here
 };
 // The permits break needs a waiter at the head whose permits do not fit, which a short run meets
