@@ -384,10 +384,11 @@ export const BROKEN_RULES = [
   "permits",
 ] as const;
 /**
- * One of {@linkcode BROKEN_RULES}, or a rule whose break costs only liveness, which tests catch by
- * what a waiter misses: `bell`, a release that never grants readers nor rings their bell.
+ * One of {@linkcode BROKEN_RULES}, or a rule whose break costs only liveness or order, which tests
+ * catch by what a waiter misses: `bell`, a release that never grants readers nor rings their bell;
+ * `head`, a release that hands the lock to the waiter after the head.
  */
-export type BrokenRule = typeof BROKEN_RULES[number] | "bell";
+export type BrokenRule = typeof BROKEN_RULES[number] | "bell" | "head";
 
 // Each broken rule as a script run in place of the real one: its source with one check removed.
 const BREAKS: Record<BrokenRule, [Script | Script[], string, string]> = {
@@ -446,6 +447,11 @@ local places, position = {}, -1`,
   ],
   // A release (or a hand-over) gives a semaphore's waiter its permits whether or not they fit.
   permits: [[RELEASE, HAND_OVER], "if used + permits > offer.limit then return nil end", ""],
+  head: [
+    [RELEASE, HAND_OVER],
+    "  local offers = offersOf(queue)\n",
+    "  if queue[2] then head = table.remove(queue, 1) and queue[1] end\n  local offers = offersOf(queue)\n",
+  ],
   bell: [
     [RELEASE, HAND_OVER],
     "if not live or (r.shared and r.limit == 0) then return grantReaders(r) end",

@@ -172,6 +172,27 @@ Deno.test("blocked waiters are handed the lock in arrival order, three requests 
   assert.ok(requests <= 8 + 1 + 1, `${requests} requests for 8 hand-offs`);
 });
 
+Deno.test("with the head passed over, the grants leave arrival order (the test above catches it)", async () => {
+  const { backend } = await fixture();
+  const locks = new Locks(withBroken(backend.redis, "head"));
+  const name = keygen("h");
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const waiters: Promise<{ i: number; fence: number }>[] = [];
+  for (let i = 0; i < 3; i++) {
+    waiters.push(
+      locks.acquire(name, { ttlMs: 10_000, waitMs: 20_000 }).then(async (result) => {
+        const lease = acquired(result);
+        await locks.release(lease);
+        return { i, fence: lease.fence };
+      }),
+    );
+    await queued(backend.redis, name, i + 1);
+  }
+  await locks.release(holder);
+  const grants = (await Promise.all(waiters)).sort((a, b) => a.fence - b.fence);
+  assert.notEqual(grants[0]!.i, 0, "the second in line went first");
+});
+
 Deno.test("the first waiter behind a lease is handed it by any release of it, in one request", async () => {
   const { backend } = await fixture();
   const waiter = tracked(backend.redis);
