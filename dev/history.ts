@@ -447,6 +447,7 @@ local places, position = {}, -1`,
   ],
   // A release (or a hand-over) gives a semaphore's waiter its permits whether or not they fit.
   permits: [[RELEASE, HAND_OVER], "if used + permits > offer.limit then return nil end", ""],
+  // A release (or a hand-over) hands the lock to the waiter after the head.
   head: [
     [RELEASE, HAND_OVER],
     "  local offers = offersOf(queue)\n",
