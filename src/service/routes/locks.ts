@@ -78,7 +78,7 @@ const ReleaseBody = doc(
       z.number().check(z.int(), z.minimum(1), z.maximum(Number.MAX_SAFE_INTEGER)),
       {
         description:
-          "The lease's fence: a retried release then answers true for exactly this lease",
+          "The lease's fence: a retry answers true for exactly this lease, and the release can hand over in place",
       },
     )),
     hold: z.optional(holdId(
