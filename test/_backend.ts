@@ -129,6 +129,21 @@ export function lockKeys(name: string, prefix = "edgelock"): [string, string, st
   return [base, `${base}:queue`, `${base}:tickets`, `${base}:released`];
 }
 
+/** Every key of lock `name` a waiter's or a release's script touches, its wake key by id. */
+export function keysOf(name: string) {
+  const [lockKey, queueKey, ticketsKey, marksKey] = lockKeys(name);
+  return {
+    lockKey,
+    queueKey,
+    ticketsKey,
+    marksKey,
+    offersKey: `${lockKey}:offers`,
+    holdersKey: `${lockKey}:holders`,
+    readersKey: `${lockKey}:readers`,
+    wakeKey: (id: string) => `${lockKey}:wake:${id}`,
+  };
+}
+
 // The arguments a waiter's first look passes to either acquire script (no meta, no hold).
 function lookArgs(
   name: string,

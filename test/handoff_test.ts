@@ -20,7 +20,16 @@ import { LEAVE_QUEUE } from "../src/core/lua/leave_queue.ts";
 import { HAND_OVER } from "../src/core/lua/hand_over.ts";
 import { BELL_ENTRIES, MAX_TICKET_MS } from "../src/core/lua/lib.ts";
 import { startShiftedRedisServer } from "../dev/clock_shift.ts";
-import { acquired, keygen, lockKeys, shared, startBackend, takeTicket, until } from "./_backend.ts";
+import {
+  acquired,
+  keygen,
+  keysOf,
+  lockKeys,
+  shared,
+  startBackend,
+  takeTicket,
+  until,
+} from "./_backend.ts";
 import { holdAndRelease } from "./_handoff.ts";
 
 const fixture = shared(async () => {
@@ -80,21 +89,6 @@ async function fenceOf(locks: Locks, name: string): Promise<number | undefined> 
 
 const queued = (redis: Redis, name: string, count: number) =>
   until(`${count} waiting`, async () => await redis.zcard(lockKeys(name)[1]) >= count);
-
-// Every key of `name` a waiter's script touches, its wake key by id.
-function keysOf(name: string) {
-  const [lockKey, queueKey, ticketsKey, marksKey] = lockKeys(name);
-  return {
-    lockKey,
-    queueKey,
-    ticketsKey,
-    marksKey,
-    offersKey: `${lockKey}:offers`,
-    holdersKey: `${lockKey}:holders`,
-    readersKey: `${lockKey}:readers`,
-    wakeKey: (id: string) => `${lockKey}:wake:${id}`,
-  };
-}
 
 // A reader's look at `name` through the acquire script itself; `wakeId` '' for one that polls.
 function readerLook(

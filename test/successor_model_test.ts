@@ -13,7 +13,7 @@ import { ACQUIRE_SHARED } from "../src/core/lua/acquire_shared.ts";
 import { HAND_OVER } from "../src/core/lua/hand_over.ts";
 import { LEAVE_QUEUE } from "../src/core/lua/leave_queue.ts";
 import { RELEASE } from "../src/core/lua/release.ts";
-import { keygen, lockKeys, sharedBackend } from "./_backend.ts";
+import { keygen, keysOf, sharedBackend } from "./_backend.ts";
 
 const backend = sharedBackend();
 const GRACE = 60_000;
@@ -63,20 +63,6 @@ interface Caller {
   last?: { ticketMs: number; ttlMs: number; wakeId: string };
 }
 
-function keysOf(name: string) {
-  const [lockKey, queueKey, ticketsKey, marksKey] = lockKeys(name);
-  return {
-    lockKey,
-    queueKey,
-    ticketsKey,
-    marksKey,
-    offersKey: `${lockKey}:offers`,
-    holdersKey: `${lockKey}:holders`,
-    readersKey: `${lockKey}:readers`,
-    wake: (id: string) => `${lockKey}:wake:${id}`,
-  };
-}
-
 for (const mode of ["an exclusive lock", "a semaphore of one permit"] as const) {
   Deno.test(`callers sharing tokens, looks run twice, ${mode}: every believed lease is held`, async () => {
     const { redis } = await backend();
@@ -124,7 +110,7 @@ for (const mode of ["an exclusive lock", "a semaphore of one permit"] as const) 
             hold: c.hold,
             wakeId: o.wakeId,
           };
-          const { wake, readersKey: _, holdersKey, ...keys } = k;
+          const { wakeKey: wake, readersKey: _, holdersKey, ...keys } = k;
           return semaphore
             ? run(ACQUIRE_SHARED, {
               keys: { ...keys, holdersKey, wakeKey: wake(o.wakeId) },
@@ -135,7 +121,7 @@ for (const mode of ["an exclusive lock", "a semaphore of one permit"] as const) 
         // The second step of a release that could not name the head's wake key.
         const handOver = async (head: string) => {
           for (let n = 0, next = head; n < 4 && next !== "" && !next.includes("|"); n++) {
-            const { wake, ...keys } = k;
+            const { wakeKey: wake, ...keys } = k;
             const reply = await run(HAND_OVER, {
               keys,
               each: [{ hintKey: wake(next) }],
@@ -176,7 +162,7 @@ for (const mode of ["an exclusive lock", "a semaphore of one permit"] as const) 
           } else if (step.op === "again" && c.state === "waiting" && c.last) {
             log.push(`${i} look again: ${JSON.stringify(await look(c, c.last))}`);
           } else if (step.op === "pop" && c.state === "waiting") {
-            const message = await redis.lpop<string>(k.wake(c.wake));
+            const message = await redis.lpop<string>(k.wakeKey(c.wake));
             const grant = /^(\d+):(\d+):(\d+):(.*)$/.exec(String(message));
             log.push(`${i} pop ${c.wake}: ${message}`);
             // A waiter refuses a grant made before its last look (see `waitFor`).
@@ -191,7 +177,7 @@ for (const mode of ["an exclusive lock", "a semaphore of one permit"] as const) 
               ...(c.hint === "" || c.hint.includes("|") ? [] : c.hint.split(",")),
               `f${c.fence}`,
             ];
-            const { wake, ...keys } = k;
+            const { wakeKey: wake, ...keys } = k;
             const reply = await run(RELEASE, {
               keys,
               each: hints.map((id) => ({ hintKey: wake(id) })),
@@ -215,7 +201,7 @@ for (const mode of ["an exclusive lock", "a semaphore of one permit"] as const) 
                 ticketsKey: k.ticketsKey,
                 offersKey: k.offersKey,
                 lockKey: k.lockKey,
-                wakeKey: k.wake(c.wake),
+                wakeKey: k.wakeKey(c.wake),
                 holdersKey: k.holdersKey,
               },
               args: { member: member(c), outcome: "", wakeId: c.wake, lookedAt: c.lookedAt },
