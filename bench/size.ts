@@ -89,16 +89,18 @@ import { cli } from "../bridge/_cli.ts";
  * commands fewer per look): the core 31.8 KB, the service 73.4 KB. The first waiter behind a
  * lease granted with none waiting blocking on that lease's successor key (`f<fence>`), which
  * every release of it declares, so it is handed over in place (two waiters taking turns paid a
- * second request per hand-off): the core 32.1 KB, the service 73.7 KB. */
+ * second request per hand-off): the core 32.1 KB, the service 73.7 KB. A queue place shared by the
+ * calls of one token, kept for them when one leaves (a retry takes it back): the core 32.5 KB,
+ * the service 74.1 KB. */
 export const BUDGETS = {
-  ".": 32_100,
+  ".": 32_500,
   "./uses": 11_200,
   "./hono": 8_400,
   "./client": 7_000,
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 7_500,
-  "./service": 73_700,
+  "./service": 74_100,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

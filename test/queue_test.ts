@@ -1,7 +1,13 @@
 import assert from "node:assert/strict";
 import { Locks } from "@edgelock/edgelock";
+import { createApp } from "../src/service/mod.ts";
+import { parseApiKeys } from "../src/service/auth.ts";
+import { LEAVE_QUEUE } from "../src/core/lua/leave_queue.ts";
+import { runScript } from "../src/core/_runner.ts";
 import {
+  acquired,
   keygen,
+  keysOf,
   lockKeys,
   shared,
   startBackend,
@@ -311,4 +317,132 @@ Deno.test("busy replies estimate when to look again from recent hold times", asy
     !busy.acquired && busy.retryAfterMs >= 10 && busy.retryAfterMs <= longest + 10,
     `${!busy.acquired && busy.retryAfterMs} ms after holds of at most ${longest} ms`,
   );
+});
+
+// One call's leave of `name`'s queue (see `waitFor`): `ticketEnd` the end of its last look's ticket.
+async function leave(
+  redis: Parameters<typeof takeTicket>[0],
+  name: string,
+  token: string,
+  { wakeId = "", ticketEnd = 0 } = {},
+) {
+  const k = keysOf(name);
+  const { keys, args } = LEAVE_QUEUE.call({
+    keys: { ...k, wakeKey: k.wakeKey(wakeId) },
+    args: { member: token, outcome: "timeout", wakeId, lookedAt: 0, ticketEnd },
+  });
+  return await runScript(redis, LEAVE_QUEUE, keys, args);
+}
+// The end of the ticket a look took (its reply's server time, plus the ticket).
+const ticketEndOf = (reply: number[], ticketMs: number) => reply[2]! + ticketMs;
+
+Deno.test("two calls with one token share a place: one that leaves after the other looked keeps it", async () => {
+  const { redis, locks } = await fixture();
+  const name = keygen("q");
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const token = "two-calls-token-000001";
+  const first = await takeTicket(redis, name, token, 5_000, { wakeId: "wFirstCall000001" });
+  await takeTicket(redis, name, "behind-token-00000001", 5_000);
+  // The retry looks: it shares the place (at the head, it keeps the offer's wake key).
+  const retry = await takeTicket(redis, name, token, 5_000, { wakeId: "wRetryCall000001" });
+  assert.equal(retry[3], 0, "the retry is at the head");
+  const wakeId = String(retry[7]);
+  assert.equal(wakeId, String(first[7]), "on the first call's wake key");
+  // The first call leaves: the retry looked since, so the place and its offer stay.
+  assert.equal(
+    await leave(redis, name, token, { wakeId, ticketEnd: ticketEndOf(first, 5_000) }),
+    0,
+  );
+  assert.deepEqual(await redis.zrange(keys(name)[1]!, 0, -1), [token, "behind-token-00000001"]);
+  // The release hands the lock over in place, on the key the retry blocks on.
+  await locks.release(holder);
+  const grant = await redis.lpop<string>(keysOf(name).wakeKey(wakeId));
+  assert.match(String(grant), /^\d+:\d+:\d+:/, "a grant on the retry's wake key");
+  assert.equal((await locks.inspect(name)).held, true);
+  assert.equal(await locks.release({ name, token }), true);
+});
+
+Deno.test("a call that leaves keeps its token's place until its ticket ends, for a retry to take back", async () => {
+  const { redis, locks } = await fixture();
+  const name = keygen("q");
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const token = "comes-back-token-00001";
+  const look = await takeTicket(redis, name, token, 30_000);
+  const behind = "behind-token-00000002";
+  await takeTicket(redis, name, behind, 30_000);
+  assert.equal(await leave(redis, name, token, { ticketEnd: ticketEndOf(look, 30_000) }), 1);
+  // Left: no one waits behind it, and it is no waiter.
+  assert.deepEqual(await redis.zrange(keys(name)[1]!, 0, -1), [behind]);
+  const info = await locks.inspect(name);
+  assert.equal(info.held && info.waiters, 1);
+  // A call with the token takes the place back, ahead of the waiter that came after it.
+  const back = locks.acquire(name, { token, ttlMs: 10_000, waitMs: 20_000 });
+  await until(
+    "the token is back in the queue",
+    async () => await redis.zscore(keys(name)[1]!, token) !== null,
+  );
+  assert.deepEqual(await redis.zrange(keys(name)[1]!, 0, -1), [token, behind]);
+  await locks.release(holder);
+  const got = acquired(await back);
+  assert.equal(got.token, token);
+  await locks.release(got);
+  // Once its ticket ends, a place left is gone: the token comes back at the end.
+  const other = keygen("q");
+  const held = acquired(await locks.acquire(other, { ttlMs: 10_000 }));
+  const short = await takeTicket(redis, other, token, 300);
+  await takeTicket(redis, other, behind, 30_000);
+  assert.equal(await leave(redis, other, token, { ticketEnd: ticketEndOf(short, 300) }), 1);
+  await until(
+    "the ticket ended",
+    async () => Number((await redis.time())[0]) * 1000 > short[2]! + 1_300,
+  );
+  await takeTicket(redis, other, token, 30_000);
+  assert.deepEqual(await redis.zrange(keys(other)[1]!, 0, -1), [behind, token]);
+  await locks.release(held);
+});
+
+Deno.test("an HTTP acquire abandoned before its retry arrives leaves the retry its place", async () => {
+  const { backend, redis } = await fixture();
+  const secret = "place-secret-0123456789";
+  const apiKeys = parseApiKeys(`p:${secret}`);
+  const app = createApp({ redis: backend.client(), apiKeys, log: () => {} });
+  const tenant = new Locks(redis, { prefix: "edgelock:p" });
+  const acquire = async (name: string, body: Record<string, unknown>, signal?: AbortSignal) => {
+    const res = await app.request(`/v1/locks/${name}/acquire`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${secret}`, "content-type": "application/json" },
+      body: JSON.stringify(body),
+      signal,
+    });
+    return await res.json() as { token: string; fence: number };
+  };
+  const name = keygen("q");
+  const queueKey = lockKeys(name, "edgelock:p")[1];
+  const holder = acquired(await tenant.acquire(name, { ttlMs: 10_000 }));
+  const token = "abandoned-token-000001";
+  const abandon = new AbortController();
+  const first = acquire(name, { token, ttlMs: 5_000, waitMs: 20_000 }, abandon.signal)
+    .catch(() => null);
+  await until("the first request is queued", async () => await redis.zcard(queueKey) === 1);
+  const order: string[] = [];
+  const other = acquire(name, { ttlMs: 5_000, waitMs: 20_000 }).then(async (lease) => {
+    order.push("other");
+    await tenant.release({ name, ...lease });
+  });
+  await until("the other waiter is queued", async () => await redis.zcard(queueKey) === 2);
+  abandon.abort();
+  await first;
+  await until("the first request left", async () => await redis.zscore(queueKey, token) === null);
+  const retry = acquire(name, { token, ttlMs: 5_000, waitMs: 20_000 }).then(async (lease) => {
+    order.push("retry");
+    await tenant.release({ name, ...lease });
+  });
+  await until(
+    "the retry took the place back",
+    async () => await redis.zrank(queueKey, token) === 0,
+  );
+  await tenant.release(holder);
+  await Promise.all([retry, other]);
+  assert.deepEqual(order, ["retry", "other"]);
+  assert.equal((await tenant.inspect(name)).held, false);
 });

@@ -57,6 +57,7 @@ interface Caller {
   hold: string; // every acquire is reentrant, with a hold id of its own
   wake: string; // the wake id it blocks on
   lookedAt: number;
+  ticketEnd: number; // the end of the ticket its last look took
   fence: string;
   hint: string;
   leaseEnd: number;
@@ -91,6 +92,7 @@ for (const mode of ["an exclusive lock", "a semaphore of one permit"] as const) 
           hold: "",
           wake: "",
           lookedAt: 0,
+          ticketEnd: 0,
           fence: "",
           hint: "",
           leaseEnd: 0,
@@ -155,6 +157,7 @@ for (const mode of ["an exclusive lock", "a semaphore of one permit"] as const) 
             } else if (reply[0] === 0) {
               c.state = Number(reply[3]) >= 0 ? "waiting" : "idle";
               c.lookedAt = Number(reply[2]);
+              if (Number(reply[3]) >= 0) c.ticketEnd = c.lookedAt + step.ticketMs;
               if (typeof reply[7] === "string" && /^[\w-]{1,64}$/.test(reply[7])) c.wake = reply[7];
             } else {
               c.state = "idle";
@@ -204,7 +207,13 @@ for (const mode of ["an exclusive lock", "a semaphore of one permit"] as const) 
                 wakeKey: k.wakeKey(c.wake),
                 holdersKey: k.holdersKey,
               },
-              args: { member: member(c), outcome: "", wakeId: c.wake, lookedAt: c.lookedAt },
+              args: {
+                member: member(c),
+                outcome: "",
+                wakeId: c.wake,
+                lookedAt: c.lookedAt,
+                ticketEnd: c.ticketEnd,
+              },
             });
             log.push(`${i} leave ${c.wake}: ${JSON.stringify(reply)}`);
             const handed = Array.isArray(reply) && reply[0] === 2;

@@ -113,13 +113,17 @@ export async function waitFor<T extends Lease | Lease[]>(
   let queued = false;
   let rtt = 0; // this wait's last round trip, ms
   let lookedAt = 0; // the server's time at the last look, ms
+  let ticketEnd = 0; // the end of the last ticket a look took, server ms
   // Where a hand-off comes: the waiter's own wake key, or the one a look gave it (see `wakeFor`).
   let wake = attempt.wake;
   // Leaves the queues; a hand-off that came first is the caller's lease, returned.
   const leave = async (why: string): Promise<T | undefined> => {
     if (!queued) return undefined;
     const handed = wake ?? attempt.bell;
-    const grant = await leaveQueues(context, names, attempt.members, why, handed, lookedAt);
+    const grant = await leaveQueues(context, names, attempt.members, why, handed, {
+      lookedAt,
+      ticketEnd,
+    });
     if (!grant) return undefined;
     const lease = handed!.lease(grant);
     if (lease) return lease;
@@ -157,6 +161,9 @@ export async function waitFor<T extends Lease | Lease[]>(
     const reply = attempt.decode(await context.run(attempt.script, call));
     rtt = performance.now() - sentAt;
     if (reply.status === "busy") lookedAt = reply.now;
+    if (reply.status === "busy" && ticketMs > 0 && reply.position >= 0) {
+      ticketEnd = reply.now + Math.min(ticketMs, MAX_TICKET_MS);
+    }
     if (reply.status === "busy" && wake && wakeId !== "" && reply.wakeId !== undefined) {
       wake = { ...wake, id: reply.wakeId, key: context.keys.wake(names[0]!, reply.wakeId) };
     }
@@ -278,7 +285,8 @@ export function parseGrant(message: string): Grant | undefined {
 
 // Best effort: a ticket left behind lapses by itself within BLOCK_MS plus its margin. `outcome`
 // ('timeout', 'aborted' or '') is counted in the stats, once. Returns the grant of a hand-off
-// that reached the caller's first name before it left. A waiter that timed out may have stood
+// that reached the caller's first name before it left; `last` says which ticket the caller's last
+// look took (another call with the token may have looked since). A waiter that timed out may have stood
 // between the lock and those behind it (a writer ahead of readers that fit, a head whose holder
 // is gone): once its leave is done (never before: a hand-over could find it still at the head
 // and grant it), each name is handed over, as a release would. Not after an abort: aborts come
@@ -289,7 +297,7 @@ async function leaveQueues(
   members: string[],
   outcome: string,
   wake: { id: string } | undefined,
-  lookedAt: number,
+  last: { lookedAt: number; ticketEnd: number },
 ): Promise<Grant | undefined> {
   const calls = names.map((name, i) => {
     const { lockKey, queueKey, ticketsKey, offersKey, holdersKey } = context.keys.lock(name);
@@ -305,7 +313,7 @@ async function leaveQueues(
         holdersKey,
         statsKey,
       },
-      args: { member: members[i]!, outcome: i === 0 ? outcome : "", wakeId, lookedAt },
+      args: { member: members[i]!, outcome: i === 0 ? outcome : "", wakeId, ...last },
     });
   });
   const replies = await context.runMany(LEAVE_QUEUE, calls).catch(() => []);

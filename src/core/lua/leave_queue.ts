@@ -3,8 +3,12 @@ import { NOW, STATS_LUA } from "./lib.ts";
 
 /**
  * Leave the queue (a waiter gave up): counts the acquire's outcome, `timeout` or `aborted` ('' to
- * count nothing). Returns 1 when its ticket was removed, else 0. A waiter that blocked (`wakeId`
- * its wake key's id) drops its offer and its wake key too, and may find that a release handed
+ * count nothing). Returns 1 when its place was left, else 0. Two calls with one token (a request
+ * and its retry) share a place: a call leaves it only when the ticket is the one its last look
+ * took (`ticketEnd`; 0 when unknown), else another call looked since and keeps it, with its offer.
+ * A place left is kept for its token until its ticket ends, for another call to take back (see
+ * `joinQueue`); no one waits behind it. A waiter that blocked (`wakeId` its wake key's id) drops
+ * its offer and its wake key too, and may find that a release handed
  * it the lock (or, a semaphore's waiter `<token>~<permits>`, its permits) first (the receipt the
  * hand-off left on that wake key names the lease; a reader's, `<token>~s`, is a lease of its token
  * granted since its last look): then `{2, fence, ttlMs, nowMs}`, its lease (the caller's to keep or free).
@@ -26,15 +30,29 @@ export const LEAVE_QUEUE = defineScript(
       outcome: "string",
       wakeId: "string",
       lookedAt: "number", // the server's time at the waiter's last look, ms (0: none)
+      ticketEnd: "number", // the end of the ticket the waiter's last look took, ms (0: none)
     },
   },
   [NOW, STATS_LUA],
   `
 if outcome == 'timeout' or outcome == 'aborted' then count(statsKey, nowMs, 'acquire.' .. outcome) end
-redis.call('ZREM', ticketsKey, member)
-local removed = redis.call('ZREM', queueKey, member)
--- a multi-name waiter's offer is in every queue, its wake key beside its first name's only
-redis.call('HDEL', offersKey, member)
+local ticket = tonumber(redis.call('ZSCORE', ticketsKey, member)) or 0
+local removed, offer = 0, nil
+if ticket > nowMs and ticketEnd > 0 and ticket ~= ticketEnd then
+  offer = redis.call('HGET', offersKey, member)
+else
+  local place = redis.call('ZSCORE', queueKey, member)
+  removed = redis.call('ZREM', queueKey, member)
+  if place and ticket > nowMs then
+    redis.call('ZADD', ticketsKey, string.format('%.0f', -ticket), member)
+    redis.call('HSET', offersKey, member, 'l' .. place .. string.format('|%.0f', ticket))
+    ttlOrSet(offersKey, ticket - nowMs)
+  else
+    redis.call('ZREM', ticketsKey, member)
+    -- a multi-name waiter's offer is in every queue, its wake key beside its first name's only
+    redis.call('HDEL', offersKey, member)
+  end
+end
 if wakeId == '' then return removed end
 local fence, leaseEnd, token, receipt
 -- a semaphore's waiter: its holder entry
@@ -47,7 +65,10 @@ local reader = string.match(member, '^([%w_-]+)~s$')
 local sent
 if reader then sent = redis.pcall('XREVRANGE', wakeKey, '+', '-', 'COUNT', 1)
 else receipt = redis.pcall('LINDEX', wakeKey, -1) end
-redis.call('DEL', wakeKey)
+-- the other call's, when its look kept this one's
+if not (offer and string.match(offer, '^m?%d+|%d+|([%w_-]+)|') == wakeId) then
+  redis.call('DEL', wakeKey)
+end
 if reader then
   -- A reader is granted on its wake key, or in a ring of the bell, which keeps only its last
   -- rings: its receipt is a live lease of its token granted there, or since its last look

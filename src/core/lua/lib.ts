@@ -306,9 +306,9 @@ local function queueHead(queueKey, ticketsKey, nowMs, offersKey, count, withScor
     return members, scores
   end
   local first, scores = read()
-  -- the queue and its tickets hold the same members: no head, no tickets
+  -- the queue and its tickets hold the same members (no head, no tickets), and places left
   if first[1] then
-    local lapsed = redis.call('ZRANGEBYSCORE', ticketsKey, '-inf', nowMs, 'LIMIT', 0, ${MAX_QUEUE})
+    local lapsed = redis.call('ZRANGEBYSCORE', ticketsKey, -nowMs, nowMs, 'LIMIT', 0, ${MAX_QUEUE})
     if #lapsed > 0 then
       redis.call('ZREM', queueKey, unpack(lapsed))
       redis.call('ZREM', ticketsKey, unpack(lapsed))
@@ -320,6 +320,7 @@ local function queueHead(queueKey, ticketsKey, nowMs, offersKey, count, withScor
 end
 -- Takes a ticket for ticketMs (keeping an earlier place); returns the place, 0 the head, or -2
 -- when the queue is full. With \`offersKey\`, the waiter's \`offer\` (nil for none) goes beside it.
+-- A place left (ticket -<end>, offer l<place>|<end>) is taken back until its end.
 local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters, offersKey, offer, rank, seen)
   local place, size, last = rank, nil, nil
   if place == nil and seen then
@@ -333,14 +334,26 @@ local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaite
     end
   end
   if place == nil then place = redis.call('ZRANK', queueKey, member) end
-  if not place then
+  local queued = place
+  if not queued then
     place = size or redis.call('ZCARD', queueKey)
     if place >= maxWaiters then return -2 end
-    -- Arrival order from the queue itself: one past the last waiter's place.
-    last = last or tonumber(redis.call('ZRANGE', queueKey, -1, -1, 'WITHSCORES')[2]) or 0
-    redis.call('ZADD', queueKey, last + 1, member)
   end
-  redis.call('ZADD', ticketsKey, nowMs + math.min(ticketMs, ${MAX_TICKET_MS}), member)
+  local added = redis.call('ZADD', ticketsKey, nowMs + math.min(ticketMs, ${MAX_TICKET_MS}), member)
+  if not queued then
+    local left, ends
+    if added == 0 and offersKey then
+      left, ends = string.match(redis.call('HGET', offersKey, member) or '', '^l(%d+)|(%d+)$')
+    end
+    if left and tonumber(ends) > nowMs then
+      redis.call('ZADD', queueKey, left, member)
+      place = redis.call('ZRANK', queueKey, member)
+    else
+      -- past the last waiter's place and any place left (at most the server's µs then)
+      last = last or tonumber(redis.call('ZRANGE', queueKey, -1, -1, 'WITHSCORES')[2]) or 0
+      redis.call('ZADD', queueKey, string.format('%.0f', math.max(last + 1, nowUs)), member)
+    end
+  end
   redis.call('PEXPIRE', queueKey, ${MAX_TICKET_MS})
   redis.call('PEXPIRE', ticketsKey, ${MAX_TICKET_MS})
   if offersKey then
