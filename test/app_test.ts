@@ -136,6 +136,47 @@ Deno.test("acquire with waitMs waits server-side until the holder releases", asy
   assert.ok(Number(r.body.fence) > Number(held.body.fence));
 });
 
+Deno.test("a lease's next lets another instance's release hand over in place, in one request", async () => {
+  const { backend, call, acquire, assertProblem } = await fixture();
+  // Another Worker isolate: the same service on the same Redis, with nothing in memory.
+  const other = createApp({ redis: backend.redis, apiKeys, log: () => {} });
+  const releaseThere = async (name: string, body: unknown) => {
+    const res = await other.request(`/v1/locks/${name}/release`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${A}`, "content-type": "application/json" },
+      body: JSON.stringify(body),
+    });
+    return { res, status: res.status, body: await res.json() as Json };
+  };
+  const name = keygen();
+  const queueKey = lockKeys(name, "edgelock:a")[1];
+  const held = await acquire(name, { ttlMs: 10_000 });
+  const first = acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+  await until("one waiter", async () => await backend.redis.zcard(queueKey) === 1);
+  const second = acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+  await until("two waiters", async () => await backend.redis.zcard(queueKey) === 2);
+  const { token, fence } = held.body;
+  assert.deepEqual((await releaseThere(name, { token, fence })).body, { released: true });
+  const lease = await first;
+  assert.equal(lease.status, 200);
+  assert.equal(typeof lease.body.next, "string", "the second waited at its grant");
+  for (const next of ["", "w:1", 7, "x".repeat(65)]) {
+    const bad = await releaseThere(name, { token: lease.body.token, next });
+    assertProblem(bad, 400, "invalid_request");
+    assert.ok(!JSON.stringify(bad.body).includes(String(lease.body.next)));
+  }
+  const before = backend.requests();
+  const { token: t, fence: f, next } = lease.body;
+  assert.deepEqual((await releaseThere(name, { token: t, fence: f, next })).body, {
+    released: true,
+  });
+  const last = await second;
+  assert.equal(last.status, 200);
+  assert.equal(backend.requests() - before, 1, "the release alone");
+  assert.equal(last.body.next, undefined);
+  await call(`/v1/locks/${name}/release`, { body: { token: last.body.token } });
+});
+
 Deno.test("a retried acquire with the holder's token returns the same fence", async () => {
   const { acquire } = await fixture();
   const name = keygen();

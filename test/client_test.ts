@@ -12,7 +12,7 @@ import {
   Records,
   type RecordStore,
 } from "@edgelock/edgelock/uses";
-import { keygen, shared, startBackend } from "./_backend.ts";
+import { keygen, shared, startBackend, until } from "./_backend.ts";
 import { type Lease, Locks } from "@edgelock/edgelock";
 
 const SECRET = "client-secret-0123456789";
@@ -201,6 +201,37 @@ Deno.test("a lease whose fence is not a fence is a RangeError, as in the library
   const info = await client.inspect(name);
   assert.ok(info.held && info.fence === second.lease.fence, "the second lease stands");
   assert.equal(await client.release(second.lease), true);
+});
+
+Deno.test("the client's lease keeps next, and its release through another instance hands over in place", async () => {
+  const { client, backend } = await fixture();
+  const other = createApp({ redis: backend.redis, apiKeys: [{ tenant: "t", secret: SECRET }] });
+  const elsewhere = createClient({
+    baseUrl: "http://edgelock.test",
+    apiKey: SECRET,
+    fetch: (input, init) => Promise.resolve(other.fetch(new Request(input, init))),
+  });
+  const name = keygen();
+  const queueKey = `edgelock:t:lock:{${name}}:queue`;
+  const held = await client.acquire(name, { ttlMs: 10_000 });
+  assert.ok(held.acquired);
+  const first = client.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+  await until("one waiter", async () => await backend.redis.zcard(queueKey) === 1);
+  const second = client.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+  await until("two waiters", async () => await backend.redis.zcard(queueKey) === 2);
+  assert.equal(await elsewhere.release(held.lease), true);
+  const lease = await first;
+  assert.ok(lease.acquired && typeof lease.lease.next === "string");
+  await assert.rejects(
+    elsewhere.release({ ...lease.lease, next: "not,a,next:" }),
+    (error: unknown) => error instanceof TypeError && /lease's next/.test(error.message),
+  );
+  const before = backend.requests();
+  assert.equal(await elsewhere.release(lease.lease), true);
+  const last = await second;
+  assert.ok(last.acquired);
+  assert.equal(backend.requests() - before, 1, "the release alone");
+  assert.equal(await client.release(last.lease), true);
 });
 
 Deno.test("bad record ids and kinds are RangeErrors before any request", async () => {

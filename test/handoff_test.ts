@@ -226,6 +226,41 @@ Deno.test("a release that does not know the head's wake key hands over in a seco
   await waiter.locks.release(lease);
 });
 
+Deno.test("a lease carries who waited at its grant: another instance's release hands over in place", async () => {
+  const { backend } = await fixture();
+  const waiters = tracked(backend.redis);
+  const name = keygen("h");
+  const holder = acquired(await waiters.locks.acquire(name, { ttlMs: 10_000 }));
+  assert.equal(holder.next, undefined, "no one waited at its grant");
+  const first = waiters.locks.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  const second = waiters.locks.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 2);
+  await waiters.locks.release(holder);
+  const lease = acquired(await first);
+  // Granted with the second waiting, on a wake key no other instance knows of but by the lease.
+  assert.match(String(lease.next), /^w[\w-]{16}$/);
+  // Stored and read back elsewhere, as a lease passed between two requests is.
+  const stored = JSON.parse(JSON.stringify(lease));
+  const before = backend.requests();
+  assert.equal(await new Locks(backend.redis).release(stored), true);
+  const last = acquired(await second);
+  assert.equal(backend.requests() - before, 1, "the release alone");
+  assert.equal(waiters.looks(), 2, "each waiter looked once");
+  assert.equal(last.next, undefined);
+  await waiters.locks.release(last);
+  // A next that is not one a grant gave is refused, naming the field; nothing is released.
+  const again = acquired(await waiters.locks.acquire(name, { ttlMs: 10_000 }));
+  for (const next of ["", "w:1", 42, "a".repeat(65)]) {
+    await assert.rejects(
+      () => new Locks(backend.redis).release({ ...again, next } as never),
+      (error: unknown) => error instanceof TypeError && /lease's next/.test(error.message),
+    );
+  }
+  assert.equal((await waiters.locks.inspect(name)).held, true);
+  await waiters.locks.release(again);
+});
+
 Deno.test("a release without its fence hands the first waiter over in a second step", async () => {
   const { backend } = await fixture();
   const waiter = tracked(backend.redis);

@@ -6,6 +6,7 @@ import {
   checkMeta,
   checkToken,
   DEFAULT_TTL_MS,
+  HINT,
   newToken,
 } from "../core/_validate.ts";
 import { EdgelockError } from "../core/errors.ts";
@@ -58,6 +59,7 @@ export function toLease(data: Data): Lease {
   const { name, token, fence, ttlMs, expiresAt, serverTime, mode, limit, permits, holdCount } =
     data;
   const hold = typeof data.hold === "string" ? data.hold : undefined;
+  const next = typeof data.next === "string" && HINT.test(data.next) ? data.next : undefined;
   if (
     typeof name !== "string" || typeof token !== "string" ||
     ![fence, ttlMs, expiresAt, serverTime].every(Number.isSafeInteger)
@@ -77,5 +79,6 @@ export function toLease(data: Data): Lease {
     ...(Number.isSafeInteger(limit) && { limit, permits }),
     ...(Number.isSafeInteger(holdCount) && { holdCount }),
     ...(hold !== undefined && { hold }),
+    ...(next !== undefined && { next }),
   } as Lease;
 }

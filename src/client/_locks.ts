@@ -8,6 +8,7 @@ import {
   checkLockName,
   checkLockNames,
   checkMode,
+  checkNext,
   checkOptions,
   checkToken,
   DEFAULT_TTL_MS,
@@ -126,6 +127,7 @@ function releasing(http: Http): Pick<LockClient, "release" | "inspect"> {
         token: checkToken(lease.token),
         ...(fence !== undefined && { fence }),
         ...(lease.hold !== undefined && { hold: checkHoldId(lease.hold) }),
+        ...(lease.next !== undefined && { next: checkNext(lease.next) }),
       };
       const data = await http.ok<Data>("POST", lockPath(lease.name, "release"), body);
       return data.released === true;

@@ -56,6 +56,21 @@ export function checkFence(fence: unknown): number | undefined {
   return fence as number | undefined;
 }
 
+/**
+ * A grant's hint of the next holders' wake ids, comma-joined, or a multi-name waiter at the head
+ * as a release names it, `<wakeId>|<names>` (see `grantHint` in `./lua/lib.ts`).
+ */
+export const HINT =
+  /^[\w-]{1,64}(?:(?:,[\w-]{1,64}){0,7}|\|[\w.:{}-]{1,200}(?:,[\w.:{}-]{1,200}){0,31})$/;
+
+/** A lease's `next`, when given: a grant's hint as acquire returned it, else a TypeError. */
+export function checkNext(next: unknown): string | undefined {
+  if (next !== undefined && !(typeof next === "string" && HINT.test(next))) {
+    throw new TypeError("The lease's next must be the next that acquire returned, unchanged");
+  }
+  return next;
+}
+
 /** Inclusive limits of each duration, in milliseconds. */
 export const LIMITS = {
   ttlMs: { min: 100, max: 300_000 },

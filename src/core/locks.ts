@@ -12,6 +12,7 @@ import {
   checkLockNames,
   checkMeta,
   checkMode,
+  checkNext,
   checkOptions,
   checkSignal,
   checkToken,
@@ -145,8 +146,10 @@ export class Locks implements LockClient {
     const granted = (script: Script, extra: Partial<Lease>) => (reply: unknown) => {
       const decoded = decodeAcquire(script, reply);
       if (decoded.status !== "granted") return decoded;
-      const granted = { ...toLease(name, lease.token, decoded), ...extra };
-      this.#hint(granted, decoded.next);
+      const granted = this.#hinted(
+        { ...toLease(name, lease.token, decoded), ...extra },
+        decoded.next,
+      );
       return { status: "granted" as const, granted: withHold(granted, decoded.holdCount) };
     };
     // A waiter that blocks between looks (exclusive, or a semaphore's) has a wake key of its own,
@@ -158,8 +161,7 @@ export class Locks implements LockClient {
       key: wakeKey,
       id: wakeId,
       lease: (grant: { fence: number; ttlMs: number; now: number; next: string }) => {
-        const handed = { ...toLease(name, lease.token, grant), ...extra };
-        this.#hint(handed, grant.next);
+        const handed = this.#hinted({ ...toLease(name, lease.token, grant), ...extra }, grant.next);
         return withHold(handed, 1);
       },
     });
@@ -193,14 +195,16 @@ export class Locks implements LockClient {
     };
   }
 
-  // The next holder's wake id as a lease's grant told it, for its release's hand-off: by name
-  // and token, the last HINTS of them. A release without it hands over in a second request.
-  #hint(lease: Lease, next: string): void {
+  // The next holders' wake ids as a lease's grant told them, for its release's hand-off: in the
+  // lease (its `next`), and here by name and token, the last HINTS of them, for a release given
+  // less than the lease. A release without them hands over in a second request.
+  #hinted(lease: Lease, next: string): Lease {
     const key = `${lease.name}\n${lease.token}`;
     this.#hints.delete(key);
-    if (next === "") return;
+    if (next === "") return lease;
     this.#hints.set(key, next);
     if (this.#hints.size > HINTS) this.#hints.delete(this.#hints.keys().next().value!);
+    return { ...lease, next };
   }
 
   /**
@@ -230,8 +234,7 @@ export class Locks implements LockClient {
     ) =>
       names.map((name, i) => {
         const granted = toLease(name, lease.token, { fence: fences[i]!, ttlMs, now });
-        this.#hint(granted, hints[i] ?? "");
-        return granted;
+        return this.#hinted(granted, hints[i] ?? "");
       });
     // A waiter that blocks has a wake key beside its first name's keys; its offer in every queue
     // carries its names, so one whose names are long polls instead.
@@ -334,6 +337,7 @@ export class Locks implements LockClient {
       lease: {
         ...toLease(ref.name, ref.token, decoded),
         ...kind,
+        ...(ref.next !== undefined && { next: ref.next }),
         ...(kind.holdCount !== undefined && { holdCount: decoded.holdCount }),
       },
     };
@@ -359,7 +363,7 @@ export class Locks implements LockClient {
       .lock(name);
     // The grant's hint: the next waiters' wake keys, declared; or a multi-name waiter at the
     // head, handed its names by a second script in the same request, after the release.
-    const hint = this.#hints.get(`${name}\n${token}`) ?? "";
+    const hint = this.#hints.get(`${name}\n${token}`) ?? lease.next ?? "";
     const waiter = multiHead(hint);
     const multi = waiter && handOverAllCall(this.#context, waiter, { name, token });
     // And the lease's successor key, `f<fence>`, which the first waiter to queue behind a lease
@@ -514,5 +518,6 @@ function checkLease(lease: LeaseRef): LeaseRef {
   checkToken(lease.token);
   if (lease.hold !== undefined) checkHoldId(lease.hold);
   checkFence(lease.fence);
+  checkNext(lease.next);
   return lease;
 }

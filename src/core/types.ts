@@ -25,16 +25,23 @@ export interface Lease {
    * retried. Only with `reentrant`.
    */
   readonly hold?: string;
+  /**
+   * Who waited when it was granted (opaque; absent when no one did): its release, by any process,
+   * hands the lock to the next waiter in the same request. Keep it with the lease.
+   */
+  readonly next?: string;
 }
 
 /**
  * What renew and release need of a lease: its name and owner token. With its `fence` too, a
- * retried release answers `true` for exactly that lease.
+ * retried release answers `true` for exactly that lease; with its `next`, another process's
+ * release hands over as the acquiring one's would.
  */
 export type LeaseRef = Pick<Lease, "name" | "token"> & {
   readonly ttlMs?: number;
   readonly fence?: number;
   readonly hold?: string;
+  readonly next?: string;
 };
 
 /** Options for `acquire`. */

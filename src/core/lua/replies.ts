@@ -1,6 +1,7 @@
 // Each script's reply, decoded once into what it means, so no caller reads a reply by index.
 import { integers } from "../_runner.ts";
 import type { Script } from "./_define.ts";
+import { HINT } from "../_validate.ts";
 
 /**
  * An acquire's grant: the fence, the lease left and the server time, ms; its hold count; and the
@@ -151,12 +152,7 @@ function headAt(reply: unknown, index: number): string {
   return typeof value === "string" && HEAD.test(value) ? value : "";
 }
 
-/**
- * A grant's hint of the next holders' wake ids, comma-joined, or a multi-name waiter at the head
- * as a release names it (see `grantHint`, {@linkcode HEAD}).
- */
-export const HINT =
-  /^[\w-]{1,64}(?:(?:,[\w-]{1,64}){0,7}|\|[\w.:{}-]{1,200}(?:,[\w.:{}-]{1,200}){0,31})$/;
+export { HINT };
 
 // A grant's hint in a reply, '' when absent or not one.
 function hintAt(reply: unknown, index: number): string {

@@ -3,7 +3,7 @@
 import * as z from "zod/mini";
 import type { Context, Hono } from "hono";
 import { busyError, EdgelockError } from "../../core/errors.ts";
-import { MAX_LIMIT, MAX_NAMES } from "../../core/_validate.ts";
+import { HINT, MAX_LIMIT, MAX_NAMES } from "../../core/_validate.ts";
 import { sentAtOf } from "../../core/_granted.ts";
 import { leaseKind } from "../../core/_lease.ts";
 import type { Lease } from "../../core/types.ts";
@@ -84,6 +84,10 @@ const ReleaseBody = doc(
     hold: z.optional(holdId(
       "A reentrant lease's hold to end (the lease's hold): a retry then ends it once",
     )),
+    next: z.optional(doc(z.string().check(z.regex(HINT)), {
+      description: "The lease's next, unchanged: the release then hands over in place, " +
+        "whichever instance serves it",
+    })),
   }),
   { id: "ReleaseRequest" },
 );
@@ -101,6 +105,9 @@ const leaseShape = {
   permits: z.optional(int()),
   holdCount: z.optional(int("A reentrant lease's holds")),
   hold: z.optional(holdId("This reentrant acquire's hold")),
+  next: z.optional(doc(z.string(), {
+    description: "Who waited when it was granted (opaque): send it with the release",
+  })),
 };
 const LeaseSchema = doc(z.object(leaseShape), { id: "Lease" });
 const waitedMs = z.optional(doc(z.number().check(z.int(), z.minimum(0)), {
@@ -240,8 +247,8 @@ export function lockRoutes(app: Hono<AppEnv>): void {
       409: problemDoc("mode_mismatch: a reentrant lease, and no hold named"),
       ...common,
     },
-  }, async (c, { params: { name }, body: { token, fence, hold } }) => {
-    return c.json({ released: await c.var.locks.release({ name, token, fence, hold }) }, 200);
+  }, async (c, { params: { name }, body: { token, fence, hold, next } }) => {
+    return c.json({ released: await c.var.locks.release({ name, token, fence, hold, next }) }, 200);
   });
 
   route(app, {
@@ -279,6 +286,15 @@ function waited(lease: Lease, receivedAt: number): number {
 }
 
 function leaseBody(lease: Lease) {
-  const { name, token, fence, ttlMs, expiresAt, serverTime } = lease;
-  return { name, token, fence, ttlMs, expiresAt, serverTime, ...leaseKind(lease) };
+  const { name, token, fence, ttlMs, expiresAt, serverTime, next } = lease;
+  return {
+    name,
+    token,
+    fence,
+    ttlMs,
+    expiresAt,
+    serverTime,
+    ...leaseKind(lease),
+    ...(next !== undefined && { next }),
+  };
 }
