@@ -139,6 +139,7 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
   });
   // Both paths use tenant "t"'s key space, so library and HTTP clients contend for the same names.
   const library = new Locks(redis, { prefix: "edgelock:t", cluster: onCluster });
+  const elsewhere = new Locks(redis, { prefix: "edgelock:t", cluster: onCluster });
   const remote = createClient({ baseUrl: toService.url, apiKey: SECRET, retries: 0 });
   // Reentrant clients over HTTP retry with the typed client's own logic: each call takes effect
   // once however often the faults make it resend.
@@ -365,12 +366,18 @@ export async function runTorture(options: TortureOptions = {}): Promise<TortureR
     );
   }
 
-  async function release(locks: LockClient, client: string, { name, token, hold }: Lease) {
+  async function release(locks: LockClient, client: string, lease: Lease) {
+    const { name, token, hold } = lease;
+    // Half the releases carry the whole lease (its fence, and its next) and, on the library's
+    // path, go through another Locks, as another process's would: they hand over in place too.
+    const whole = Math.random() < 0.5;
+    const ref = whole ? lease : { name, token, ...(hold && { hold }) };
+    const by = whole && locks === library ? elsewhere : locks;
     for (let attempt = 0; attempt < 3; attempt++) {
       // A failed attempt may have taken effect: its entry names the hold it ended, too.
       const result = await timed(
         { op: "release", client, name, token, ...(hold && { hold }) },
-        () => locks.release({ name, token, ...(hold && { hold }) }),
+        () => by.release(ref),
         (released) => ({ outcome: released ? "released" : "not_held" }),
       );
       if (result.ok) return;
