@@ -93,16 +93,18 @@ import { cli } from "../bridge/_cli.ts";
  * calls of one token, kept for them when one leaves (a retry takes it back): the core 32.5 KB,
  * the service 74.1 KB. A lease carrying who waited at its grant (`next`, in the lease JSON and
  * the release's body too, checked), so any instance's release hands over in place: the core
- * 32.6 KB, the client 7.1 KB, the service 74.4 KB. */
+ * 32.6 KB, the client 7.1 KB, the service 74.4 KB. Places left ended by a grant that leaves no one
+ * waiting, and none taken back by a multi-name waiter (helper-42): the core 32.7 KB, the service
+ * 74.5 KB. */
 export const BUDGETS = {
-  ".": 32_600,
+  ".": 32_700,
   "./uses": 11_200,
   "./hono": 8_400,
   "./client": 7_100,
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 7_500,
-  "./service": 74_400,
+  "./service": 74_500,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

@@ -3,6 +3,8 @@ import { Locks } from "@edgelock/edgelock";
 import { createApp } from "../src/service/mod.ts";
 import { parseApiKeys } from "../src/service/auth.ts";
 import { LEAVE_QUEUE } from "../src/core/lua/leave_queue.ts";
+import { ACQUIRE_ALL } from "../src/core/lua/acquire_all.ts";
+import { FENCE_GRACE_MS } from "../src/core/_validate.ts";
 import { runScript } from "../src/core/_runner.ts";
 import {
   acquired,
@@ -445,4 +447,79 @@ Deno.test("an HTTP acquire abandoned before its retry arrives leaves the retry i
   await Promise.all([retry, other]);
   assert.deepEqual(order, ["retry", "other"]);
   assert.equal((await tenant.inspect(name)).held, false);
+});
+
+Deno.test("a grant that leaves no one waiting ends the places left: a token served never jumps back", async () => {
+  const { redis, locks } = await fixture();
+  const name = keygen("q");
+  const [, queueKey, ticketsKey] = keys(name);
+  const token = "served-once-token-0001";
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const look = await takeTicket(redis, name, token, 30_000);
+  assert.equal(await leave(redis, name, token, { ticketEnd: ticketEndOf(look, 30_000) }), 1);
+  assert.ok(Number(await redis.zscore(ticketsKey, token)) < 0, "a place left");
+  // The queue is empty: the token's plain acquire is granted at once, and that ends the place.
+  await locks.release(holder);
+  const served = acquired(await locks.acquire(name, { token, ttlMs: 10_000 }));
+  assert.equal(await redis.zscore(ticketsKey, token), null);
+  // Waiters that queue while it holds come before its next wait.
+  const order: string[] = [];
+  let open = () => {};
+  const gate = new Promise<void>((resolve) => open = resolve);
+  const waiter = (id: string, token?: string) =>
+    locks.acquire(name, { ttlMs: 10_000, waitMs: 20_000, ...(token && { token }) }).then(
+      async (result) => {
+        order.push(id);
+        if (id === "first") await gate;
+        await locks.release(acquired(result));
+      },
+    );
+  const first = waiter("first");
+  await until("one waiter", async () => await redis.zcard(queueKey) === 1);
+  const second = waiter("second");
+  await until("two waiters", async () => await redis.zcard(queueKey) === 2);
+  await locks.release(served);
+  await until("the first holds", () => Promise.resolve(order.length === 1));
+  const again = waiter("again", token);
+  await until("the token waits again", async () => await redis.zcard(queueKey) === 2);
+  assert.equal(await redis.zrank(queueKey, token), 1, "behind the second waiter");
+  open();
+  await Promise.all([first, second, again]);
+  assert.deepEqual(order, ["first", "second", "again"]);
+});
+
+Deno.test("a multi-name waiter takes no place back: its places in every queue date from one look", async () => {
+  const { redis, locks } = await fixture();
+  const names = [keygen("x"), keygen("y")];
+  const holder = await locks.acquireAll(names, { ttlMs: 10_000 });
+  assert.ok(holder.acquired);
+  const [a, b] = ["multi-token-aaaaaaaa01", "multi-token-bbbbbbbb01"];
+  const lookAll = async (token: string) => {
+    const { keys, args } = ACQUIRE_ALL.call({
+      each: names.map((name) => keysOf(name)),
+      keys: { wakeKey: keysOf(names[0]!).wakeKey("") },
+      args: {
+        token,
+        ttlMs: 5_000,
+        meta: "",
+        graceMs: FENCE_GRACE_MS,
+        ticketMs: 30_000,
+        maxWaiters: 128,
+        n: 2,
+        waitedMs: 0,
+        waiting: true,
+        wakeId: "",
+      },
+      rest: names,
+    });
+    return await runScript(redis, ACQUIRE_ALL, keys, args) as number[];
+  };
+  const look = await lookAll(a);
+  // a's leave is one script per name: another waiter and a's retry look between the two.
+  assert.equal(await leave(redis, names[0]!, a, { ticketEnd: ticketEndOf(look, 30_000) }), 1);
+  await lookAll(b);
+  await lookAll(a);
+  assert.equal(await leave(redis, names[1]!, a, { ticketEnd: ticketEndOf(look, 30_000) }), 0);
+  for (const name of names) assert.deepEqual(await redis.zrange(keys(name)[1]!, 0, -1), [b, a]);
+  for (const lease of holder.leases) await locks.release(lease);
 });

@@ -15,14 +15,14 @@ import { DEFAULT_HOLD_MS } from "../_validate.ts";
 
 // The common case, before the other pieces' functions are made (Redis makes every function of
 // a script anew at each call, so a return before them skips that cost): a name that is free
-// and that no one waits for (no record and no queue, or released with no contention noted),
+// and that no one waits for (no record, queue or place left, or released with no contention noted),
 // taken by a plain acquire or a first reentrant hold. The grant is the one the body below makes
 // for that case; the model test holds both to the same rules.
 const FAST = `
 local fast, hold0, released0
 local raw = redis.call('GET', lockKey)
 if not raw then
-  if redis.call('EXISTS', queueKey) == 0 then fast, hold0, released0 = 0, ${DEFAULT_HOLD_MS}, '' end
+  if redis.call('EXISTS', queueKey, ticketsKey) == 0 then fast, hold0, released0 = 0, ${DEFAULT_HOLD_MS}, '' end
 else
   local f, h, sha = string.match(raw, '^R(%d+)|(%d+)|0|(%x+)$')
   if f then
@@ -119,7 +119,8 @@ end
 local holdMs = holdEstimate(r)
 if not held and (not head or head == token) then
   local nextHead, first
-  if head then nextHead, first = leaveQueue(queueKey, ticketsKey, token, offersKey, queue) end
+  if head then nextHead, first = leaveQueue(queueKey, ticketsKey, token, offersKey, queue)
+  elseif queue then endPlaces(ticketsKey, offersKey) end
   local flag = (nextHead and '1') or '0'
   local grant = {fence = newFence(r), leaseEnd = nowMs + ttlMs, at = nowMs, hold = holdMs,
     flag = flag, token = token, meta = meta, holds = newHolds(hold),

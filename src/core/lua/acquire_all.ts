@@ -88,7 +88,8 @@ if ready then
       end
     else
       local flag, nextHead, first = '0', nil, nil
-      if heads[i] then nextHead, first = leaveQueue(queueKey(i), ticketsKey(i), token, offersKey(i)) end
+      if heads[i] then nextHead, first = leaveQueue(queueKey(i), ticketsKey(i), token, offersKey(i))
+      elseif not r or r.flag == '1' then endPlaces(ticketsKey(i), offersKey(i)) end
       if nextHead then flag = '1' end
       hints[i] = hintOf(i, first)
       r = {fence = newFence(r), leaseEnd = nowMs + ttlMs, at = nowMs, hold = holdEstimate(r),
@@ -123,8 +124,9 @@ if ticketMs > 0 then
       if ranks[i] then leaveQueue(queueKey(i), ticketsKey(i), token, offersKey(i)) end
       ranks[i] = false
     end
+    -- never a place left: the places in every queue date from one look
     places[i] = joinQueue(queueKey(i), ticketsKey(i), token, nowMs, ticketMs, maxWaiters,
-      offersKey(i), offer, ranks[i])
+      offersKey(i), offer, ranks[i], nil, true)
     -- full: in no queue at all
     if places[i] == -2 then
       for j = 1, i do leaveQueue(queueKey(j), ticketsKey(j), token, offersKey(j)) end

@@ -147,7 +147,8 @@ if permits > free then
   return reply
 end
 local nextHead, first
-if head then nextHead, first = leaveQueue(queueKey, ticketsKey, member, offersKey, queue) end
+if head then nextHead, first = leaveQueue(queueKey, ticketsKey, member, offersKey, queue)
+elseif queue then endPlaces(ticketsKey, offersKey) end
 local flag = (nextHead and '1') or '0'
 -- holders of an earlier shared spell
 if not live then redis.call('DEL', holdersKey) end

@@ -33,7 +33,7 @@
  * samples the hold time. Without contention an acquire+release cycle of a name used before runs
  * ten commands inside its two scripts (TIME, GET, SET each; the acquire's ZREM and the release's
  * three of the marks for retries), twelve with the two EVALSHA calls; a name's first acquire also
- * runs EXISTS on its queue. The stats and the held index (`../stats.ts`) add eight when they are
+ * runs EXISTS on its queue and tickets. The stats and the held index (`../stats.ts`) add eight when they are
  * on, in the same scripts (twelve for a name new to the index; one fewer when the acquire waited
  * under a millisecond, which adds nothing to the wait's sum).
  *
@@ -320,8 +320,8 @@ local function queueHead(queueKey, ticketsKey, nowMs, offersKey, count, withScor
 end
 -- Takes a ticket for ticketMs (keeping an earlier place); returns the place, 0 the head, or -2
 -- when the queue is full. With \`offersKey\`, the waiter's \`offer\` (nil for none) goes beside it.
--- A place left (ticket -<end>, offer l<place>|<end>) is taken back until its end.
-local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters, offersKey, offer, rank, seen)
+-- A place left (ticket -<end>, offer l<place>|<end>) is taken back until its end, unless \`fresh\`.
+local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters, offersKey, offer, rank, seen, fresh)
   local place, size, last = rank, nil, nil
   if place == nil and seen then
     for i, m in ipairs(seen.members) do
@@ -342,7 +342,7 @@ local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaite
   local added = redis.call('ZADD', ticketsKey, nowMs + math.min(ticketMs, ${MAX_TICKET_MS}), member)
   if not queued then
     local left, ends
-    if added == 0 and offersKey then
+    if added == 0 and offersKey and not fresh then
       left, ends = string.match(redis.call('HGET', offersKey, member) or '', '^l(%d+)|(%d+)$')
     end
     if left and tonumber(ends) > nowMs then
@@ -366,14 +366,22 @@ end
 -- Returns the waiter now at the head, nil when the queue is empty, and the first waiters (up to
 -- WAKE_HINTS, for a grant's hint). With offersKey, the member's offer goes too. \`queue\`, when
 -- given, is the first waiters (WAKE_HINTS + 1 or more) as \`queueHead\` read them in this script:
--- when the member leaving is their head, the waiters after it are not read again.
+-- when the member leaving is their head, the waiters after it are not read again. The last
+-- waiter's grant ends the places left with the queue (\`endPlaces\`).
+local function endPlaces(ticketsKey, offersKey)
+  if offersKey then redis.call('DEL', ticketsKey, offersKey) else redis.call('DEL', ticketsKey) end
+end
 local function leaveQueue(queueKey, ticketsKey, member, offersKey, queue)
   redis.call('ZREM', queueKey, member)
-  redis.call('ZREM', ticketsKey, member)
-  if offersKey then redis.call('HDEL', offersKey, member) end
   local first
   if queue and queue[1] == member then first = {unpack(queue, 2, ${WAKE_HINTS} + 1)}
   else first = redis.call('ZRANGE', queueKey, 0, ${WAKE_HINTS} - 1) end
+  if not first[1] then
+    endPlaces(ticketsKey, offersKey)
+  else
+    redis.call('ZREM', ticketsKey, member)
+    if offersKey then redis.call('HDEL', offersKey, member) end
+  end
   return first[1], first
 end
 -- Contention is noted in the record (its TTL kept), so release samples the hold time and the
@@ -564,6 +572,7 @@ local function grantReaders(r)
   end
   if #entry == 0 and #direct == 0 then return nil end
   local flag = (first[1] and '1') or '0'
+  if flag == '0' then endPlaces(ticketsKey, offersKey) end
   writeShared(lockKey, {fence = fence, leaseEnd = leaseEnd, at = nowMs,
     hold = clamp(r.hold, 1, ${MAX_HOLD_MS}), flag = flag, limit = 0, released = r.released,
     shared = true}, nowMs, graceMs)
