@@ -95,16 +95,17 @@ import { cli } from "../bridge/_cli.ts";
  * the release's body too, checked), so any instance's release hands over in place: the core
  * 32.6 KB, the client 7.1 KB, the service 74.4 KB. Places left ended by a grant that leaves no one
  * waiting, and none taken back by a multi-name waiter (helper-42): the core 32.7 KB, the service
- * 74.5 KB. */
+ * 74.5 KB. A renewed lease keeping its next, and a lease's own next preferred to an instance's
+ * (helper-43): the core 32.8 KB, the service 74.6 KB. */
 export const BUDGETS = {
-  ".": 32_700,
+  ".": 32_800,
   "./uses": 11_200,
   "./hono": 8_400,
   "./client": 7_100,
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 7_500,
-  "./service": 74_500,
+  "./service": 74_600,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

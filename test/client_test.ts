@@ -226,8 +226,13 @@ Deno.test("the client's lease keeps next, and its release through another instan
     elsewhere.release({ ...lease.lease, next: "not,a,next:" }),
     (error: unknown) => error instanceof TypeError && /lease's next/.test(error.message),
   );
+  // A renewed lease keeps it, through either call.
+  const renewed = await client.renew(lease.lease, { ttlMs: 10_000 });
+  assert.ok(renewed.renewed && renewed.lease.next === lease.lease.next);
+  const [many] = await client.renewMany([renewed.lease], { ttlMs: 10_000 });
+  assert.ok(many?.renewed && many.lease.next === lease.lease.next);
   const before = backend.requests();
-  assert.equal(await elsewhere.release(lease.lease), true);
+  assert.equal(await elsewhere.release(many.lease), true);
   const last = await second;
   assert.ok(last.acquired);
   assert.equal(backend.requests() - before, 1, "the release alone");

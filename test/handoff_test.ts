@@ -261,6 +261,40 @@ Deno.test("a lease carries who waited at its grant: another instance's release h
   await waiters.locks.release(again);
 });
 
+Deno.test("a lease's own next wins over what the instance kept of an earlier lease of its token", async () => {
+  const { backend } = await fixture();
+  const [here, there] = [new Locks(backend.redis), new Locks(backend.redis)];
+  const name = keygen("h");
+  const token = "reused-token-000000001";
+  const holder = acquired(await here.acquire(name, { ttlMs: 10_000 }));
+  const firstTurn = here.acquire(name, { token, ttlMs: 10_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  const other = there.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 2);
+  await here.release(holder);
+  const first = acquired(await firstTurn);
+  assert.ok(first.next, "the other waited at its grant");
+  // Released elsewhere: `here` still keeps that lease's next.
+  await there.release(first);
+  const between = acquired(await other);
+  // The token's next lease, granted through `there` with a waiter behind it.
+  const secondTurn = there.acquire(name, { token, ttlMs: 10_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  const last = there.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 2);
+  await there.release(between);
+  const second = acquired(await secondTurn);
+  assert.ok(second.next && second.next !== first.next);
+  const before = backend.requests();
+  assert.equal(await here.release(second), true);
+  await there.release(acquired(await last));
+  assert.equal(
+    backend.requests() - before,
+    2,
+    "the release, in place, then the last one's release",
+  );
+});
+
 Deno.test("a release without its fence hands the first waiter over in a second step", async () => {
   const { backend } = await fixture();
   const waiter = tracked(backend.redis);

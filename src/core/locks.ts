@@ -94,7 +94,7 @@ export interface LocksOptions extends LockOpsOptions {
 export class Locks implements LockClient {
   readonly #context: LockContext;
   readonly #maxWaiters: number;
-  readonly #hints = new Map<string, string>();
+  readonly #hints = new Map<string, { fence: number; next: string }>();
 
   /** Locks on `redis` (an `@upstash/redis` client), their keys under `prefix`. */
   constructor(redis: RedisLike, options: LocksOptions = {}) {
@@ -196,13 +196,14 @@ export class Locks implements LockClient {
   }
 
   // The next holders' wake ids as a lease's grant told them, for its release's hand-off: in the
-  // lease (its `next`), and here by name and token, the last HINTS of them, for a release given
-  // less than the lease. A release without them hands over in a second request.
+  // lease (its `next`), and here by name and token with the lease's fence, the last HINTS of them,
+  // for a release given less than the lease. A release without them hands over in a second
+  // request.
   #hinted(lease: Lease, next: string): Lease {
     const key = `${lease.name}\n${lease.token}`;
     this.#hints.delete(key);
     if (next === "") return lease;
-    this.#hints.set(key, next);
+    this.#hints.set(key, { fence: lease.fence, next });
     if (this.#hints.size > HINTS) this.#hints.delete(this.#hints.keys().next().value!);
     return { ...lease, next };
   }
@@ -337,7 +338,6 @@ export class Locks implements LockClient {
       lease: {
         ...toLease(ref.name, ref.token, decoded),
         ...kind,
-        ...(ref.next !== undefined && { next: ref.next }),
         ...(kind.holdCount !== undefined && { holdCount: decoded.holdCount }),
       },
     };
@@ -363,7 +363,10 @@ export class Locks implements LockClient {
       .lock(name);
     // The grant's hint: the next waiters' wake keys, declared; or a multi-name waiter at the
     // head, handed its names by a second script in the same request, after the release.
-    const hint = this.#hints.get(`${name}\n${token}`) ?? lease.next ?? "";
+    // The lease's own, else this instance's for that lease (not a lease of the token since).
+    const kept = this.#hints.get(`${name}\n${token}`);
+    const fresh = kept && (lease.fence === undefined || kept.fence === lease.fence);
+    const hint = lease.next ?? (fresh ? kept.next : "");
     const waiter = multiHead(hint);
     const multi = waiter && handOverAllCall(this.#context, waiter, { name, token });
     // And the lease's successor key, `f<fence>`, which the first waiter to queue behind a lease

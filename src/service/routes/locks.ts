@@ -286,15 +286,6 @@ function waited(lease: Lease, receivedAt: number): number {
 }
 
 function leaseBody(lease: Lease) {
-  const { name, token, fence, ttlMs, expiresAt, serverTime, next } = lease;
-  return {
-    name,
-    token,
-    fence,
-    ttlMs,
-    expiresAt,
-    serverTime,
-    ...leaseKind(lease),
-    ...(next !== undefined && { next }),
-  };
+  const { name, token, fence, ttlMs, expiresAt, serverTime } = lease;
+  return { name, token, fence, ttlMs, expiresAt, serverTime, ...leaseKind(lease) };
 }
