@@ -266,11 +266,16 @@ Deno.test("a lease's own next wins over what the instance kept of an earlier lea
   const [here, there] = [new Locks(backend.redis), new Locks(backend.redis)];
   const name = keygen("h");
   const token = "reused-token-000000001";
+  // The token queues through `locks`, then another waiter behind it.
+  const tokenThenOther = async (locks: Locks) => {
+    const mine = locks.acquire(name, { token, ttlMs: 10_000, waitMs: 20_000 });
+    await queued(backend.redis, name, 1);
+    const next = there.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+    await queued(backend.redis, name, 2);
+    return [mine, next] as const;
+  };
   const holder = acquired(await here.acquire(name, { ttlMs: 10_000 }));
-  const firstTurn = here.acquire(name, { token, ttlMs: 10_000, waitMs: 20_000 });
-  await queued(backend.redis, name, 1);
-  const other = there.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
-  await queued(backend.redis, name, 2);
+  const [firstTurn, other] = await tokenThenOther(here);
   await here.release(holder);
   const first = acquired(await firstTurn);
   assert.ok(first.next, "the other waited at its grant");
@@ -278,10 +283,7 @@ Deno.test("a lease's own next wins over what the instance kept of an earlier lea
   await there.release(first);
   const between = acquired(await other);
   // The token's next lease, granted through `there` with a waiter behind it.
-  const secondTurn = there.acquire(name, { token, ttlMs: 10_000, waitMs: 20_000 });
-  await queued(backend.redis, name, 1);
-  const last = there.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
-  await queued(backend.redis, name, 2);
+  const [secondTurn, last] = await tokenThenOther(there);
   await there.release(between);
   const second = acquired(await secondTurn);
   assert.ok(second.next && second.next !== first.next);
