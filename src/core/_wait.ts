@@ -286,10 +286,10 @@ export function parseGrant(message: string): Grant | undefined {
 // Best effort: a ticket left behind lapses by itself within BLOCK_MS plus its margin. `outcome`
 // ('timeout', 'aborted' or '') is counted in the stats, once. Returns the grant of a hand-off
 // that reached the caller's first name before it left; `last` says which ticket the caller's last
-// look took (another call with the token may have looked since). A waiter that timed out may have stood
-// between the lock and those behind it (a writer ahead of readers that fit, a head whose holder
-// is gone): once its leave is done (never before: a hand-over could find it still at the head
-// and grant it), each name is handed over, as a release would. Not after an abort: aborts come
+// look took (another call with the token may have looked since). A waiter that timed out may have
+// stood between the lock and those behind it (a writer ahead of readers that fit, a head whose
+// holder is gone): once its leave is done (never before: a hand-over could find it still at the
+// head and grant it), each name is handed over, as a release would. Not after an abort: aborts come
 // in bursts (a shutdown), and a lease handed to a waiter that aborts next is left to its TTL.
 async function leaveQueues(
   context: LockContext,

@@ -22,7 +22,9 @@ const FAST = `
 local fast, hold0, released0
 local raw = redis.call('GET', lockKey)
 if not raw then
-  if redis.call('EXISTS', queueKey, ticketsKey) == 0 then fast, hold0, released0 = 0, ${DEFAULT_HOLD_MS}, '' end
+  if redis.call('EXISTS', queueKey, ticketsKey) == 0 then
+    fast, hold0, released0 = 0, ${DEFAULT_HOLD_MS}, ''
+  end
 else
   local f, h, sha = string.match(raw, '^R(%d+)|(%d+)|0|(%x+)$')
   if f then

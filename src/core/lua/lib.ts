@@ -33,9 +33,9 @@
  * samples the hold time. Without contention an acquire+release cycle of a name used before runs
  * ten commands inside its two scripts (TIME, GET, SET each; the acquire's ZREM and the release's
  * three of the marks for retries), twelve with the two EVALSHA calls; a name's first acquire also
- * runs EXISTS on its queue and tickets. The stats and the held index (`../stats.ts`) add eight when they are
- * on, in the same scripts (twelve for a name new to the index; one fewer when the acquire waited
- * under a millisecond, which adds nothing to the wait's sum).
+ * runs EXISTS on its queue and tickets. The stats and the held index (`../stats.ts`) add eight
+ * when they are on, in the same scripts (twelve for a name new to the index; one fewer when the
+ * acquire waited under a millisecond, which adds nothing to the wait's sum).
  *
  * This module holds the Lua pieces the scripts share, each a set of local functions spliced in
  * after a script's header (`./_define.ts`), and the constants they are written with; each script
