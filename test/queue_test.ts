@@ -338,6 +338,33 @@ async function leave(
 // The end of the ticket a look took (its reply's server time, plus the ticket).
 const ticketEndOf = (reply: number[], ticketMs: number) => reply[2]! + ticketMs;
 
+// A multi-name waiter's look at `names` through the acquire_all script (a 30 s ticket).
+async function lookAll(
+  redis: Parameters<typeof takeTicket>[0],
+  names: string[],
+  token: string,
+  maxWaiters = 128,
+) {
+  const { keys, args } = ACQUIRE_ALL.call({
+    each: names.map((name) => keysOf(name)),
+    keys: { wakeKey: keysOf(names[0]!).wakeKey("") },
+    args: {
+      token,
+      ttlMs: 5_000,
+      meta: "",
+      graceMs: FENCE_GRACE_MS,
+      ticketMs: 30_000,
+      maxWaiters,
+      n: names.length,
+      waitedMs: 0,
+      waiting: true,
+      wakeId: "",
+    },
+    rest: names,
+  });
+  return await runScript(redis, ACQUIRE_ALL, keys, args) as number[];
+}
+
 Deno.test("two calls with one token share a place: one that leaves after the other looked keeps it", async () => {
   const { redis, locks } = await fixture();
   const name = keygen("q");
@@ -494,32 +521,29 @@ Deno.test("a multi-name waiter takes no place back: its places in every queue da
   const holder = await locks.acquireAll(names, { ttlMs: 10_000 });
   assert.ok(holder.acquired);
   const [a, b] = ["multi-token-aaaaaaaa01", "multi-token-bbbbbbbb01"];
-  const lookAll = async (token: string) => {
-    const { keys, args } = ACQUIRE_ALL.call({
-      each: names.map((name) => keysOf(name)),
-      keys: { wakeKey: keysOf(names[0]!).wakeKey("") },
-      args: {
-        token,
-        ttlMs: 5_000,
-        meta: "",
-        graceMs: FENCE_GRACE_MS,
-        ticketMs: 30_000,
-        maxWaiters: 128,
-        n: 2,
-        waitedMs: 0,
-        waiting: true,
-        wakeId: "",
-      },
-      rest: names,
-    });
-    return await runScript(redis, ACQUIRE_ALL, keys, args) as number[];
-  };
-  const look = await lookAll(a);
+  const look = await lookAll(redis, names, a);
   // a's leave is one script per name: another waiter and a's retry look between the two.
   assert.equal(await leave(redis, names[0]!, a, { ticketEnd: ticketEndOf(look, 30_000) }), 1);
-  await lookAll(b);
-  await lookAll(a);
+  await lookAll(redis, names, b);
+  await lookAll(redis, names, a);
   assert.equal(await leave(redis, names[1]!, a, { ticketEnd: ticketEndOf(look, 30_000) }), 0);
   for (const name of names) assert.deepEqual(await redis.zrange(keys(name)[1]!, 0, -1), [b, a]);
   for (const lease of holder.leases) await locks.release(lease);
+});
+
+Deno.test("only a grant ends the places left: a multi-name caller refused as the queue is full does not", async () => {
+  const { redis, locks } = await fixture();
+  const [x, y] = [keygen("x"), keygen("y")];
+  const held = [x, y].map(async (name) => acquired(await locks.acquire(name, { ttlMs: 10_000 })));
+  const token = "place-left-token-00001";
+  const look = await takeTicket(redis, x, token, 30_000);
+  assert.equal(await leave(redis, x, token, { ticketEnd: ticketEndOf(look, 30_000) }), 1);
+  await takeTicket(redis, y, "y-waiter-token-000001", 30_000);
+  // Refused on y, the multi-name caller leaves x's queue (empty again): no grant, nothing ended.
+  const refused = await lookAll(redis, [x, y], "multi-token-00000001", 1);
+  assert.equal(refused[3], -2, "queue_full");
+  await takeTicket(redis, x, "later-token-000000001", 30_000);
+  const retry = await takeTicket(redis, x, token, 30_000);
+  assert.equal(retry[3], 0, "the retry takes its place back, ahead of the later waiter");
+  for (const lease of await Promise.all(held)) await locks.release(lease);
 });

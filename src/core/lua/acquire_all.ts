@@ -121,7 +121,7 @@ if ticketMs > 0 then
   end
   for i = 1, n do
     if not everywhere then
-      if ranks[i] then leaveQueue(queueKey(i), ticketsKey(i), token, offersKey(i)) end
+      if ranks[i] then leaveQueue(queueKey(i), ticketsKey(i), token, offersKey(i), nil, true) end
       ranks[i] = false
     end
     -- never a place left: the places in every queue date from one look
@@ -129,7 +129,7 @@ if ticketMs > 0 then
       offersKey(i), offer, ranks[i], nil, true)
     -- full: in no queue at all
     if places[i] == -2 then
-      for j = 1, i do leaveQueue(queueKey(j), ticketsKey(j), token, offersKey(j)) end
+      for j = 1, i do leaveQueue(queueKey(j), ticketsKey(j), token, offersKey(j), nil, true) end
       places, position = {}, -2
       break
     end

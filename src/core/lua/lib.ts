@@ -367,16 +367,17 @@ end
 -- WAKE_HINTS, for a grant's hint). With offersKey, the member's offer goes too. \`queue\`, when
 -- given, is the first waiters (WAKE_HINTS + 1 or more) as \`queueHead\` read them in this script:
 -- when the member leaving is their head, the waiters after it are not read again. The last
--- waiter's grant ends the places left with the queue (\`endPlaces\`).
+-- waiter's grant ends the places left with the queue (\`endPlaces\`); a leave that is no grant
+-- (\`keep\`) does not.
 local function endPlaces(ticketsKey, offersKey)
   if offersKey then redis.call('DEL', ticketsKey, offersKey) else redis.call('DEL', ticketsKey) end
 end
-local function leaveQueue(queueKey, ticketsKey, member, offersKey, queue)
+local function leaveQueue(queueKey, ticketsKey, member, offersKey, queue, keep)
   redis.call('ZREM', queueKey, member)
   local first
   if queue and queue[1] == member then first = {unpack(queue, 2, ${WAKE_HINTS} + 1)}
   else first = redis.call('ZRANGE', queueKey, 0, ${WAKE_HINTS} - 1) end
-  if not first[1] then
+  if not first[1] and not keep then
     endPlaces(ticketsKey, offersKey)
   else
     redis.call('ZREM', ticketsKey, member)
