@@ -297,6 +297,62 @@ Deno.test("a lease's own next wins over what the instance kept of an earlier lea
   );
 });
 
+Deno.test("a reentrant lease's release uses the newest hint its instance kept for that fence", async () => {
+  const { backend } = await fixture();
+  const [locks, others] = [new Locks(backend.redis), new Locks(backend.redis)];
+  const name = keygen("h");
+  const hold = (id: string) =>
+    locks.acquire(name, {
+      token: "reentrant-token-00001",
+      reentrant: true,
+      hold: id,
+      ttlMs: 20_000,
+    });
+  const outer = acquired(await hold("hold-one-1"));
+  // The second hold's grant names a waiter that then gives up.
+  const abort = new AbortController();
+  const gone = others.acquire(name, { ttlMs: 10_000, waitMs: 20_000, signal: abort.signal });
+  await queued(backend.redis, name, 1);
+  const second = acquired(await hold("hold-two-2"));
+  abort.abort();
+  await gone.catch(() => {});
+  await until("it left", async () => await backend.redis.zcard(lockKeys(name)[1]) === 0);
+  // The third hold's grant names the waiter that came next.
+  const waiting = others.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  const third = acquired(await hold("hold-three"));
+  assert.ok(second.next && third.next && third.next !== second.next);
+  await locks.release(third);
+  await locks.release(outer);
+  const before = backend.requests();
+  assert.equal(await locks.release(second), true, "the last hold, its next out of date");
+  const next = acquired(await waiting);
+  assert.equal(backend.requests() - before, 1, "handed over in place");
+  await others.release(next);
+});
+
+Deno.test("renewing an earlier lease of a token gives the current lease without the earlier's next", async () => {
+  const { backend } = await fixture();
+  const locks = new Locks(backend.redis);
+  const name = keygen("h");
+  const token = "renewed-token-00000001";
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const turn = locks.acquire(name, { token, ttlMs: 10_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 1);
+  const behind = locks.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+  await queued(backend.redis, name, 2);
+  await locks.release(holder);
+  const earlier = acquired(await turn);
+  assert.ok(earlier.next);
+  await locks.release(earlier);
+  await locks.release(acquired(await behind));
+  const current = acquired(await locks.acquire(name, { token, ttlMs: 10_000 }));
+  const renewed = await locks.renew(earlier);
+  assert.ok(renewed.renewed && renewed.lease.fence === current.fence);
+  assert.equal(renewed.lease.next, undefined);
+  await locks.release(renewed.lease);
+});
+
 Deno.test("a release without its fence hands the first waiter over in a second step", async () => {
   const { backend } = await fixture();
   const waiter = tracked(backend.redis);

@@ -85,7 +85,8 @@ function renewing(http: Http): Pick<LockClient, "renew" | "renewMany"> {
       };
       const { status, data } = await http.call("POST", lockPath(lease.name, "renew"), body);
       if (status === 200) {
-        return { renewed: true, lease: { ...leaseKind(lease), ...toLease(data) } };
+        const renewed = toLease(data);
+        return { renewed: true, lease: { ...leaseKind(lease, renewed.fence), ...renewed } };
       }
       if (data.code === "lock_lost") return { renewed: false };
       throw fromProblem(status, data);
@@ -106,11 +107,11 @@ function renewing(http: Http): Pick<LockClient, "renew" | "renewMany"> {
       };
       const { status, data } = await http.call("POST", "v1/locks/renew", body);
       if (status !== 200 || !Array.isArray(data.results)) throw fromProblem(status, data);
-      return (data.results as Data[]).map((result, i): RenewResult =>
-        result.renewed === true
-          ? { renewed: true, lease: { ...leaseKind(leases[i]!), ...toLease(result) } }
-          : { renewed: false }
-      );
+      return (data.results as Data[]).map((result, i): RenewResult => {
+        if (result.renewed !== true) return { renewed: false };
+        const renewed = toLease(result);
+        return { renewed: true, lease: { ...leaseKind(leases[i]!, renewed.fence), ...renewed } };
+      });
     },
   };
 }

@@ -329,18 +329,20 @@ export class Locks implements LockClient {
     });
   }
 
-  // A renewed lease keeps what the acquire told of it: mode, limit, permits, hold count.
+  // A renewed lease keeps what the acquire told of it: mode, limit, permits, hold count, and who
+  // waited, when it is the same lease.
   #renewed(ref: LeaseRef, reply: unknown, started: number): RenewResult {
     const decoded = decodeRenew(RENEW, reply);
-    const kind = leaseKind(ref as Partial<Lease>);
-    const result: RenewResult = decoded.status === "lost" ? { renewed: false } : {
-      renewed: true,
-      lease: {
+    let result: RenewResult = { renewed: false };
+    if (decoded.status !== "lost") {
+      const kind = leaseKind(ref as Partial<Lease>, decoded.fence);
+      const lease = {
         ...toLease(ref.name, ref.token, decoded),
         ...kind,
         ...(kind.holdCount !== undefined && { holdCount: decoded.holdCount }),
-      },
-    };
+      };
+      result = { renewed: true, lease };
+    }
     this.#context.emit({
       type: "renew",
       name: ref.name,
@@ -363,10 +365,12 @@ export class Locks implements LockClient {
       .lock(name);
     // The grant's hint: the next waiters' wake keys, declared; or a multi-name waiter at the
     // head, handed its names by a second script in the same request, after the release.
-    // The lease's own, else this instance's for that lease (not a lease of the token since).
+    // This instance's for that very lease (its latest, for a reentrant lease's later holds), else
+    // the lease's own; this instance's for the token when the caller gave no fence.
     const kept = this.#hints.get(`${name}\n${token}`);
-    const fresh = kept && (lease.fence === undefined || kept.fence === lease.fence);
-    const hint = lease.next ?? (fresh ? kept.next : "");
+    const hint = kept && kept.fence === lease.fence
+      ? kept.next
+      : lease.next ?? (kept && lease.fence === undefined ? kept.next : "");
     const waiter = multiHead(hint);
     const multi = waiter && handOverAllCall(this.#context, waiter, { name, token });
     // And the lease's successor key, `f<fence>`, which the first waiter to queue behind a lease
