@@ -16,7 +16,17 @@ import type { RedisLike } from "../src/core/_runner.ts";
 import { MIN_RETRY_MS, RELEASE_MEMORY_MS } from "../src/core/lua/lib.ts";
 import { type BrokenRule, withBroken } from "../dev/history.ts";
 import { type ShiftedRedisServer, startShiftedRedisServer } from "../dev/clock_shift.ts";
-import { type Backend, keygen, lockKeys, shared, startBackend, takeTicket } from "./_backend.ts";
+import {
+  type Backend,
+  keygen,
+  keysOf,
+  lockKeys,
+  shared,
+  startBackend,
+  takeTicket,
+} from "./_backend.ts";
+import { LEAVE_QUEUE } from "../src/core/lua/leave_queue.ts";
+import { runScript } from "../src/core/_runner.ts";
 
 const RUNS = Number(Deno.env.get("MODEL_RUNS") ?? 200);
 const MAX_WAITERS = 2; // two clients, so a full queue happens often
@@ -31,6 +41,7 @@ type Cmd =
   | { kind: "wait"; who: number; ttlMs: number }
   | { kind: "vanish"; who: number; ticketMs: number }
   | { kind: "block"; who: number; ticketMs: number }
+  | { kind: "leave"; who: number } // a waiter's call leaves the queue (it looked last)
   | { kind: "renew"; who: number; ttlMs: number }
   | { kind: "reenter"; who: number; ttlMs: number; hold: number }
   | { kind: "release"; who: number; withFence: boolean; hold: number | null }
@@ -62,6 +73,7 @@ const command: fc.Arbitrary<Cmd> = fc.oneof(
       ticketMs: fc.constantFrom(1000, 5000),
     }),
   },
+  { weight: 2, arbitrary: fc.record({ kind: fc.constant("leave" as const), who }) },
   { weight: 3, arbitrary: fc.record({ kind: fc.constant("renew" as const), who, ttlMs }) },
   {
     weight: 3,
@@ -111,9 +123,20 @@ class Model {
   marker?: string; // `token:fence` of the last release
   marks = new Map<string, number>(); // released leases' fences by token, forgotten on a grant
   marksExpireAt?: number; // the marks' key lives RELEASE_MEMORY_MS from its last write
-  // Live tickets in arrival order; `offer`: the waiter blocks on a wake key, and a release that
-  // frees the name hands it the lock (a lease of BLOCKED_TTL_MS).
-  queue: { token: string; deadline: number; offer: boolean }[] = [];
+  // Tickets; `order`: the place, as the server gives it (past the last waiter's, and its clock's
+  // µs); `offer`: the waiter blocks on a wake key, and a release that frees the name hands it the
+  // lock (a lease of BLOCKED_TTL_MS). `left`: a place its waiter left, kept for its token until the
+  // deadline; no one waits behind it.
+  queue: { token: string; deadline: number; offer: boolean; order: number; left?: boolean }[] = [];
+  /** The waiters, in arrival order, without the places left. */
+  live() {
+    return this.queue.filter((q) => !q.left).sort((a, b) => a.order - b.order);
+  }
+  /** A grant that leaves no one waiting ends the places left. */
+  granted(token: string) {
+    this.queue = this.queue.filter((q) => q.token !== token);
+    if (this.live().length === 0) this.queue = [];
+  }
   lastFence = new Map<string, number>(); // what each client knows of its last lease
   maxFence = 0;
   horizon = -Infinity; // the latest deadline that has passed: the clock never steps back before it
@@ -138,6 +161,8 @@ class Model {
 
   deadlines(): number[] {
     const all = this.queue.map((t) => t.deadline);
+    // a place left sorts by its time: a clock stepped back to near it would make a race
+    for (const q of this.queue) if (q.left) all.push(q.order / 1000);
     if (this.holder?.expiresAt != null) all.push(this.holder.expiresAt);
     if (this.marksExpireAt !== undefined) all.push(this.marksExpireAt);
     return all;
@@ -215,25 +240,28 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
       model.floorFence ??= holder.fence;
       return { acquired: true as const, fence: holder.fence };
     }
-    const head = model.queue[0];
+    const head = model.live()[0];
     if (!holder && (!head || head.token === token)) {
-      model.queue = model.queue.filter((q) => q.token !== token);
+      model.granted(token);
       model.marks.delete(token); // a grant forgets the token's release mark
       return { acquired: true as const };
     }
     if (holder?.expiresAt === null) holder.expiresAt = t + LONGEST_LEASE_MS; // repaired
     let position = -1;
     if (ticketMs > 0) {
-      const mine = model.queue.findIndex((q) => q.token === token);
-      if (mine >= 0) {
-        model.queue[mine]!.deadline = t + ticketMs;
-        model.queue[mine]!.offer = offer;
-        position = mine;
-      } else if (model.queue.length >= MAX_WAITERS) {
+      const mine = model.queue.find((q) => q.token === token);
+      if (mine?.left && model.live().length >= MAX_WAITERS) {
+        position = -2;
+      } else if (mine) {
+        // a waiter's place, or a place its token left, taken back
+        Object.assign(mine, { deadline: t + ticketMs, offer, left: false });
+        position = model.live().indexOf(mine);
+      } else if (model.live().length >= MAX_WAITERS) {
         position = -2;
       } else {
-        model.queue.push({ token, deadline: t + ticketMs, offer });
-        position = model.queue.length - 1;
+        const order = Math.max((model.live().at(-1)?.order ?? 0) + 1, t * 1000);
+        model.queue.push({ token, deadline: t + ticketMs, offer, order });
+        position = model.live().length - 1;
       }
     }
     return { acquired: false as const, position };
@@ -286,7 +314,7 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
     if (!(retryAfterMs >= MIN_RETRY_MS)) fail(`retryAfterMs ${retryAfterMs} under the floor`);
     const bound = model.holder
       ? (model.holder.expiresAt ?? t + LONGEST_LEASE_MS) - t
-      : (model.queue[0]?.deadline ?? t + 1000) - t;
+      : (model.live()[0]?.deadline ?? t + 1000) - t;
     if (retryAfterMs > bound + MARGIN_MS) fail(`retryAfterMs ${retryAfterMs} past ${bound}`);
   };
 
@@ -319,7 +347,12 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
         }
         if (result.acquired) granted(token, cmd.ttlMs, result.lease, expected.fence, hold);
         else {
-          if (cmd.kind === "wait") model.queue = model.queue.filter((q) => q.token !== token);
+          // A wait that gave up leaves its place, kept for its token; refused, it had none.
+          const mine = model.queue.find((q) => q.token === token);
+          if (cmd.kind === "wait" && mine) {
+            if (!expected.acquired && expected.position >= 0) mine.left = true;
+            else model.queue = model.queue.filter((q) => q !== mine);
+          }
           const reason = !expected.acquired && expected.position === -2 ? "queue_full" : "busy";
           if (result.reason !== reason) fail(`reason ${result.reason}, the model says ${reason}`);
           checkHint(result.retryAfterMs, t);
@@ -352,6 +385,22 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
           }
           checkHint(reply[1]!, t);
         }
+        break;
+      }
+      case "leave": {
+        // As a call that looked last leaves: with the ticket its look took.
+        const token = tokens[cmd.who]!;
+        const ticketEnd = Math.max(0, Number(await ctx.backend.redis.zscore(keys[2], token) ?? 0));
+        const { keys: leaveKeys, args } = LEAVE_QUEUE.call({
+          keys: { ...keysOf(name), wakeKey: keysOf(name).wakeKey("") },
+          args: { member: token, outcome: "timeout", wakeId: "", lookedAt: 0, ticketEnd },
+        });
+        const left = await runScript(ctx.redis, LEAVE_QUEUE, leaveKeys, args);
+        const mine = model.queue.find((q) => q.token === token);
+        // A ticket that lapsed unseen may still be in the queue: its leave counts it.
+        if (mine && !mine.left && left !== 1) fail(`leave: ${left}, the model says 1`);
+        if (mine && !mine.left && mine.deadline > t) mine.left = true;
+        else if (mine) model.queue = model.queue.filter((q) => q !== mine);
         break;
       }
       case "renew": {
@@ -406,7 +455,11 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
             model.marks.set(token, holder.fence);
             model.marksExpireAt = t + RELEASE_MEMORY_MS;
             // A blocked waiter at the head is handed the lock by this release.
-            if (model.queue[0]?.offer) handedTo = model.queue.shift()!.token;
+            const head = model.live()[0];
+            if (head?.offer) {
+              handedTo = head.token;
+              model.granted(head.token);
+            }
           }
         } else if (fence !== undefined) {
           expected = model.marks.get(token) === fence || model.marker === `${token}:${fence}`;
