@@ -96,16 +96,17 @@ import { cli } from "../bridge/_cli.ts";
  * 32.6 KB, the client 7.1 KB, the service 74.4 KB. Places left ended by a grant that leaves no one
  * waiting, and none taken back by a multi-name waiter (helper-42): the core 32.7 KB, the service
  * 74.5 KB. A renewed lease keeping its next, and a lease's own next preferred to an instance's
- * (helper-43): the core 32.8 KB, the service 74.6 KB. */
+ * (helper-43): the core 32.8 KB, the service 74.6 KB. A place left that no leave ends, a copy of
+ * the same leave included (helper-45): the core 32.9 KB, the service 74.7 KB. */
 export const BUDGETS = {
-  ".": 32_800,
+  ".": 32_900,
   "./uses": 11_200,
   "./hono": 8_400,
   "./client": 7_100,
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 7_500,
-  "./service": 74_600,
+  "./service": 74_700,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

@@ -347,11 +347,10 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
         }
         if (result.acquired) granted(token, cmd.ttlMs, result.lease, expected.fence, hold);
         else {
-          // A wait that gave up leaves its place, kept for its token; refused, it had none.
+          // A wait that gave up leaves its place, kept for its token (a place left stays).
           const mine = model.queue.find((q) => q.token === token);
-          if (cmd.kind === "wait" && mine) {
-            if (!expected.acquired && expected.position >= 0) mine.left = true;
-            else model.queue = model.queue.filter((q) => q !== mine);
+          if (cmd.kind === "wait" && mine && !expected.acquired && expected.position >= 0) {
+            mine.left = true;
           }
           const reason = !expected.acquired && expected.position === -2 ? "queue_full" : "busy";
           if (result.reason !== reason) fail(`reason ${result.reason}, the model says ${reason}`);
@@ -399,8 +398,9 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
         const mine = model.queue.find((q) => q.token === token);
         // A ticket that lapsed unseen may still be in the queue: its leave counts it.
         if (mine && !mine.left && left !== 1) fail(`leave: ${left}, the model says 1`);
+        // A place left stays to its end, whatever leaves again.
         if (mine && !mine.left && mine.deadline > t) mine.left = true;
-        else if (mine) model.queue = model.queue.filter((q) => q !== mine);
+        else if (mine && !mine.left) model.queue = model.queue.filter((q) => q !== mine);
         break;
       }
       case "renew": {

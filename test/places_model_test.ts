@@ -1,6 +1,7 @@
 // A model of queue places at the level of the scripts: waiters look (taking a ticket), leave as
-// the call that looked last (a place left, kept for the token) or as a call another one looked
-// after (the place stays), come back, acquire without waiting and release. After every step the
+// the call that looked last (a place left, kept for the token; a copy of that leave, or any later
+// one, changes nothing) or as a call another one looked after (the place stays), come back,
+// acquire without waiting and release. After every step the
 // queue holds exactly the model's waiters in the model's order, and the places left are exactly
 // the model's: a place is taken back ahead of the waiters that came after it, and a grant that
 // leaves no one waiting ends every place left.
@@ -94,9 +95,9 @@ Deno.test("places left are taken back in arrival order, and end with a grant tha
           const ticket = Number(await redis.zscore(k.ticketsKey, tokens[step.who]!) ?? 0);
           const stale = step.op === "staleLeave";
           await leave(step.who, stale ? 1 : Math.max(ticket, 0));
+          // A place left stays to its end, whatever leaves again.
           const mine = places.find((p) => p.who === step.who);
-          if (mine && !mine.left && !stale) mine.left = true;
-          else if (mine && mine.left) places = places.filter((p) => p !== mine);
+          if (mine && !stale) mine.left = true;
         } else if (holder !== undefined) {
           assert.equal(await locks.release({ name, token: tokens[holder]! }), true);
           holder = undefined;

@@ -400,6 +400,8 @@ Deno.test("a call that leaves keeps its token's place until its ticket ends, for
   const behind = "behind-token-00000002";
   await takeTicket(redis, name, behind, 30_000);
   assert.equal(await leave(redis, name, token, { ticketEnd: ticketEndOf(look, 30_000) }), 1);
+  // A copy of the leave (its reply lost, and the client's retry) ends nothing.
+  assert.equal(await leave(redis, name, token, { ticketEnd: ticketEndOf(look, 30_000) }), 0);
   // Left: no one waits behind it, and it is no waiter.
   assert.deepEqual(await redis.zrange(keys(name)[1]!, 0, -1), [behind]);
   const info = await locks.inspect(name);

@@ -7,7 +7,7 @@ import { NOW, STATS_LUA } from "./lib.ts";
  * and its retry) share a place: a call leaves it only when the ticket is the one its last look
  * took (`ticketEnd`; 0 when unknown), else another call looked since and keeps it, with its offer.
  * A place left is kept for its token until its ticket ends, for another call to take back (see
- * `joinQueue`); no one waits behind it. A waiter that blocked (`wakeId` its wake key's id) drops
+ * `joinQueue`); no one waits behind it, and no leave (a copy of this one) ends it. A waiter that blocked (`wakeId` its wake key's id) drops
  * its offer and its wake key too, and may find that a release handed
  * it the lock (or, a semaphore's waiter `<token>~<permits>`, its permits) first (the receipt the
  * hand-off left on that wake key names the lease; a reader's, `<token>~s`, is a lease of its token
@@ -38,7 +38,9 @@ export const LEAVE_QUEUE = defineScript(
 if outcome == 'timeout' or outcome == 'aborted' then count(statsKey, nowMs, 'acquire.' .. outcome) end
 local ticket = tonumber(redis.call('ZSCORE', ticketsKey, member)) or 0
 local removed, offer = 0, nil
-if ticket > nowMs and ticketEnd > 0 and ticket ~= ticketEnd then
+if ticket < -nowMs then
+  -- a place left: kept to its end, whoever leaves again
+elseif ticket > nowMs and ticketEnd > 0 and ticket ~= ticketEnd then
   offer = redis.call('HGET', offersKey, member)
 else
   local place = redis.call('ZSCORE', queueKey, member)
