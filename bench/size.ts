@@ -97,16 +97,18 @@ import { cli } from "../bridge/_cli.ts";
  * waiting, and none taken back by a multi-name waiter (helper-42): the core 32.7 KB, the service
  * 74.5 KB. A renewed lease keeping its next, and a lease's own next preferred to an instance's
  * (helper-43): the core 32.8 KB, the service 74.6 KB. A place left that no leave ends, a copy of
- * the same leave included (helper-45): the core 32.9 KB, the service 74.7 KB. */
+ * the same leave included (helper-45): the core 32.9 KB, the service 74.7 KB. Tickets to the
+ * server's µs, each look's own, told in its reply for its leave: the core 33.0 KB, the service
+ * 74.8 KB. */
 export const BUDGETS = {
-  ".": 32_900,
+  ".": 33_000,
   "./uses": 11_200,
   "./hono": 8_400,
   "./client": 7_100,
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 7_500,
-  "./service": 74_700,
+  "./service": 74_800,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

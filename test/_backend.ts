@@ -176,17 +176,30 @@ function lookArgs(
  * Takes a queue ticket for `token` the way a waiter does, then never looks again: a waiter that
  * vanished (with `wakeId`, one that vanished while blocked: it leaves an offer, and a release
  * hands it the lock; `ttlMs` the lease it asks for). Returns the acquire script's reply
- * (`[0, retryAfterMs, nowMs, position]` when busy, `[1, fence, ttlMs, nowMs, …]` when granted).
+ * (`[0, retryAfterMs, nowMs, position, …, ticketEnd]` when busy, `[1, fence, ttlMs, nowMs, …]`
+ * when granted).
  */
 export async function takeTicket(
   redis: RedisLike,
   name: string,
   token: string,
   ticketMs: number,
-  { prefix = "edgelock", maxWaiters = 128, wakeId = "", ttlMs = 1000 } = {},
+  options: TicketOptions = {},
 ): Promise<number[]> {
+  const { keys, args } = ticketCall(name, token, ticketMs, options);
+  return await runScript(redis, ACQUIRE, keys, args) as number[];
+}
+type TicketOptions = { prefix?: string; maxWaiters?: number; wakeId?: string; ttlMs?: number };
+
+/** The acquire script's keys and arguments for `takeTicket`'s look. */
+export function ticketCall(
+  name: string,
+  token: string,
+  ticketMs: number,
+  { prefix = "edgelock", maxWaiters = 128, wakeId = "", ttlMs = 1000 }: TicketOptions = {},
+) {
   const [lockKey, queueKey, ticketsKey, marksKey] = lockKeys(name, prefix);
-  const { keys, args } = ACQUIRE.call({
+  return ACQUIRE.call({
     keys: {
       lockKey,
       queueKey,
@@ -197,7 +210,6 @@ export async function takeTicket(
     },
     args: lookArgs(name, token, ticketMs, { maxWaiters, wakeId, ttlMs, waiting: true }),
   });
-  return await runScript(redis, ACQUIRE, keys, args) as number[];
 }
 
 /**

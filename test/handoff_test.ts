@@ -532,7 +532,7 @@ Deno.test("a waiter leaving the queue finds a hand-off that beat it", async () =
       wakeKey: handedKey,
       holdersKey: `${lockKey}:holders`,
     },
-    args: { member: token, outcome: "", wakeId, lookedAt: 0, ticketEnd: 0 },
+    args: { member: token, outcome: "", wakeId, lookedAt: 0, ticketEnd: "" },
   });
   const reply = await runScript(redis, LEAVE_QUEUE, leave.keys, leave.args) as number[];
   assert.equal(reply[0], 2, "the leave reports the lease");
@@ -554,7 +554,7 @@ Deno.test("a reader leaving the queue finds the lease a ring granted it since it
   const leave = (token: string, wakeId: string, lookedAt: number) =>
     LEAVE_QUEUE.call({
       keys: { queueKey, ticketsKey, offersKey, lockKey, wakeKey: wakeKey(wakeId), holdersKey },
-      args: { member: `${token}~s`, outcome: "", wakeId, lookedAt, ticketEnd: 0 },
+      args: { member: `${token}~s`, outcome: "", wakeId, lookedAt, ticketEnd: "" },
     });
   const run = async (call: { keys: string[]; args: (string | number)[] }, script: Script) =>
     await runScript(redis, script, call.keys, call.args) as number[];
@@ -1177,7 +1177,7 @@ Deno.test("a reader that leaves as it is granted on its wake key keeps that leas
     assert.equal(await redis.xlen(wakeKey(wakeId)), 1, "granted on its wake key");
     const leave = LEAVE_QUEUE.call({
       keys: { queueKey, ticketsKey, offersKey, lockKey, wakeKey: wakeKey(wakeId), holdersKey },
-      args: { member: `${token}~s`, outcome: "timeout", wakeId, lookedAt, ticketEnd: 0 },
+      args: { member: `${token}~s`, outcome: "timeout", wakeId, lookedAt, ticketEnd: "" },
     });
     const left = await runScript(redis, LEAVE_QUEUE, leave.keys, leave.args) as number[];
     assert.equal(left[0], 2, `the leave returns the lease: ${JSON.stringify(left)}`);

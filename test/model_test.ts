@@ -389,7 +389,8 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
       case "leave": {
         // As a call that looked last leaves: with the ticket its look took.
         const token = tokens[cmd.who]!;
-        const ticketEnd = Math.max(0, Number(await ctx.backend.redis.zscore(keys[2], token) ?? 0));
+        const ticket = Number(await ctx.backend.redis.zscore(keys[2], token) ?? 0);
+        const ticketEnd = ticket > 0 ? String(ticket) : "";
         const { keys: leaveKeys, args } = LEAVE_QUEUE.call({
           keys: { ...keysOf(name), wakeKey: keysOf(name).wakeKey("") },
           args: { member: token, outcome: "timeout", wakeId: "", lookedAt: 0, ticketEnd },

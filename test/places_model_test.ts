@@ -54,7 +54,7 @@ Deno.test("places left are taken back in arrival order, and end with a grant tha
         places = places.filter((p) => p.who !== i);
         if (live().length === 0) places = [];
       };
-      const leave = async (i: number, ticketEnd: number) => {
+      const leave = async (i: number, ticketEnd: string) => {
         const { keys, args } = LEAVE_QUEUE.call({
           keys: { ...k, wakeKey: k.wakeKey("") },
           args: { member: tokens[i]!, outcome: "", wakeId: "", lookedAt: 0, ticketEnd },
@@ -94,7 +94,7 @@ Deno.test("places left are taken back in arrival order, and end with a grant tha
         } else if (step.op === "leave" || step.op === "staleLeave") {
           const ticket = Number(await redis.zscore(k.ticketsKey, tokens[step.who]!) ?? 0);
           const stale = step.op === "staleLeave";
-          await leave(step.who, stale ? 1 : Math.max(ticket, 0));
+          await leave(step.who, stale ? "1" : ticket > 0 ? String(ticket) : "");
           // A place left stays to its end, whatever leaves again.
           const mine = places.find((p) => p.who === step.who);
           if (mine && !stale) mine.left = true;

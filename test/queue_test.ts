@@ -15,8 +15,10 @@ import {
   startBackend,
   takeSharedTicket,
   takeTicket,
+  ticketCall,
   until,
 } from "./_backend.ts";
+import { ACQUIRE } from "../src/core/lua/acquire.ts";
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -326,7 +328,7 @@ async function leave(
   redis: Parameters<typeof takeTicket>[0],
   name: string,
   token: string,
-  { wakeId = "", ticketEnd = 0 } = {},
+  { wakeId = "", ticketEnd = "" } = {},
 ) {
   const k = keysOf(name);
   const { keys, args } = LEAVE_QUEUE.call({
@@ -335,8 +337,8 @@ async function leave(
   });
   return await runScript(redis, LEAVE_QUEUE, keys, args);
 }
-// The end of the ticket a look took (its reply's server time, plus the ticket).
-const ticketEndOf = (reply: number[], ticketMs: number) => reply[2]! + ticketMs;
+// The end of the ticket a look took, as its busy reply tells it.
+const ticketEndOf = (reply: unknown[]) => String(reply[8]);
 
 // A multi-name waiter's look at `names` through the acquire_all script (a 30 s ticket).
 async function lookAll(
@@ -379,7 +381,7 @@ Deno.test("two calls with one token share a place: one that leaves after the oth
   assert.equal(wakeId, String(first[7]), "on the first call's wake key");
   // The first call leaves: the retry looked since, so the place and its offer stay.
   assert.equal(
-    await leave(redis, name, token, { wakeId, ticketEnd: ticketEndOf(first, 5_000) }),
+    await leave(redis, name, token, { wakeId, ticketEnd: ticketEndOf(first) }),
     0,
   );
   assert.deepEqual(await redis.zrange(keys(name)[1]!, 0, -1), [token, "behind-token-00000001"]);
@@ -391,6 +393,25 @@ Deno.test("two calls with one token share a place: one that leaves after the oth
   assert.equal(await locks.release({ name, token }), true);
 });
 
+Deno.test("two looks of one token in the same millisecond take tickets of their own", async () => {
+  const { redis, locks } = await fixture();
+  const name = keygen("q");
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const token = "same-ms-token-00000001";
+  await takeTicket(redis, name, "ahead-token-000000001", 30_000);
+  // A request and its duplicate, one pipeline: the same millisecond, the same ticket asked for.
+  const { keys, args } = ticketCall(name, token, 30_000);
+  const pipeline = redis.pipeline();
+  pipeline.eval(ACQUIRE.source, keys, args);
+  pipeline.eval(ACQUIRE.source, keys, args);
+  const [first, second] = await pipeline.exec<[unknown[], unknown[]]>();
+  assert.notEqual(ticketEndOf(first), ticketEndOf(second));
+  // The first call leaves: the second looked since, and keeps the place.
+  assert.equal(await leave(redis, name, token, { ticketEnd: ticketEndOf(first) }), 0);
+  assert.deepEqual(await redis.zrange(keys[1]!, 0, -1), ["ahead-token-000000001", token]);
+  await locks.release(holder);
+});
+
 Deno.test("a call that leaves keeps its token's place until its ticket ends, for a retry to take back", async () => {
   const { redis, locks } = await fixture();
   const name = keygen("q");
@@ -399,9 +420,9 @@ Deno.test("a call that leaves keeps its token's place until its ticket ends, for
   const look = await takeTicket(redis, name, token, 30_000);
   const behind = "behind-token-00000002";
   await takeTicket(redis, name, behind, 30_000);
-  assert.equal(await leave(redis, name, token, { ticketEnd: ticketEndOf(look, 30_000) }), 1);
+  assert.equal(await leave(redis, name, token, { ticketEnd: ticketEndOf(look) }), 1);
   // A copy of the leave (its reply lost, and the client's retry) ends nothing.
-  assert.equal(await leave(redis, name, token, { ticketEnd: ticketEndOf(look, 30_000) }), 0);
+  assert.equal(await leave(redis, name, token, { ticketEnd: ticketEndOf(look) }), 0);
   // Left: no one waits behind it, and it is no waiter.
   assert.deepEqual(await redis.zrange(keys(name)[1]!, 0, -1), [behind]);
   const info = await locks.inspect(name);
@@ -422,7 +443,7 @@ Deno.test("a call that leaves keeps its token's place until its ticket ends, for
   const held = acquired(await locks.acquire(other, { ttlMs: 10_000 }));
   const short = await takeTicket(redis, other, token, 300);
   await takeTicket(redis, other, behind, 30_000);
-  assert.equal(await leave(redis, other, token, { ticketEnd: ticketEndOf(short, 300) }), 1);
+  assert.equal(await leave(redis, other, token, { ticketEnd: ticketEndOf(short) }), 1);
   await until(
     "the ticket ended",
     async () => Number((await redis.time())[0]) * 1000 > short[2]! + 1_300,
@@ -485,7 +506,7 @@ Deno.test("a grant that leaves no one waiting ends the places left: a token serv
   const token = "served-once-token-0001";
   const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
   const look = await takeTicket(redis, name, token, 30_000);
-  assert.equal(await leave(redis, name, token, { ticketEnd: ticketEndOf(look, 30_000) }), 1);
+  assert.equal(await leave(redis, name, token, { ticketEnd: ticketEndOf(look) }), 1);
   assert.ok(Number(await redis.zscore(ticketsKey, token)) < 0, "a place left");
   // The queue is empty: the token's plain acquire is granted at once, and that ends the place.
   await locks.release(holder);
@@ -525,10 +546,10 @@ Deno.test("a multi-name waiter takes no place back: its places in every queue da
   const [a, b] = ["multi-token-aaaaaaaa01", "multi-token-bbbbbbbb01"];
   const look = await lookAll(redis, names, a);
   // a's leave is one script per name: another waiter and a's retry look between the two.
-  assert.equal(await leave(redis, names[0]!, a, { ticketEnd: ticketEndOf(look, 30_000) }), 1);
+  assert.equal(await leave(redis, names[0]!, a, { ticketEnd: ticketEndOf(look) }), 1);
   await lookAll(redis, names, b);
   await lookAll(redis, names, a);
-  assert.equal(await leave(redis, names[1]!, a, { ticketEnd: ticketEndOf(look, 30_000) }), 0);
+  assert.equal(await leave(redis, names[1]!, a, { ticketEnd: ticketEndOf(look) }), 0);
   for (const name of names) assert.deepEqual(await redis.zrange(keys(name)[1]!, 0, -1), [b, a]);
   for (const lease of holder.leases) await locks.release(lease);
 });
@@ -539,7 +560,7 @@ Deno.test("only a grant ends the places left: a multi-name caller refused as the
   const held = [x, y].map(async (name) => acquired(await locks.acquire(name, { ttlMs: 10_000 })));
   const token = "place-left-token-00001";
   const look = await takeTicket(redis, x, token, 30_000);
-  assert.equal(await leave(redis, x, token, { ticketEnd: ticketEndOf(look, 30_000) }), 1);
+  assert.equal(await leave(redis, x, token, { ticketEnd: ticketEndOf(look) }), 1);
   await takeTicket(redis, y, "y-waiter-token-000001", 30_000);
   // Refused on y, the multi-name caller leaves x's queue (empty again): no grant, nothing ended.
   const refused = await lookAll(redis, [x, y], "multi-token-00000001", 1);

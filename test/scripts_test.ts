@@ -254,7 +254,7 @@ Deno.test("a waiter leaving finds the lease handed to it in an H record or an X 
         wakeKey,
         holdersKey: `${key}:holders`,
       },
-      args: { member: token, outcome: "", wakeId, lookedAt: 0, ticketEnd: 0 },
+      args: { member: token, outcome: "", wakeId, lookedAt: 0, ticketEnd: "" },
     });
     const reply = await redis.eval(scripts.LEAVE_QUEUE.source, keys, args) as number[];
     assert.equal(reply[0], 2, `${record(fence)}: ${JSON.stringify(reply)}`);
@@ -543,7 +543,7 @@ Deno.test("a script's call puts named keys and arguments where its generated hea
     () =>
       scripts.LEAVE_QUEUE.call({
         keys: { queueKey: "q" } as never,
-        args: { member: "m", outcome: "", wakeId: "", lookedAt: 0, ticketEnd: 0 },
+        args: { member: "m", outcome: "", wakeId: "", lookedAt: 0, ticketEnd: "" },
       }),
     /The leave_queue script's call lacks the key ticketsKey/,
   );

@@ -57,7 +57,7 @@ interface Caller {
   hold: string; // every acquire is reentrant, with a hold id of its own
   wake: string; // the wake id it blocks on
   lookedAt: number;
-  ticketEnd: number; // the end of the ticket its last look took
+  ticketEnd: string; // the end of the ticket its last look took, as its reply told it
   fence: string;
   hint: string;
   leaseEnd: number;
@@ -92,7 +92,7 @@ for (const mode of ["an exclusive lock", "a semaphore of one permit"] as const) 
           hold: "",
           wake: "",
           lookedAt: 0,
-          ticketEnd: 0,
+          ticketEnd: "",
           fence: "",
           hint: "",
           leaseEnd: 0,
@@ -157,7 +157,7 @@ for (const mode of ["an exclusive lock", "a semaphore of one permit"] as const) 
             } else if (reply[0] === 0) {
               c.state = Number(reply[3]) >= 0 ? "waiting" : "idle";
               c.lookedAt = Number(reply[2]);
-              if (Number(reply[3]) >= 0) c.ticketEnd = c.lookedAt + step.ticketMs;
+              if (Number(reply[3]) >= 0) c.ticketEnd = String(reply[8] ?? "");
               if (typeof reply[7] === "string" && /^[\w-]{1,64}$/.test(reply[7])) c.wake = reply[7];
             } else {
               c.state = "idle";

@@ -113,7 +113,7 @@ export async function waitFor<T extends Lease | Lease[]>(
   let queued = false;
   let rtt = 0; // this wait's last round trip, ms
   let lookedAt = 0; // the server's time at the last look, ms
-  let ticketEnd = 0; // the end of the last ticket a look took, server ms
+  let ticketEnd = ""; // the end of the last ticket a look took, as Redis keeps it
   // Where a hand-off comes: the waiter's own wake key, or the one a look gave it (see `wakeFor`).
   let wake = attempt.wake;
   // Leaves the queues; a hand-off that came first is the caller's lease, returned.
@@ -162,7 +162,7 @@ export async function waitFor<T extends Lease | Lease[]>(
     rtt = performance.now() - sentAt;
     if (reply.status === "busy") lookedAt = reply.now;
     if (reply.status === "busy" && ticketMs > 0 && reply.position >= 0) {
-      ticketEnd = reply.now + Math.min(ticketMs, MAX_TICKET_MS);
+      ticketEnd = reply.ticketEnd ?? "";
     }
     if (reply.status === "busy" && wake && wakeId !== "" && reply.wakeId !== undefined) {
       wake = { ...wake, id: reply.wakeId, key: context.keys.wake(names[0]!, reply.wakeId) };
@@ -297,7 +297,7 @@ async function leaveQueues(
   members: string[],
   outcome: string,
   wake: { id: string } | undefined,
-  last: { lookedAt: number; ticketEnd: number },
+  last: { lookedAt: number; ticketEnd: string },
 ): Promise<Grant | undefined> {
   const calls = names.map((name, i) => {
     const { lockKey, queueKey, ticketsKey, offersKey, holdersKey } = context.keys.lock(name);

@@ -104,7 +104,7 @@ if ready then
   for i = 1, n do reply[#reply + 1] = hints[i] or '' end
   return reply
 end
-local places, position = {}, -1
+local places, position, ticket = {}, -1, ''
 if ticketMs > 0 then
   -- A waiter that blocks leaves the same offer in each queue; a look clears its wake key, as the
   -- exclusive acquire's does, so the block that follows waits for a new grant only.
@@ -125,7 +125,7 @@ if ticketMs > 0 then
       ranks[i] = false
     end
     -- never a place left: the places in every queue date from one look
-    places[i] = joinQueue(queueKey(i), ticketsKey(i), token, nowMs, ticketMs, maxWaiters,
+    places[i], ticket = joinQueue(queueKey(i), ticketsKey(i), token, nowMs, ticketMs, maxWaiters,
       offersKey(i), offer, ranks[i], nil, true)
     -- full: in no queue at all
     if places[i] == -2 then
@@ -149,6 +149,6 @@ for i = 1, n do
     retry = math.max(retry, retryAfter(r, held[i], holdEstimate(r), places[i] or -1, ticketsKey(i), heads[i], nowMs))
   end
 end
-return {0, retry, nowMs, position, pttl}
+return {0, retry, nowMs, position, pttl, 0, '', '', (position >= 0 and ticket) or ''}
 `,
 );

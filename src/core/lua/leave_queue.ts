@@ -5,7 +5,7 @@ import { NOW, STATS_LUA } from "./lib.ts";
  * Leave the queue (a waiter gave up): counts the acquire's outcome, `timeout` or `aborted` ('' to
  * count nothing). Returns 1 when its place was left, else 0. Two calls with one token (a request
  * and its retry) share a place: a call leaves it only when the ticket is the one its last look
- * took (`ticketEnd`; 0 when unknown), else another call looked since and keeps it, with its offer.
+ * took (`ticketEnd`, as its reply told it; '' when unknown), else another call looked since and keeps it, with its offer.
  * A place left is kept for its token until its ticket ends, for another call to take back (see
  * `joinQueue`); no one waits behind it, and no leave (a copy of this one) ends it. A waiter that blocked (`wakeId` its wake key's id) drops
  * its offer and its wake key too, and may find that a release handed
@@ -30,17 +30,18 @@ export const LEAVE_QUEUE = defineScript(
       outcome: "string",
       wakeId: "string",
       lookedAt: "number", // the server's time at the waiter's last look, ms (0: none)
-      ticketEnd: "number", // the end of the ticket the waiter's last look took, ms (0: none)
+      ticketEnd: "string", // the end of the ticket the waiter's last look took ('': none)
     },
   },
   [NOW, STATS_LUA],
   `
 if outcome == 'timeout' or outcome == 'aborted' then count(statsKey, nowMs, 'acquire.' .. outcome) end
 local ticket = tonumber(redis.call('ZSCORE', ticketsKey, member)) or 0
+local mine = tonumber(ticketEnd) or 0
 local removed, offer = 0, nil
 if ticket < -nowMs then
   -- a place left: kept to its end, whoever leaves again
-elseif ticket > nowMs and ticketEnd > 0 and ticket ~= ticketEnd then
+elseif ticket > nowMs and mine > 0 and ticket ~= mine then
   offer = redis.call('HGET', offersKey, member)
 else
   local place = redis.call('ZSCORE', queueKey, member)
@@ -48,7 +49,7 @@ else
   if place and ticket > nowMs then
     redis.call('ZADD', ticketsKey, string.format('%.0f', -ticket), member)
     redis.call('HSET', offersKey, member, 'l' .. place .. string.format('|%.0f', ticket))
-    ttlOrSet(offersKey, ticket - nowMs)
+    ttlOrSet(offersKey, math.ceil(ticket - nowMs))
   else
     redis.call('ZREM', ticketsKey, member)
     -- a multi-name waiter's offer is in every queue, its wake key beside its first name's only

@@ -319,7 +319,7 @@ local function queueHead(queueKey, ticketsKey, nowMs, offersKey, count, withScor
   return first[1], first, {members = first, scores = scores, count = count}
 end
 -- Takes a ticket for ticketMs (keeping an earlier place); returns the place, 0 the head, or -2
--- when the queue is full. With \`offersKey\`, the waiter's \`offer\` (nil for none) goes beside it.
+-- when the queue is full, and the ticket's end (ms, to the server's µs: this look's alone). With \`offersKey\`, the waiter's \`offer\` (nil for none) goes beside it.
 -- A place left (ticket -<end>, offer l<place>|<end>) is taken back until its end, unless \`fresh\`.
 local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters, offersKey, offer, rank, seen, fresh)
   local place, size, last = rank, nil, nil
@@ -339,7 +339,8 @@ local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaite
     place = size or redis.call('ZCARD', queueKey)
     if place >= maxWaiters then return -2 end
   end
-  local added = redis.call('ZADD', ticketsKey, nowMs + math.min(ticketMs, ${MAX_TICKET_MS}), member)
+  local ticket = string.format('%.17g', nowUs / 1000 + math.min(ticketMs, ${MAX_TICKET_MS}))
+  local added = redis.call('ZADD', ticketsKey, ticket, member)
   if not queued then
     local left, ends
     if added == 0 and offersKey and not fresh then
@@ -361,7 +362,7 @@ local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaite
     else redis.call('HDEL', offersKey, member) end
     redis.call('PEXPIRE', offersKey, ${MAX_TICKET_MS})
   end
-  return place
+  return place, ticket
 end
 -- Returns the waiter now at the head, nil when the queue is empty, and the first waiters (up to
 -- WAKE_HINTS, for a grant's hint). With offersKey, the member's offer goes too. \`queue\`, when
@@ -747,10 +748,12 @@ local function busy(r, held, holdMs, member, head, offersKey, offer, seen)
     pttl = r.leaseEnd - nowMs
     ttlOrSet(lockKey, pttl + graceMs)
   end
-  local position = -1
-  if ticketMs > 0 then position = joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters,
-    offersKey, offer, nil, seen) end
+  local position, ticket = -1, nil
+  if ticketMs > 0 then position, ticket = joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs,
+    maxWaiters, offersKey, offer, nil, seen) end
   countBusy(position)
-  return {0, retryAfter(r, held, holdMs, position, ticketsKey, head, nowMs), nowMs, position, pttl}
+  -- 6 to 8 are the callers'; 9 the ticket, for a leave
+  return {0, retryAfter(r, held, holdMs, position, ticketsKey, head, nowMs), nowMs, position, pttl,
+    0, '', '', ticket or ''}
 end
 `;

@@ -31,6 +31,8 @@ export interface Busy {
   bellId?: string;
   /** For a waiter that blocks: the wake id its offer names, its own or a lease's successor id. */
   wakeId?: string;
+  /** For a waiter that queued: its ticket's end as Redis keeps it (this look's alone), for a leave. */
+  ticketEnd?: string;
 }
 
 /**
@@ -82,6 +84,10 @@ function decodeNotGranted(script: Script, reply: unknown): Busy | Mismatch {
   const bellId = typeof bell === "string" && /^\d+-\d+$/.test(bell) ? bell : undefined;
   const wake = (reply as unknown[])[7];
   const wakeId = typeof wake === "string" && WAKE_ID.test(wake) ? wake : undefined;
+  const ticket = (reply as unknown[])[8];
+  const ticketEnd = typeof ticket === "string" && /^\d+(?:\.\d+)?$/.test(ticket)
+    ? ticket
+    : undefined;
   return {
     status: "busy",
     retryAfterMs,
@@ -91,6 +97,7 @@ function decodeNotGranted(script: Script, reply: unknown): Busy | Mismatch {
     firstEndsIn,
     ...(bellId && { bellId }),
     ...(wakeId && { wakeId }),
+    ...(ticketEnd && { ticketEnd }),
   };
 }
 
