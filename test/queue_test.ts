@@ -393,6 +393,31 @@ Deno.test("two calls with one token share a place: one that leaves after the oth
   assert.equal(await locks.release({ name, token }), true);
 });
 
+Deno.test("a call that gives up after another call of its token looked leaves the place to it", async () => {
+  const { redis, locks } = await fixture();
+  const name = keygen("q");
+  const [, queueKey, ticketsKey] = keys(name);
+  const holder = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
+  const token = "two-waits-token-000001";
+  const abort = new AbortController();
+  const first = locks.acquire(name, { token, waitMs: 20_000, signal: abort.signal });
+  await until(
+    "the first call is queued",
+    async () => await redis.zscore(ticketsKey, token) !== null,
+  );
+  const ticket = await redis.zscore(ticketsKey, token);
+  const second = locks.acquire(name, { token, ttlMs: 10_000, waitMs: 20_000 });
+  await until(
+    "the second call looked",
+    async () => await redis.zscore(ticketsKey, token) !== ticket,
+  );
+  abort.abort(new Error("abandoned"));
+  await assert.rejects(first, /abandoned/);
+  assert.equal(await redis.zrank(queueKey, token), 0, "the place is the second call's");
+  await locks.release(holder);
+  await locks.release(acquired(await second));
+});
+
 Deno.test("two looks of one token in the same millisecond take tickets of their own", async () => {
   const { redis, locks } = await fixture();
   const name = keygen("q");

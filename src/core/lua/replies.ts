@@ -84,10 +84,11 @@ function decodeNotGranted(script: Script, reply: unknown): Busy | Mismatch {
   const bellId = typeof bell === "string" && /^\d+-\d+$/.test(bell) ? bell : undefined;
   const wake = (reply as unknown[])[7];
   const wakeId = typeof wake === "string" && WAKE_ID.test(wake) ? wake : undefined;
+  // Sent as text; an Upstash client may have parsed it (automaticDeserialization): its shortest
+  // text is the same number.
   const ticket = (reply as unknown[])[8];
-  const ticketEnd = typeof ticket === "string" && /^\d+(?:\.\d+)?$/.test(ticket)
-    ? ticket
-    : undefined;
+  const text = typeof ticket === "number" ? String(ticket) : ticket;
+  const ticketEnd = typeof text === "string" && /^\d+(?:\.\d+)?$/.test(text) ? text : undefined;
   return {
     status: "busy",
     retryAfterMs,
