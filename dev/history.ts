@@ -401,7 +401,7 @@ const BREAKS: Record<BrokenRule, [Script | Script[], string, string]> = {
   // A busy multi-name acquire still takes the names that were free.
   multi: [
     ACQUIRE_ALL,
-    "local places, position = {}, -1",
+    "local places, position, ticket = {}, -1, ''",
     `for i = 1, n do
   if not blocked[i] and not held[i] then
     writeHeld(lockKey(i), {fence = string.format('%.0f', nowUs), leaseEnd = nowMs + ttlMs,
@@ -410,7 +410,7 @@ const BREAKS: Record<BrokenRule, [Script | Script[], string, string]> = {
       nowMs, graceMs)
   end
 end
-local places, position = {}, -1`,
+local places, position, ticket = {}, -1, ''`,
   ],
   // Shared and semaphore leases reuse the last fence instead of a higher one.
   fence: [
