@@ -5,13 +5,14 @@ import { NOW, STATS_LUA } from "./lib.ts";
  * Leave the queue (a waiter gave up): counts the acquire's outcome, `timeout` or `aborted` ('' to
  * count nothing). Returns 1 when its place was left, else 0. Two calls with one token (a request
  * and its retry) share a place: a call leaves it only when the ticket is the one its last look
- * took (`ticketEnd`, as its reply told it; '' when unknown), else another call looked since and keeps it, with its offer.
- * A place left is kept for its token until its ticket ends, for another call to take back (see
- * `joinQueue`); no one waits behind it, and no leave (a copy of this one) ends it. A waiter that blocked (`wakeId` its wake key's id) drops
- * its offer and its wake key too, and may find that a release handed
- * it the lock (or, a semaphore's waiter `<token>~<permits>`, its permits) first (the receipt the
- * hand-off left on that wake key names the lease; a reader's, `<token>~s`, is a lease of its token
- * granted since its last look): then `{2, fence, ttlMs, nowMs}`, its lease (the caller's to keep or free).
+ * took (`ticketEnd`, as its reply told it; '' when unknown), else another call looked since and
+ * keeps it, with its offer. A place left is kept for its token until its ticket ends, for another
+ * call to take back (see `joinQueue`); no one waits behind it, and no leave (a copy of this one)
+ * ends it. A waiter that blocked (`wakeId` its wake key's id) drops its offer and its wake key too,
+ * and may find that a release handed it the lock (or, a semaphore's waiter `<token>~<permits>`,
+ * its permits) first (the receipt the hand-off left on that wake key names the lease; a reader's,
+ * `<token>~s`, is a lease of its token granted since its last look): then
+ * `{2, fence, ttlMs, nowMs}`, its lease (the caller's to keep or free).
  */
 export const LEAVE_QUEUE = defineScript(
   "leave_queue",

@@ -319,7 +319,8 @@ local function queueHead(queueKey, ticketsKey, nowMs, offersKey, count, withScor
   return first[1], first, {members = first, scores = scores, count = count}
 end
 -- Takes a ticket for ticketMs (keeping an earlier place); returns the place, 0 the head, or -2
--- when the queue is full, and the ticket's end (ms, to the server's µs: this look's alone). With \`offersKey\`, the waiter's \`offer\` (nil for none) goes beside it.
+-- when the queue is full, and the ticket's end (ms, to the server's µs: this look's alone). With
+-- \`offersKey\`, the waiter's \`offer\` (nil for none) goes beside it.
 -- A place left (ticket -<end>, offer l<place>|<end>) is taken back until its end, unless \`fresh\`.
 local function joinQueue(queueKey, ticketsKey, member, nowMs, ticketMs, maxWaiters, offersKey, offer, rank, seen, fresh)
   local place, size, last = rank, nil, nil
