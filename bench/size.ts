@@ -99,7 +99,7 @@ import { cli } from "../bridge/_cli.ts";
  * (helper-43): the core 32.8 KB, the service 74.6 KB. A place left that no leave ends, a copy of
  * the same leave included (helper-45): the core 32.9 KB, the service 74.7 KB. Tickets to the
  * server's µs, each look's own, told in its reply for its leave: the core 33.0 KB, the service
- * 74.8 KB. */
+ * 74.8 KB; the HTTP renewals taking a lease's next and keeping it: the service 74.9 KB. */
 export const BUDGETS = {
   ".": 33_000,
   "./uses": 11_200,
@@ -108,7 +108,7 @@ export const BUDGETS = {
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 7_500,
-  "./service": 74_800,
+  "./service": 74_900,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

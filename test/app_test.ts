@@ -165,6 +165,20 @@ Deno.test("a lease's next lets another instance's release hand over in place, in
     assertProblem(bad, 400, "invalid_request");
     assert.ok(!JSON.stringify(bad.body).includes(String(lease.body.next)));
   }
+  // A renewal keeps it when sent; one or many.
+  const renewBody = { token: lease.body.token, ttlMs: 10_000, next: lease.body.next };
+  const renewed = await call(`/v1/locks/${name}/renew`, { body: renewBody });
+  assert.equal(renewed.body.next, lease.body.next);
+  const { token: mine, next: kept } = lease.body;
+  const many = await call("/v1/locks/renew", {
+    body: { ttlMs: 10_000, leases: [{ name, token: mine, next: kept }] },
+  });
+  assert.equal((many.body.results as Json[])[0]!.next, lease.body.next);
+  assertProblem(
+    await call(`/v1/locks/${name}/renew`, { body: { ...renewBody, next: "w:1" } }),
+    400,
+    "invalid_request",
+  );
   const before = backend.requests();
   const { token: t, fence: f, next } = lease.body;
   assert.deepEqual((await releaseThere(name, { token: t, fence: f, next })).body, {

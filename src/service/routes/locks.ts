@@ -67,8 +67,15 @@ const AcquireAllBody = doc(
   }),
   { id: "AcquireAllRequest" },
 );
+// A lease's next, sent back unchanged: a release hands over with it, and a renewal keeps it.
+const Next = (description: string) =>
+  z.optional(doc(z.string().check(z.regex(HINT)), { description }));
 const RenewBody = doc(
-  z.strictObject({ token: Token, ttlMs: duration("ttlMs", "New lease length from now, ms") }),
+  z.strictObject({
+    token: Token,
+    ttlMs: duration("ttlMs", "New lease length from now, ms"),
+    next: Next("The lease's next, unchanged: the renewed lease keeps it"),
+  }),
   { id: "RenewRequest" },
 );
 const ReleaseBody = doc(
@@ -84,10 +91,9 @@ const ReleaseBody = doc(
     hold: z.optional(holdId(
       "A reentrant lease's hold to end (the lease's hold): a retry then ends it once",
     )),
-    next: z.optional(doc(z.string().check(z.regex(HINT)), {
-      description: "The lease's next, unchanged: the release then hands over in place, " +
-        "whichever instance serves it",
-    })),
+    next: Next(
+      "The lease's next, unchanged: the release then hands over in place, whichever instance serves it",
+    ),
   }),
   { id: "ReleaseRequest" },
 );
@@ -131,10 +137,11 @@ const LockInfoSchema = doc(
 const RenewManyBody = doc(
   z.strictObject({
     ttlMs: z.optional(duration("ttlMs", "New lease length from now, ms (default 10000)")),
-    leases: z.array(z.strictObject({ name: LockName, token: Token })).check(
-      z.minLength(1),
-      z.maxLength(1000),
-    ),
+    leases: z.array(z.strictObject({ name: LockName, token: Token, next: Next("As for one") }))
+      .check(
+        z.minLength(1),
+        z.maxLength(1000),
+      ),
   }),
   { id: "RenewManyRequest" },
 );
@@ -195,8 +202,8 @@ export function lockRoutes(app: Hono<AppEnv>): void {
     ...post("locks", "renewLock", "/v1/locks/{name}/renew", NameParams, RenewBody),
     summary: "Extend a lease held by this token; the fence stays the same",
     responses: { 200: json(LeaseSchema, "Renewed"), 409: problemDoc("lock_lost"), ...common },
-  }, async (c, { params: { name }, body: { token, ttlMs } }) => {
-    const result = await c.var.locks.renew({ name, token }, { ttlMs });
+  }, async (c, { params: { name }, body: { token, ttlMs, next } }) => {
+    const result = await c.var.locks.renew({ name, token, next }, { ttlMs });
     if (!result.renewed) {
       throw new EdgelockError(
         "lock_lost",
