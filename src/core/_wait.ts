@@ -13,11 +13,11 @@ import {
   type Busy,
   decodeHandOver,
   decodeLeave,
-  HINT,
   type Mismatch,
   QUEUE_FULL,
 } from "./lua/replies.ts";
 import { MAX_HOLDS, MAX_TICKET_MS } from "./lua/lib.ts";
+import { HINT } from "./_validate.ts";
 import type { AcquireResult, Lease, LockEvent } from "./types.ts";
 
 // A polling waiter looks again at least this often, and its ticket outlives each look by the

@@ -160,8 +160,6 @@ function headAt(reply: unknown, index: number): string {
   return typeof value === "string" && HEAD.test(value) ? value : "";
 }
 
-export { HINT };
-
 // A grant's hint in a reply, '' when absent or not one.
 function hintAt(reply: unknown, index: number): string {
   const value = Array.isArray(reply) ? reply[index] : undefined;
