@@ -4,7 +4,7 @@ import { Redis } from "@upstash/redis";
 import { freePort } from "../dev/redis_server.ts";
 import { FENCE_GRACE_MS } from "../src/core/_validate.ts";
 import { redacted } from "../src/core/_failure.ts";
-import { RELEASE_MEMORY_MS } from "../src/core/lua/lib.ts";
+import { RELEASE_MEMORY_MS, RELEASED_MARKS, TRIM_EVERY } from "../src/core/lua/lib.ts";
 import { acquired, holderOf, keygen, shared, startBackend, until } from "./_backend.ts";
 import { createApp } from "../src/service/mod.ts";
 
@@ -155,6 +155,32 @@ Deno.test("a released name leaves a small record for fenceWindowMs and its relea
   const next = acquired(await short.acquire(name));
   assert.ok(next.fence > lease.fence, "still above the old fence (the clock is ahead)");
   assert.throws(() => new Locks(redis, { fenceWindowMs: 999 }), /fenceWindowMs/);
+});
+
+Deno.test("a name keeps its last RELEASED_MARKS releases for retries, trimmed back to them now and then", async () => {
+  const { redis, locks } = await fixture();
+  const name = keygen();
+  const marks = `${lockKey(name)}:released`;
+  // 1,500 earlier releases by other tokens, the oldest first
+  const old = Array.from({ length: 1500 }, (_, i) => ({ score: i + 1, member: `old-token-${i}` }));
+  for (let i = 0; i < old.length; i += 500) {
+    await redis.zadd(marks, old[i]!, ...old.slice(i + 1, i + 500));
+  }
+  await redis.pexpire(marks, 60_000);
+  // About one release in TRIM_EVERY trims; the chance that 400 in a row do not is about 10^-11.
+  let trimmed = false;
+  for (let i = 0; i < 400 && !trimmed; i++) {
+    const lease = acquired(await locks.acquire(name));
+    assert.equal(await locks.release(lease), true);
+    const size = await redis.zcard(marks);
+    if (size < 1500 + i + 1) {
+      trimmed = true;
+      assert.equal(size, RELEASED_MARKS, "back to the last RELEASED_MARKS releases");
+      assert.equal(await locks.release(lease), true, "this release's retry still matches");
+      assert.equal(await redis.zscore(marks, "old-token-0"), null, "the oldest went first");
+    }
+  }
+  assert.ok(trimmed, `no trim in 400 releases (one in ${TRIM_EVERY} expected)`);
 });
 
 Deno.test("a name taken again by another token keeps no release in its record; retries find the marks", async () => {

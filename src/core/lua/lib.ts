@@ -31,9 +31,10 @@
  * moving average of hold times, for waiters' hints; `flag` is 1 while the lock is contended (a
  * busy reply or a queued waiter since the last grant): then acquire looks at the queue and release
  * samples the hold time. Without contention an acquire+release cycle of a name used before runs
- * ten commands inside its two scripts (TIME, GET, SET each; the acquire's ZREM and the release's
- * three of the marks for retries), twelve with the two EVALSHA calls; a name's first acquire also
- * runs EXISTS on its queue and tickets. The stats and the held index (`../stats.ts`) add eight
+ * eight commands inside its two scripts (TIME, GET, SET each; the release's ZADD and PEXPIRE of
+ * the marks for retries, and their trim at about one release in TRIM_EVERY), ten with the two
+ * EVALSHA calls; the acquire's ZSCORE of the marks adds one unless its token was made for the
+ * call, and a name's first acquire runs EXISTS on its queue and tickets. The stats and the held index (`../stats.ts`) add eight
  * when they are on, in the same scripts (twelve for a name new to the index; one fewer when the
  * acquire waited under a millisecond, which adds nothing to the wait's sum).
  *
@@ -72,8 +73,20 @@ export const MAX_TICKET_MS = 60_000;
 /** How many waiters an exclusive look reads: it joins a shorter queue without reading it again. */
 export const SEEN_WAITERS = 32;
 
-/** How many releases a name remembers, for retried releases. */
+/** How many releases a name remembers at least, for retried releases. */
 export const RELEASED_MARKS = 1000;
+
+/**
+ * The marks' trim, after a release's mark (fence `f`): back to RELEASED_MARKS at about one release
+ * in TRIM_EVERY (those whose fence, µs of a grant, divides by it), so the others skip a command. A
+ * name keeps its last RELEASED_MARKS releases and a few more: 16 on average, over 250 about once in
+ * 10^7 trims.
+ */
+export const TRIM_EVERY = 16;
+export const TRIM_MARKS = (f: string) =>
+  `if tonumber(${f}) % ${TRIM_EVERY} == 0 then redis.call('ZREMRANGEBYRANK', marksKey, 0, -${
+    RELEASED_MARKS + 1
+  }) end`;
 
 /** The most holds one reentrant lease (or one shared holder) counts; one more is `hold_limit`. */
 export const MAX_HOLDS = 64;
@@ -161,7 +174,7 @@ end
 -- Remembers a release (member: a token, or '~' and a break id) with its fence, for retries.
 local function markReleased(marksKey, member, fence)
   redis.call('ZADD', marksKey, fence, member)
-  redis.call('ZREMRANGEBYRANK', marksKey, 0, -${RELEASED_MARKS + 1})
+  ${TRIM_MARKS("fence")}
   redis.call('PEXPIRE', marksKey, ${RELEASE_MEMORY_MS})
 end
 `;

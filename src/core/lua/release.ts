@@ -10,8 +10,8 @@ import {
   QUEUE_LUA,
   RECORD_LUA,
   RELEASE_MEMORY_MS,
-  RELEASED_MARKS,
   STATS_LUA,
+  TRIM_MARKS,
 } from "./lib.ts";
 
 // The common case, before the other pieces' functions are made (see `./acquire.ts`): the
@@ -26,7 +26,7 @@ if f and owner == token and hold == '' and base + tonumber(leaseEnd0) > nowMs an
   redis.call('SET', lockKey, 'R' .. f .. '|' .. hold0 .. '|0|' .. string.sub(redis.sha1hex(token), 1, 12),
     'PX', graceMs)
   redis.call('ZADD', marksKey, f, token)
-  redis.call('ZREMRANGEBYRANK', marksKey, 0, -${RELEASED_MARKS + 1})
+  ${TRIM_MARKS("f")}
   redis.call('PEXPIRE', marksKey, ${RELEASE_MEMORY_MS})
   observe(statsKey, nowMs, 'hold', nowMs - base - tonumber(at0))
   indexEnd(endsKey, name, nowMs)
