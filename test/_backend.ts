@@ -169,6 +169,7 @@ function lookArgs(
     waiting,
     hold: "",
     wakeId,
+    fresh: false,
   };
 }
 
