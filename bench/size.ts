@@ -99,16 +99,20 @@ import { cli } from "../bridge/_cli.ts";
  * (helper-43): the core 32.8 KB, the service 74.6 KB. A place left that no leave ends, a copy of
  * the same leave included (helper-45): the core 32.9 KB, the service 74.7 KB. Tickets to the
  * server's µs, each look's own, told in its reply for its leave: the core 33.0 KB, the service
- * 74.8 KB; the HTTP renewals taking a lease's next and keeping it: the service 74.9 KB. */
+ * 74.8 KB; the HTTP renewals taking a lease's next and keeping it: the service 74.9 KB. The release
+ * marks trimmed at about one release in 16, and a token made for the call skipping the marks at
+ * its grant: the core 33.1 KB, the service 75.0 KB. Quorum release and renew acting only on the
+ * lease of their fence (a late retry freed the same token's next lease), the fence checked: the
+ * quorum 7.65 KB. */
 export const BUDGETS = {
-  ".": 33_000,
+  ".": 33_100,
   "./uses": 11_200,
   "./hono": 8_400,
   "./client": 7_100,
   "./otel": 9_500,
   "./tcp": 1_000,
-  "./quorum": 7_500,
-  "./service": 74_900,
+  "./quorum": 7_650,
+  "./service": 75_000,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

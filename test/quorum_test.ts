@@ -10,7 +10,7 @@ import { Q_ACQUIRE, Q_COMMIT, Q_RELEASE } from "../src/quorum/scripts.ts";
 import type { Script, ScriptCall } from "../src/core/lua/_define.ts";
 import { type ShiftedRedisServer, startShiftedRedisServer } from "../dev/clock_shift.ts";
 import { acquired, type Backend, keygen, shared, startBackend } from "./_backend.ts";
-import type { RedisLike } from "@edgelock/edgelock";
+import type { Lease, RedisLike } from "@edgelock/edgelock";
 
 // Holds `name` on database `db` for another token, as a competing acquire would.
 const FOREIGN = "foreign-holder-token-01";
@@ -29,7 +29,7 @@ const unhold = (db: Backend, name: string) =>
     Q_RELEASE,
     Q_RELEASE.call({
       keys: { key: `edgelock:qlock:{${name}}` },
-      args: { token: FOREIGN, graceMs: FENCE_GRACE_MS },
+      args: { token: FOREIGN, graceMs: FENCE_GRACE_MS, fence: 0 },
     }),
   );
 const runCall = (db: Backend, script: Script, { keys, args }: ScriptCall) =>
@@ -92,6 +92,26 @@ Deno.test("a majority grants the lease; a second caller is busy; fences increase
     return lease.fence;
   });
   assert.ok(ran > second.fence);
+});
+
+Deno.test("a late retry of an earlier lease's release or renew never acts on the same token's next lease", async () => {
+  const { locks } = await fixture();
+  const name = keygen("q");
+  const token = "chosen-quorum-token-0001"; // the README's choose-your-token retry pattern
+  const first = acquired(await locks.acquire(name, { token, ttlMs: 5000 }));
+  assert.equal(await locks.release(first), true);
+  const second = acquired(await locks.acquire(name, { token, ttlMs: 5000 }));
+  assert.ok(second.fence > first.fence);
+  assert.equal(await locks.release(first), false, "the first lease is gone");
+  assert.equal((await locks.renew(first)).renewed, false, "and cannot be renewed");
+  const info = await locks.inspect(name);
+  assert.ok(info.held && info.fence === second.fence, "the second lease still holds");
+  assert.equal((await locks.acquire(name)).acquired, false, "so another token is busy");
+  assert.ok((await locks.renew(second)).renewed);
+  assert.equal(await locks.release({ name, token }), true, "without a fence: the token's lease");
+  for (const fence of [1.5, 0, "7"]) {
+    await assert.rejects(locks.release({ ...second, fence } as Lease), /fence must be a positive/);
+  }
 });
 
 Deno.test("a failed acquire frees the databases it held", async () => {

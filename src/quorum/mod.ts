@@ -35,6 +35,7 @@ import {
 import type { CallOf, Contract, ContractScript } from "../core/lua/_define.ts";
 import {
   checkDuration,
+  checkFence,
   checkLockName,
   checkSignal,
   checkToken,
@@ -232,7 +233,7 @@ export class QuorumLocks implements LockClient {
       }
     }
     // Not a majority in time: free what it holds, also where no answer came (it may have held).
-    await this.#run(Q_RELEASE, name, { token, graceMs: FENCE_GRACE_MS });
+    await this.#run(Q_RELEASE, name, { token, graceMs: FENCE_GRACE_MS, fence: 0 });
     const retryAfterMs = Math.max(5, busyFor.length > 0 ? Math.min(...busyFor) : 50);
     return { acquired: false, retryAfterMs, reason: "busy" };
   }
@@ -242,7 +243,12 @@ export class QuorumLocks implements LockClient {
     const { name, token } = checkRef(lease);
     const ttlMs = checkDuration(options.ttlMs, "ttlMs", lease.ttlMs ?? DEFAULT_TTL_MS);
     const started = performance.now();
-    const replies = await this.#run(Q_RENEW, name, { token, ttlMs, graceMs: FENCE_GRACE_MS });
+    const replies = await this.#run(Q_RENEW, name, {
+      token,
+      ttlMs,
+      graceMs: FENCE_GRACE_MS,
+      fence: lease.fence ?? 0,
+    });
     const validMs = Math.floor(this.#validity(ttlMs, started));
     if (replies.filter((reply) => reply === 1).length < this.quorum || validMs <= 0) {
       return { renewed: false };
@@ -269,7 +275,11 @@ export class QuorumLocks implements LockClient {
    */
   async release(lease: LeaseRef): Promise<boolean> {
     const { name, token } = checkRef(lease);
-    const replies = await this.#run(Q_RELEASE, name, { token, graceMs: FENCE_GRACE_MS });
+    const replies = await this.#run(Q_RELEASE, name, {
+      token,
+      graceMs: FENCE_GRACE_MS,
+      fence: lease.fence ?? 0,
+    });
     return replies.filter((reply) => reply === 1).length >= this.quorum;
   }
 
@@ -314,5 +324,6 @@ function checkRef(lease: LeaseRef): LeaseRef {
   }
   checkLockName(lease.name);
   checkToken(lease.token);
+  checkFence(lease.fence);
   return lease;
 }

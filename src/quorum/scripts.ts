@@ -2,7 +2,9 @@
  * The scripts of a quorum lock, one copy on each independent database. A database keeps, per
  * name, one string `<floor>|<token>|<leaseEndMs>`: the highest fence committed here, and the
  * token holding the name here until `leaseEndMs` on this database's clock (empty when free). The
- * string outlives the lease by `graceMs`, so the floor stays.
+ * string outlives the lease by `graceMs`, so the floor stays. A floor is only committed while its
+ * token holds the name here, so one above a lease's fence says the token holds it for a later
+ * lease: a release or renew given that fence (a late retry) then acts on nothing (`heldAt`).
  *
  * @module
  */
@@ -16,6 +18,10 @@ local function read(key)
 end
 -- Whether token holds the name here now.
 local function heldBy(r, token) return r.token == token and nowMs < r.leaseEnd end
+-- ...for the lease of \`fence\` (0: any): a floor above it is a later lease's commit
+local function heldAt(r, token, fence)
+  return heldBy(r, token) and (fence <= 0 or fence >= r.floor)
+end
 local function write(key, r, nowMs, graceMs)
   redis.call('SET', key, string.format('%.0f', r.floor) .. '|' .. r.token .. '|' ..
     string.format('%.0f', r.leaseEnd), 'PX', math.max(1, r.leaseEnd - nowMs) + graceMs)
@@ -53,28 +59,37 @@ return 1
 `,
 );
 
-/** Extends `token`'s hold here to `ttlMs` from now. Returns 1, or 0 when it does not hold it. */
+/**
+ * Extends `token`'s hold here to `ttlMs` from now. Returns 1, or 0 when it does not hold it or
+ * holds it for a later lease (see `heldAt`).
+ */
 export const Q_RENEW = defineScript(
   "quorum_renew",
-  { keys: ["key"], args: { token: "string", ttlMs: "number", graceMs: "number" } },
+  {
+    keys: ["key"],
+    args: { token: "string", ttlMs: "number", graceMs: "number", fence: "number" },
+  },
   [NOW, RECORD],
   `
 local r = read(key)
-if not heldBy(r, token) then return 0 end
+if not heldAt(r, token, fence) then return 0 end
 r.leaseEnd = nowMs + ttlMs
 write(key, r, nowMs, graceMs)
 return 1
 `,
 );
 
-/** Frees `token`'s hold here, keeping the floor. Returns 1 when it held it, else 0. */
+/**
+ * Frees `token`'s hold here, keeping the floor. Returns 1 when it held it for the lease of
+ * `fence` (see `heldAt`), else 0.
+ */
 export const Q_RELEASE = defineScript(
   "quorum_release",
-  { keys: ["key"], args: { token: "string", graceMs: "number" } },
+  { keys: ["key"], args: { token: "string", graceMs: "number", fence: "number" } },
   [NOW, RECORD],
   `
 local r = read(key)
-if not heldBy(r, token) then return 0 end
+if not heldAt(r, token, fence) then return 0 end
 r.token, r.leaseEnd = '', nowMs
 write(key, r, nowMs, graceMs)
 return 1
