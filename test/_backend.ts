@@ -169,7 +169,6 @@ function lookArgs(
     waiting,
     hold: "",
     wakeId,
-    fresh: false,
   };
 }
 

@@ -512,7 +512,6 @@ Deno.test("a waiter leaving the queue finds a hand-off that beat it", async () =
       waiting: true,
       hold: "",
       wakeId: "wTestWake0001",
-      fresh: false,
     },
   });
   const busy = await runScript(redis, ACQUIRE, look.keys, look.args) as unknown[];

@@ -111,7 +111,6 @@ for (const mode of ["an exclusive lock", "a semaphore of one permit"] as const) 
             waiting: true,
             hold: c.hold,
             wakeId: o.wakeId,
-            fresh: false,
           };
           const { wakeKey: wake, readersKey: _, holdersKey, ...keys } = k;
           return semaphore

@@ -171,7 +171,7 @@ export class Locks implements LockClient {
         call: (look) =>
           ACQUIRE.call({
             keys: { ...keys, offersKey, wakeKey: lookKey(look) },
-            args: { ...common(look), wakeId: look.wakeId, fresh: lease.fresh },
+            args: { ...common(look), wakeId: look.wakeId },
           }),
         members: [lease.token],
         decode: granted(ACQUIRE, {}),
@@ -504,8 +504,6 @@ function checkLeaseOptions(options: LeaseOptions) {
     ttlMs: checkDuration(options.ttlMs, "ttlMs", DEFAULT_TTL_MS),
     waitMs: checkDuration(options.waitMs, "waitMs", 0),
     token: options.token === undefined ? newToken() : checkToken(options.token),
-    // a token made here: no release of it came before (see ACQUIRE's `fresh`)
-    fresh: options.token === undefined,
     meta: checkMeta(options.meta),
     signal: checkSignal(options.signal),
   };

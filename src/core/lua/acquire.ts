@@ -29,7 +29,7 @@ else
   local f, h, sha = string.match(raw, '^R(%d+)|(%d+)|0|(%x+)$')
   if f then
     fast, hold0, released0 = tonumber(f), math.min(math.max(tonumber(h), 1), ${MAX_HOLD_MS}), ''
-    if not fresh and sha == string.sub(redis.sha1hex(token), 1, #sha) then released0 = f .. ':' .. sha end
+    if sha == string.sub(redis.sha1hex(token), 1, #sha) then released0 = f .. ':' .. sha end
   end
 end
 if fast then
@@ -41,7 +41,7 @@ if fast then
   redis.call('SET', lockKey, 'X' .. fence .. '|' .. string.format('%.0f|%.0f|%d', leaseEnd - base, nowMs - base, hold0) ..
     '|0|' .. token .. '|' .. released0 .. '|' .. holds .. '|' .. meta, 'PX', ttlMs + graceMs)
   -- supersede, inline
-  local mark = not fresh and tonumber(redis.call('ZSCORE', marksKey, token))
+  local mark = tonumber(redis.call('ZSCORE', marksKey, token))
   if mark then
     redis.call('ZADD', marksKey, mark, token .. '@' .. string.format('%.0f', mark))
     redis.call('ZREM', marksKey, token)
@@ -90,9 +90,6 @@ export const ACQUIRE = defineScript(
       ...WAIT_ARGS,
       hold: "string",
       wakeId: "string", // the caller's wake key's id when it blocks between looks, else ''
-      // The token was made for this call, which released nothing with it: it has no mark to move
-      // and no release of its own to keep.
-      fresh: "flag",
     },
   },
   [NOW, STATS_LUA, INDEX_LUA, FAST, RECORD_LUA, QUEUE_LUA, ACQUIRE_LUA, OFFER_LUA],
@@ -132,7 +129,7 @@ if not held and (not head or head == token) then
     released = ownRelease(r, token)}
   writeHeld(lockKey, grant, nowMs, graceMs)
   -- a release without a fence now means this lease
-  if not fresh then supersede(marksKey, token) end
+  supersede(marksKey, token)
   granted(grant.leaseEnd)
   return {1, tonumber(grant.fence), ttlMs, nowMs, 1, grantHint(first)}
 end

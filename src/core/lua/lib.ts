@@ -31,10 +31,10 @@
  * moving average of hold times, for waiters' hints; `flag` is 1 while the lock is contended (a
  * busy reply or a queued waiter since the last grant): then acquire looks at the queue and release
  * samples the hold time. Without contention an acquire+release cycle of a name used before runs
- * eight commands inside its two scripts (TIME, GET, SET each; the release's ZADD and PEXPIRE of
- * the marks for retries, and their trim at about one release in TRIM_EVERY), ten with the two
- * EVALSHA calls; the acquire's ZSCORE of the marks adds one unless its token was made for the
- * call, and a name's first acquire runs EXISTS on its queue and tickets. The stats and the held index (`../stats.ts`) add eight
+ * nine commands inside its two scripts (TIME, GET, SET each; the acquire's ZSCORE of the marks,
+ * the release's ZADD and PEXPIRE of them, and their trim at about one release in TRIM_EVERY),
+ * eleven with the two EVALSHA calls; a name's first acquire also runs EXISTS on its queue and
+ * tickets. The stats and the held index (`../stats.ts`) add eight
  * when they are on, in the same scripts (twelve for a name new to the index; one fewer when the
  * acquire waited under a millisecond, which adds nothing to the wait's sum).
  *
