@@ -77,14 +77,15 @@ export const SEEN_WAITERS = 32;
 export const RELEASED_MARKS = 1000;
 
 /**
- * The marks' trim, after a release's mark (fence `f`): back to RELEASED_MARKS at about one release
- * in TRIM_EVERY (those whose fence, µs of a grant, divides by it), so the others skip a command. A
- * name keeps its last RELEASED_MARKS releases and a few more: 16 on average, over 250 about once in
- * 10^7 trims.
+ * The marks' trim, after a release's mark: back to RELEASED_MARKS at about one release in
+ * TRIM_EVERY (those run in a server µs that divides by it), so the others skip a command. No
+ * caller can choose which: the lease's fence, which it knows before it releases, would let it
+ * release only leases that never trim. A name keeps its last RELEASED_MARKS releases and a few
+ * more: 16 on average, over 250 about once in 10^7 trims.
  */
 export const TRIM_EVERY = 16;
-export const TRIM_MARKS = (f: string) =>
-  `if tonumber(${f}) % ${TRIM_EVERY} == 0 then redis.call('ZREMRANGEBYRANK', marksKey, 0, -${
+export const TRIM_MARKS =
+  `if nowUs % ${TRIM_EVERY} == 0 then redis.call('ZREMRANGEBYRANK', marksKey, 0, -${
     RELEASED_MARKS + 1
   }) end`;
 
@@ -174,7 +175,7 @@ end
 -- Remembers a release (member: a token, or '~' and a break id) with its fence, for retries.
 local function markReleased(marksKey, member, fence)
   redis.call('ZADD', marksKey, fence, member)
-  ${TRIM_MARKS("fence")}
+  ${TRIM_MARKS}
   redis.call('PEXPIRE', marksKey, ${RELEASE_MEMORY_MS})
 end
 `;

@@ -26,7 +26,7 @@ if f and owner == token and hold == '' and base + tonumber(leaseEnd0) > nowMs an
   redis.call('SET', lockKey, 'R' .. f .. '|' .. hold0 .. '|0|' .. string.sub(redis.sha1hex(token), 1, 12),
     'PX', graceMs)
   redis.call('ZADD', marksKey, f, token)
-  ${TRIM_MARKS("f")}
+  ${TRIM_MARKS}
   redis.call('PEXPIRE', marksKey, ${RELEASE_MEMORY_MS})
   observe(statsKey, nowMs, 'hold', nowMs - base - tonumber(at0))
   indexEnd(endsKey, name, nowMs)
