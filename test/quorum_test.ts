@@ -29,7 +29,7 @@ const unhold = (db: Backend, name: string) =>
     Q_RELEASE,
     Q_RELEASE.call({
       keys: { key: `edgelock:qlock:{${name}}` },
-      args: { token: FOREIGN, graceMs: FENCE_GRACE_MS, fence: 0 },
+      args: { token: FOREIGN, graceMs: FENCE_GRACE_MS, fence: 0, at: 0 },
     }),
   );
 const runCall = (db: Backend, script: Script, { keys, args }: ScriptCall) =>
@@ -111,6 +111,83 @@ Deno.test("a late retry of an earlier lease's release or renew never acts on the
   assert.equal(await locks.release({ name, token }), true, "without a fence: the token's lease");
   for (const fence of [1.5, 0, "7"]) {
     await assert.rejects(locks.release({ ...second, fence } as Lease), /fence must be a positive/);
+  }
+});
+
+// Requests a slow database answers too late: held until `open`, then sent (the runner counts the
+// database down meanwhile, and does not cancel the request).
+function lateGate() {
+  let open!: () => void;
+  const gate = new Promise<void>((resolve) => (open = resolve));
+  const late: Promise<unknown>[] = [];
+  const send = (request: () => Promise<unknown>) => {
+    const landed = gate.then(request);
+    late.push(landed);
+    return landed;
+  };
+  return { send, late, landAll: () => (open(), Promise.allSettled(late)) };
+}
+
+Deno.test("a failed attempt's clean-up that lands after the same acquire's next attempt won frees nothing", async () => {
+  const { dbs } = await fixture();
+  const name = keygen("q");
+  const plain = dbs.map((db) => db.redis as RedisLike);
+  for (const db of dbs.slice(2)) await hold(db, name);
+  const release = await Q_RELEASE.sha1();
+  const { send, late, landAll } = lateGate();
+  let acquiring = true;
+  let freed: Promise<unknown> | undefined;
+  // This caller's releases during its acquire (an attempt's clean-up) land late; at the first,
+  // the other holder lets go, so the next attempt wins.
+  const slow = (redis: RedisLike): RedisLike => ({
+    evalsha: (sha, keys, args) => {
+      if (sha !== release || !acquiring) return redis.evalsha(sha, keys, args);
+      freed ??= Promise.all(dbs.slice(2).map((db) => unhold(db, name)));
+      return send(() => redis.evalsha(sha, keys, args));
+    },
+    eval: (source, keys, args) => redis.eval(source, keys, args),
+  });
+  const mine = new QuorumLocks(plain.map(slow), { timeoutMs: 300 });
+  const lease = acquired(await mine.acquire(name, { ttlMs: 10_000, waitMs: 10_000 }));
+  acquiring = false;
+  await landAll();
+  assert.ok(late.length > 0, "an attempt failed and cleaned up");
+  const other = new QuorumLocks(plain, { timeoutMs: 300 });
+  assert.equal((await other.acquire(name)).acquired, false, "no one else takes the name");
+  assert.ok((await mine.renew(lease)).renewed, "the lease still renews");
+  assert.equal(await mine.release(lease), true);
+});
+
+Deno.test("a failed attempt's commit that lands after the next attempt won leaves its lease renewable", async () => {
+  const { dbs, shifted } = await fixture();
+  const name = keygen("q");
+  const plain = dbs.map((db) => db.redis as RedisLike);
+  // Database 4 runs 10 minutes ahead, so the first attempt's fence is above the next one's.
+  await shifted[2]!.shift(600_000);
+  try {
+    const commit = await Q_COMMIT.sha1();
+    const { send, landAll } = lateGate();
+    const gated = new Set<number>();
+    let down = false;
+    // The first commit to each of databases 0 to 3 lands late; database 4 is down from its first.
+    const wrap = (redis: RedisLike, i: number): RedisLike => ({
+      evalsha: (sha, keys, args) => {
+        if (i === 4 && sha === commit) down = true;
+        if (i === 4 && down) return Promise.reject(new Error("database 4 unreachable"));
+        if (sha !== commit || i === 4 || gated.has(i)) return redis.evalsha(sha, keys, args);
+        gated.add(i);
+        return send(() => redis.evalsha(sha, keys, args));
+      },
+      eval: (source, keys, args) => redis.eval(source, keys, args),
+    });
+    const locks = new QuorumLocks(plain.map(wrap), { timeoutMs: 300 });
+    const lease = acquired(await locks.acquire(name, { ttlMs: 10_000, waitMs: 10_000 }));
+    await landAll();
+    assert.equal(gated.size, 4, "the first attempt's commits landed late");
+    assert.ok((await locks.renew(lease)).renewed, "its renew");
+    assert.equal(await locks.release(lease), true, "its release");
+  } finally {
+    await shifted[2]!.shift(0);
   }
 });
 

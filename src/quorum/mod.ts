@@ -115,24 +115,27 @@ export class QuorumLocks implements LockClient {
     return `${this.#prefix}:qlock:{${name}}`;
   }
 
-  // One script on the given databases at once; a database that fails or is slow answers
-  // undefined, and is taken for down until it answers again.
+  // One script on the given databases at once (`named` its arguments, or database i's); a
+  // database that fails or is slow answers undefined, and is taken for down until it answers again.
   #run<C extends Contract>(
     script: ContractScript<C>,
     name: string,
-    named: CallOf<C>["args"],
+    named: CallOf<C>["args"] | ((i: number) => CallOf<C>["args"]),
     on = this.#all(),
   ) {
-    const { keys, args } = script.call(
-      { keys: { key: this.#key(name) }, args: named } as CallOf<C>,
-    );
+    const call = (i: number) =>
+      script.call({
+        keys: { key: this.#key(name) },
+        args: typeof named === "function" ? named(i) : named,
+      } as CallOf<C>);
     return Promise.all(
-      on.map((i) =>
-        runScript(this.#databases[i]!, script, keys, args, this.#options[i]).then(
+      on.map((i) => {
+        const { keys, args } = call(i);
+        return runScript(this.#databases[i]!, script, keys, args, this.#options[i]).then(
           (reply) => (this.#down.delete(i), reply),
           () => void this.#down.add(i),
-        )
-      ),
+        );
+      }),
     );
   }
 
@@ -206,6 +209,9 @@ export class QuorumLocks implements LockClient {
       replies = await this.#run(Q_ACQUIRE, name, args);
     }
     const held: number[] = [];
+    // Each granting database's hold, by its end: this attempt's commit and clean-up name it, so
+    // one that lands after a later attempt took the name again does nothing there.
+    const ends: number[] = [];
     let fence = 0;
     const busyFor: number[] = [];
     replies.forEach((reply, i) => {
@@ -214,14 +220,15 @@ export class QuorumLocks implements LockClient {
       if (ok !== 1) return void busyFor.push(value!);
       held.push(i);
       // Above this database's committed floor and, should it have lost its data, its clock in µs.
-      const [, floor, clockUs] = integers(Q_ACQUIRE, reply, 3);
+      const [, floor, clockUs, leaseEnd] = integers(Q_ACQUIRE, reply, 4);
       fence = Math.max(fence, floor! + 1, clockUs!);
+      ends[i] = leaseEnd!;
     });
     if (held.length >= this.quorum && this.#validity(ttlMs, started) > 0) {
       const commits = await this.#run(
         Q_COMMIT,
         name,
-        { token, fence, graceMs: FENCE_GRACE_MS },
+        (i) => ({ token, fence, graceMs: FENCE_GRACE_MS, at: ends[i]! }),
         held,
       );
       const committed = commits.filter((reply) => reply === 1).length;
@@ -232,8 +239,15 @@ export class QuorumLocks implements LockClient {
         return { acquired: true, lease: noteSentAt(lease, started) };
       }
     }
-    // Not a majority in time: free what it holds, also where no answer came (it may have held).
-    await this.#run(Q_RELEASE, name, { token, graceMs: FENCE_GRACE_MS, fence: 0 });
+    // Not a majority in time: free the holds it was granted. A database that did not answer keeps
+    // the name for the token until the TTL, or until a later attempt takes it again: a release
+    // sent there without the hold's end could land after that attempt and free its lease.
+    await this.#run(
+      Q_RELEASE,
+      name,
+      (i) => ({ token, graceMs: FENCE_GRACE_MS, fence: 0, at: ends[i]! }),
+      held,
+    );
     const retryAfterMs = Math.max(5, busyFor.length > 0 ? Math.min(...busyFor) : 50);
     return { acquired: false, retryAfterMs, reason: "busy" };
   }
@@ -279,6 +293,7 @@ export class QuorumLocks implements LockClient {
       token,
       graceMs: FENCE_GRACE_MS,
       fence: lease.fence ?? 0,
+      at: 0,
     });
     return replies.filter((reply) => reply === 1).length >= this.quorum;
   }

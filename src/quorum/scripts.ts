@@ -29,8 +29,9 @@ end
 `;
 
 /**
- * Takes the name here for `ttlMs` unless another token holds it. Returns `{1, floor, nowUs}`
- * (this database's committed floor and clock) or `{0, pttl}`.
+ * Takes the name here for `ttlMs` unless another token holds it. Returns `{1, floor, nowUs,
+ * leaseEnd}` (this database's committed floor and clock, and the hold's end, which names this
+ * hold: each acquire's differs from the token's hold before it) or `{0, pttl}`.
  */
 export const Q_ACQUIRE = defineScript(
   "quorum_acquire",
@@ -39,20 +40,26 @@ export const Q_ACQUIRE = defineScript(
   `
 local r = read(key)
 if r.token ~= '' and r.token ~= token and nowMs < r.leaseEnd then return {0, r.leaseEnd - nowMs} end
-r.token, r.leaseEnd = token, nowMs + ttlMs
+local leaseEnd = nowMs + ttlMs
+if heldBy(r, token) and leaseEnd == r.leaseEnd then leaseEnd = leaseEnd + 1 end
+r.token, r.leaseEnd = token, leaseEnd
 write(key, r, nowMs, graceMs)
-return {1, r.floor, nowUs}
+return {1, r.floor, nowUs, leaseEnd}
 `,
 );
 
-/** Raises the floor to `fence` while `token` holds the name here. Returns 1, or 0 when it does not. */
+/**
+ * Raises the floor to `fence` while `token` holds the name here by the hold that ends `at` (its
+ * acquire's): a commit that arrives after another attempt took the name again does nothing.
+ * Returns 1, or 0 when it does not.
+ */
 export const Q_COMMIT = defineScript(
   "quorum_commit",
-  { keys: ["key"], args: { token: "string", fence: "number", graceMs: "number" } },
+  { keys: ["key"], args: { token: "string", fence: "number", graceMs: "number", at: "number" } },
   [NOW, RECORD],
   `
 local r = read(key)
-if not heldBy(r, token) then return 0 end
+if not heldBy(r, token) or r.leaseEnd ~= at then return 0 end
 r.floor = math.max(r.floor, fence)
 write(key, r, nowMs, graceMs)
 return 1
@@ -81,15 +88,18 @@ return 1
 
 /**
  * Frees `token`'s hold here, keeping the floor. Returns 1 when it held it for the lease of
- * `fence` (see `heldAt`), else 0.
+ * `fence` (see `heldAt`) and, with `at` (a failed attempt's), by the hold that ends then, else 0.
  */
 export const Q_RELEASE = defineScript(
   "quorum_release",
-  { keys: ["key"], args: { token: "string", graceMs: "number", fence: "number" } },
+  {
+    keys: ["key"],
+    args: { token: "string", graceMs: "number", fence: "number", at: "number" },
+  },
   [NOW, RECORD],
   `
 local r = read(key)
-if not heldAt(r, token, fence) then return 0 end
+if not heldAt(r, token, fence) or (at > 0 and r.leaseEnd ~= at) then return 0 end
 r.token, r.leaseEnd = '', nowMs
 write(key, r, nowMs, graceMs)
 return 1
