@@ -191,6 +191,51 @@ Deno.test("a failed attempt's commit that lands after the next attempt won leave
   }
 });
 
+Deno.test("a failed attempt's acquire that lands late never shortens the lease the call returned", async () => {
+  const { dbs } = await fixture();
+  const name = keygen("q");
+  const plain = dbs.map((db) => db.redis as RedisLike);
+  const acquireSha = await Q_ACQUIRE.sha1();
+  const { send, landAll } = lateGate();
+  const gated = new Set<number>();
+  // The first acquire to databases 0, 1 and 2 lands late (helper-48).
+  const wrap = (redis: RedisLike, i: number): RedisLike => ({
+    evalsha: (sha, keys, args) => {
+      if (sha !== acquireSha || i > 2 || gated.has(i)) return redis.evalsha(sha, keys, args);
+      gated.add(i);
+      return send(() => redis.evalsha(sha, keys, args));
+    },
+    eval: (source, keys, args) => redis.eval(source, keys, args),
+  });
+  const mine = new QuorumLocks(plain.map(wrap), { timeoutMs: 300 });
+  const lease = acquired(await mine.acquire(name, { ttlMs: 1000, waitMs: 5000 }));
+  assert.equal(gated.size, 3, "the first attempt's acquires to 0, 1 and 2 were slow");
+  const renewal = await mine.renew(lease, { ttlMs: 60_000 });
+  assert.ok(renewal.renewed);
+  await landAll(); // they land now, asking for 1000 ms again
+  await new Promise((resolve) => setTimeout(resolve, 1200));
+  assert.ok(renewal.lease.expiresAt > Date.now(), "the renewed lease is valid");
+  const other = new QuorumLocks(plain, { timeoutMs: 300 });
+  assert.equal((await other.acquire(name)).acquired, false, "no one else takes the name");
+  const byToken = await mine.renew({ name, token: lease.token });
+  assert.ok(byToken.renewed && byToken.lease.fence === lease.fence, "a renew by token: its fence");
+  assert.equal(await mine.release(byToken.lease), true);
+});
+
+Deno.test("a renew's length is the lease's own ttlMs within the limits, and checked", async () => {
+  const { locks } = await fixture();
+  const name = keygen("q");
+  const lease = acquired(await locks.acquire(name, { ttlMs: 5000 }));
+  await assert.rejects(locks.renew({ ...lease, ttlMs: "7" as unknown as number }), TypeError);
+  const long = await locks.renew({ ...lease, ttlMs: 1e12 });
+  assert.ok(long.renewed && long.lease.ttlMs === 300_000, "cut to the longest lease");
+  const short = await locks.renew({ ...lease, ttlMs: -1000 });
+  // 100 ms may be spent before the reply comes: then it is not renewed, never freed
+  if (short.renewed) assert.equal(short.lease.ttlMs, 100, "raised to the shortest");
+  assert.ok((await locks.inspect(name)).held, "a negative ttlMs never frees it");
+  assert.equal(await locks.release(lease), true);
+});
+
 Deno.test("a failed acquire frees the databases it held", async () => {
   const { dbs, locks } = await fixture();
   const name = keygen("q");

@@ -158,6 +158,18 @@ export function checkToken(token: unknown): string {
   return token;
 }
 
+/**
+ * A renewal's length when the caller gives none: the lease's own `ttlMs` (a reentrant lease's is
+ * what was left of it, so it may be under the least), kept within the limits; else the default.
+ */
+export function leaseTtl(ttlMs: unknown): number {
+  if (ttlMs === undefined) return DEFAULT_TTL_MS;
+  if (typeof ttlMs !== "number" || !Number.isFinite(ttlMs)) {
+    throw new TypeError("The lease's ttlMs must be a number");
+  }
+  return Math.min(Math.max(Math.round(ttlMs), LIMITS.ttlMs.min), LIMITS.ttlMs.max);
+}
+
 /** Checks a duration against the limits of `field`; `label` names it in errors (default `field`). */
 export function checkDuration(
   value: unknown,

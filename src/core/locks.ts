@@ -19,6 +19,7 @@ import {
   DEFAULT_MAX_WAITERS,
   DEFAULT_TTL_MS,
   LEASE_OPTIONS,
+  leaseTtl,
   MAX_BATCH,
   newToken,
 } from "./_validate.ts";
@@ -292,7 +293,7 @@ export class Locks implements LockClient {
   async renew(lease: LeaseRef, options: RenewOptions = {}): Promise<RenewResult> {
     const { name } = checkLease(lease);
     checkOptions(options, ["ttlMs"], "renew()");
-    const ttlMs = checkDuration(options.ttlMs, "ttlMs", lease.ttlMs ?? DEFAULT_TTL_MS);
+    const ttlMs = checkDuration(options.ttlMs, "ttlMs", leaseTtl(lease.ttlMs));
     return await this.#context.observe(name, "renew", async () => {
       const started = performance.now();
       const reply = await this.#context.run(RENEW, this.#renewCall(lease, ttlMs));

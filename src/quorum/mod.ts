@@ -42,6 +42,7 @@ import {
   DEFAULT_PREFIX,
   DEFAULT_TTL_MS,
   FENCE_GRACE_MS,
+  leaseTtl,
   newToken,
 } from "../core/_validate.ts";
 import type {
@@ -255,7 +256,7 @@ export class QuorumLocks implements LockClient {
   /** Extends a lease on a majority within its validity; the fence stays the same. */
   async renew(lease: LeaseRef, options: RenewOptions = {}): Promise<RenewResult> {
     const { name, token } = checkRef(lease);
-    const ttlMs = checkDuration(options.ttlMs, "ttlMs", lease.ttlMs ?? DEFAULT_TTL_MS);
+    const ttlMs = checkDuration(options.ttlMs, "ttlMs", leaseTtl(lease.ttlMs));
     const started = performance.now();
     const replies = await this.#run(Q_RENEW, name, {
       token,
@@ -264,11 +265,13 @@ export class QuorumLocks implements LockClient {
       fence: lease.fence ?? 0,
     });
     const validMs = Math.floor(this.#validity(ttlMs, started));
-    if (replies.filter((reply) => reply === 1).length < this.quorum || validMs <= 0) {
-      return { renewed: false };
-    }
+    const renewed = replies.filter((reply) => Array.isArray(reply) && reply[0] === 1);
+    if (renewed.length < this.quorum || validMs <= 0) return { renewed: false };
     const now = Date.now();
-    const fence = lease.fence ?? 0;
+    // Without the lease's fence, its commit's: the highest floor of a majority that holds it (one
+    // of them committed it, and none holds a later lease of the token).
+    const fence = lease.fence ??
+      Math.max(...renewed.map((reply) => integers(Q_RENEW, reply, 2)[1]!));
     return {
       renewed: true,
       lease: { name, token, fence, ttlMs, expiresAt: now + validMs, serverTime: now },

@@ -40,8 +40,10 @@ export const Q_ACQUIRE = defineScript(
   `
 local r = read(key)
 if r.token ~= '' and r.token ~= token and nowMs < r.leaseEnd then return {0, r.leaseEnd - nowMs} end
+-- The token's hold here never ends sooner (a late acquire of an earlier attempt after a longer
+-- renew), and each acquire's end differs from the hold's before it.
 local leaseEnd = nowMs + ttlMs
-if heldBy(r, token) and leaseEnd == r.leaseEnd then leaseEnd = leaseEnd + 1 end
+if heldBy(r, token) then leaseEnd = math.max(leaseEnd, r.leaseEnd + 1) end
 r.token, r.leaseEnd = token, leaseEnd
 write(key, r, nowMs, graceMs)
 return {1, r.floor, nowUs, leaseEnd}
@@ -67,8 +69,8 @@ return 1
 );
 
 /**
- * Extends `token`'s hold here to `ttlMs` from now. Returns 1, or 0 when it does not hold it or
- * holds it for a later lease (see `heldAt`).
+ * Extends `token`'s hold here to `ttlMs` from now (never shortens it). Returns `{1, floor}`, or 0
+ * when it does not hold it or holds it for a later lease (see `heldAt`).
  */
 export const Q_RENEW = defineScript(
   "quorum_renew",
@@ -80,9 +82,9 @@ export const Q_RENEW = defineScript(
   `
 local r = read(key)
 if not heldAt(r, token, fence) then return 0 end
-r.leaseEnd = nowMs + ttlMs
+r.leaseEnd = math.max(r.leaseEnd, nowMs + ttlMs)
 write(key, r, nowMs, graceMs)
-return 1
+return {1, r.floor}
 `,
 );
 
