@@ -253,25 +253,29 @@ export class QuorumLocks implements LockClient {
     return { acquired: false, retryAfterMs, reason: "busy" };
   }
 
-  /** Extends a lease on a majority within its validity; the fence stays the same. */
+  /**
+   * Extends a lease on a majority within its validity; the fence stays the same. Takes the lease
+   * with its fence: a database keeps no lease's fence, only the highest committed, so without it a
+   * renewal could not say which lease it extended (a `TypeError`).
+   */
   async renew(lease: LeaseRef, options: RenewOptions = {}): Promise<RenewResult> {
-    const { name, token } = checkRef(lease);
+    const { name, token, fence } = checkRef(lease);
+    if (fence === undefined) {
+      throw new TypeError("QuorumLocks.renew needs the lease's fence");
+    }
     const ttlMs = checkDuration(options.ttlMs, "ttlMs", leaseTtl(lease.ttlMs));
     const started = performance.now();
     const replies = await this.#run(Q_RENEW, name, {
       token,
       ttlMs,
       graceMs: FENCE_GRACE_MS,
-      fence: lease.fence ?? 0,
+      fence,
     });
     const validMs = Math.floor(this.#validity(ttlMs, started));
-    const renewed = replies.filter((reply) => Array.isArray(reply) && reply[0] === 1);
-    if (renewed.length < this.quorum || validMs <= 0) return { renewed: false };
+    if (replies.filter((reply) => reply === 1).length < this.quorum || validMs <= 0) {
+      return { renewed: false };
+    }
     const now = Date.now();
-    // Without the lease's fence, its commit's: the highest floor of a majority that holds it (one
-    // of them committed it, and none holds a later lease of the token).
-    const fence = lease.fence ??
-      Math.max(...renewed.map((reply) => integers(Q_RENEW, reply, 2)[1]!));
     return {
       renewed: true,
       lease: { name, token, fence, ttlMs, expiresAt: now + validMs, serverTime: now },

@@ -69,8 +69,8 @@ return 1
 );
 
 /**
- * Extends `token`'s hold here to `ttlMs` from now (never shortens it). Returns `{1, floor}`, or 0
- * when it does not hold it or holds it for a later lease (see `heldAt`).
+ * Extends `token`'s hold here to `ttlMs` from now (never shortens it). Returns 1, or 0 when it
+ * does not hold it or holds it for a later lease (see `heldAt`).
  */
 export const Q_RENEW = defineScript(
   "quorum_renew",
@@ -84,7 +84,7 @@ local r = read(key)
 if not heldAt(r, token, fence) then return 0 end
 r.leaseEnd = math.max(r.leaseEnd, nowMs + ttlMs)
 write(key, r, nowMs, graceMs)
-return {1, r.floor}
+return 1
 `,
 );
 
