@@ -13,6 +13,9 @@ import { appSettings, readConfig } from "../src/service/config.ts";
 import { cli } from "../bridge/_cli.ts";
 import { type Bridge, startBridge } from "../bridge/mod.ts";
 import { DURABLE_ARGS, type RedisServer, startRedisServer } from "./redis_server.ts";
+import { runScript } from "../src/core/_runner.ts";
+import { PING } from "../src/core/lua/ping.ts";
+import { EdgelockError } from "../src/core/errors.ts";
 
 const env = Deno.env.toObject();
 const portOf = (name: string, fallback: number) => {
@@ -115,6 +118,18 @@ try {
     await fail((error as Error).message);
   }
   const redis = new Redis({ url: config!.redisUrl, token: config!.redisToken, retry: false });
+  // The REST endpoint checked before the service says it is ready, as /healthz checks it: a wrong
+  // URL or token stops here with its cause, where every request would answer 500 config_error.
+  try {
+    await runScript(redis, PING, [], [], { timeoutMs: 5000, keyLocking: false });
+  } catch (error) {
+    if (!(error instanceof EdgelockError) || error.code === "config_error") {
+      await fail((error as Error).message);
+    }
+    console.warn(
+      `edgelock dev: ${(error as Error).message}; serving anyway (503 until it answers)`,
+    );
+  }
   const app = createApp({ redis, ...appSettings(config!) });
   const http = Deno.serve(
     { port: flags.port, hostname: "127.0.0.1", onListen() {} },

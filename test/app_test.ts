@@ -275,8 +275,15 @@ Deno.test("each invalid field is a 400 invalid_request naming the field", async 
 Deno.test("names outside the character set or over 200 characters are 400", async () => {
   const { acquire, assertProblem } = await fixture();
   for (const name of ["a%20b", "a*b", "%7Bx%5D", "caf%C3%A9", "..%2F..", "x".repeat(201)]) {
-    assertProblem(await acquire(name), 400, "invalid_request");
+    const r = await acquire(name);
+    assertProblem(r, 400, "invalid_request");
+    // the rule in words, never the pattern
+    const [error] = r.body.errors as { path: string; message: string }[];
+    assert.match(error!.message, /^(must be 1–200 characters of A-Z a-z 0-9|at most 200)/);
   }
+  const token = await acquire(keygen(), { token: "short" });
+  const [tokenError] = token.body.errors as { message: string }[];
+  assert.equal(tokenError!.message, "must be 16–128 characters of A-Z a-z 0-9 _ -");
   assert.equal((await acquire("x".repeat(200))).status, 200);
   // Braces are a lock name's Redis Cluster hash tag, sent encoded as URLs need them.
   const tagged = await acquire("%7Bbank%7Dacct:1");

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { EdgelockError, type Lease, LockOps, Locks } from "@edgelock/edgelock";
+import { EdgelockError, type Lease, LockManager, LockOps, Locks } from "@edgelock/edgelock";
 import { Redis } from "@upstash/redis";
 import { freePort } from "../dev/redis_server.ts";
 import { FENCE_GRACE_MS } from "../src/core/_validate.ts";
@@ -675,6 +675,10 @@ Deno.test("a misconfigured client's error names the cause, and never a key", asy
       assert.throws(() => new Locks(unset), {
         code: "config_error",
         message: /without a URL or token: set UPSTASH_REDIS_REST_URL and UPSTASH_REDIS_REST_TOKEN/,
+      });
+      assert.throws(() => new LockManager(unset), {
+        code: "config_error",
+        message: /^LockManager got an @upstash\/redis client without a URL or token/,
       });
       const tokenless = new Redis({ url: backend.bridge.url, token: undefined as never });
       assert.throws(() => new Locks(tokenless), {

@@ -1,7 +1,7 @@
 // The Web Locks API (`navigator.locks`), distributed: the same calls, backed by Locks.
 import { sleep } from "./_backoff.ts";
 import type { LockOpsOptions } from "./_context.ts";
-import type { RedisLike } from "./_runner.ts";
+import { checkRedis, type RedisLike } from "./_runner.ts";
 import {
   checkDuration,
   checkLockName,
@@ -119,6 +119,7 @@ export class LockManager {
 
   /** A manager over `redis`; throws a TypeError or RangeError naming a bad option. */
   constructor(redis: RedisLike, options: LockManagerOptions = {}) {
+    checkRedis(redis, "LockManager");
     checkOptions(options, [...STORE_OPTIONS, ...MANAGER_OPTIONS], "new LockManager()");
     const { ttlMs, clientId = newToken(), maxWaiters, ...store } = options;
     this.#ttlMs = checkDuration(ttlMs, "ttlMs", DEFAULT_LEASE_MS);

@@ -13,18 +13,26 @@ import { doc, type Reply } from "./_route.ts";
 export { doc };
 
 const NAME_CHARS = "1–200 characters of A-Z a-z 0-9 . _ : -";
+const LOCK_NAME_RULE = `must be ${NAME_CHARS} { }, not . or .., not starting with }`;
 /** A name (a job's, a segment of a record's). */
 export const name = (description = `${NAME_CHARS}, not . or ..`) =>
-  doc(z.string().check(z.regex(NAME_PATTERN)), { description, example: "invoice:42" });
+  doc(z.string().check(z.regex(NAME_PATTERN, `must be ${NAME_CHARS}, not . or ..`)), {
+    description,
+    example: "invoice:42",
+  });
 /** A lock's name: a name, and `{` `}` for a Redis Cluster hash tag. */
 export const lockName = (
   description = `${NAME_CHARS} { }, not . or .., not starting with }; names that agree up ` +
     "to their first } share a Redis Cluster slot (start them with the same {group})",
-) => doc(z.string().check(z.regex(LOCK_NAME_PATTERN)), { description, example: "invoice:42" });
+) =>
+  doc(z.string().check(z.regex(LOCK_NAME_PATTERN, LOCK_NAME_RULE)), {
+    description,
+    example: "invoice:42",
+  });
 export const LockName = lockName();
 /** An owner token. */
 export const token = (description = "Owner token: 16–128 characters of A-Z a-z 0-9 _ -") =>
-  doc(z.string().check(z.regex(TOKEN_PATTERN)), {
+  doc(z.string().check(z.regex(TOKEN_PATTERN, "must be 16–128 characters of A-Z a-z 0-9 _ -")), {
     description,
     example: "b3JkZXItNDItd29ya2VyLTE",
   });
@@ -32,7 +40,11 @@ export const Token = token();
 /** A reentrant hold's id, or a break's: chosen by the client so a retry counts once. */
 export const holdId = (
   description = "8–32 characters of A-Z a-z 0-9 _ -, chosen before the first attempt",
-) => doc(z.string().check(z.regex(HOLD_ID_PATTERN)), { description, example: "h0ld-1d-x9Qz" });
+) =>
+  doc(z.string().check(z.regex(HOLD_ID_PATTERN, "must be 8–32 characters of A-Z a-z 0-9 _ -")), {
+    description,
+    example: "h0ld-1d-x9Qz",
+  });
 /** An integer, described. */
 export const int = (description?: string) =>
   description === undefined

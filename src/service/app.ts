@@ -252,7 +252,9 @@ function methodsByPath(app: Hono<AppEnv>): (path: string) => string[] {
 }
 
 function describe(error: EdgelockError): string {
-  const cause = error.cause instanceof Error ? `: ${error.cause.message}` : "";
+  const cause = error.cause instanceof Error && !error.message.includes(error.cause.message)
+    ? `: ${error.cause.message}`
+    : "";
   return `${error.message}${cause}`.slice(0, 2000);
 }
 

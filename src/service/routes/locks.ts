@@ -69,7 +69,9 @@ const AcquireAllBody = doc(
 );
 // A lease's next, sent back unchanged: a release hands over with it, and a renewal keeps it.
 const Next = (description: string) =>
-  z.optional(doc(z.string().check(z.regex(HINT)), { description }));
+  z.optional(
+    doc(z.string().check(z.regex(HINT, "must be the lease's next, unchanged")), { description }),
+  );
 const RenewBody = doc(
   z.strictObject({
     token: Token,

@@ -40,9 +40,14 @@ const pageLimit = (description: string) =>
   ));
 const ListQuery = z.object({
   ...tenantField,
-  prefix: z.optional(doc(z.string().check(z.regex(NAME_PREFIX_PATTERN)), {
-    description: "Only names that start with this",
-  })),
+  prefix: z.optional(doc(
+    z.string().check(
+      z.regex(NAME_PREFIX_PATTERN, "must be up to 200 characters of A-Z a-z 0-9 . _ : - { }"),
+    ),
+    {
+      description: "Only names that start with this",
+    },
+  )),
   cursor: z.optional(lockName("The previous page's cursor")),
   limit: pageLimit("The most locks on the page, 1–1000 (default 100)"),
 });

@@ -54,9 +54,17 @@ const KINDS = [
 ] as const;
 
 const segment = () =>
-  doc(z.string().check(z.regex(SEGMENT_PATTERN)), {
-    description: "A name (1–200 characters of A-Z a-z 0-9 . _ : -) or # and a SHA-256 in hex",
-  });
+  doc(
+    z.string().check(
+      z.regex(
+        SEGMENT_PATTERN,
+        "must be 1–200 characters of A-Z a-z 0-9 . _ : -, or # and a SHA-256 in hex",
+      ),
+    ),
+    {
+      description: "A name (1–200 characters of A-Z a-z 0-9 . _ : -) or # and a SHA-256 in hex",
+    },
+  );
 const StoredResponse = jsonObject("response", MAX_RESPONSE_BYTES, {
   id: "StoredResponse",
   description: "Any JSON object, e.g. { status, headers, body }, replayed as stored",
