@@ -157,16 +157,21 @@ Deno.test("a released name leaves a small record for fenceWindowMs and its relea
   assert.throws(() => new Locks(redis, { fenceWindowMs: 999 }), /fenceWindowMs/);
 });
 
-Deno.test("a name keeps its last RELEASED_MARKS releases for retries, trimmed back to them now and then", async () => {
-  const { redis, locks } = await fixture();
-  const name = keygen();
+// `count` earlier releases of `name` by other tokens, the oldest first; the marks' key.
+async function seedMarks(redis: Redis, name: string, count: number): Promise<string> {
   const marks = `${lockKey(name)}:released`;
-  // 1,500 earlier releases by other tokens, the oldest first
-  const old = Array.from({ length: 1500 }, (_, i) => ({ score: i + 1, member: `old-token-${i}` }));
+  const old = Array.from({ length: count }, (_, i) => ({ score: i + 1, member: `old-token-${i}` }));
   for (let i = 0; i < old.length; i += 500) {
     await redis.zadd(marks, old[i]!, ...old.slice(i + 1, i + 500));
   }
   await redis.pexpire(marks, 60_000);
+  return marks;
+}
+
+Deno.test("a name keeps its last RELEASED_MARKS releases for retries, trimmed back to them now and then", async () => {
+  const { redis, locks } = await fixture();
+  const name = keygen();
+  const marks = await seedMarks(redis, name, 1500);
   // About one release in TRIM_EVERY trims; the chance that 400 in a row do not is about 10^-11.
   let trimmed = false;
   for (let i = 0; i < 400 && !trimmed; i++) {
@@ -186,11 +191,7 @@ Deno.test("a name keeps its last RELEASED_MARKS releases for retries, trimmed ba
 Deno.test("no choice of which leases to release keeps a name's marks from their trim", async () => {
   const { redis, locks } = await fixture();
   const name = keygen();
-  const marks = `${lockKey(name)}:released`;
-  const old = Array.from({ length: 1400 }, (_, i) => ({ score: i + 1, member: `old-token-${i}` }));
-  for (let i = 0; i < old.length; i += 500) {
-    await redis.zadd(marks, old[i]!, ...old.slice(i + 1, i + 500));
-  }
+  const marks = await seedMarks(redis, name, 1400);
   // A caller sees each fence before it releases: it lets every lease whose fence divides by
   // TRIM_EVERY run out (helper-47), which kept a trim chosen by the fence from ever running.
   for (let i = 0; i < 400; i++) {
