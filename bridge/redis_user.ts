@@ -36,11 +36,22 @@ export async function restrictScripts(
   scriptUser: "restricted" | "as-configured" = "restricted",
 ): Promise<RedisUser | undefined> {
   if (scriptUser === "as-configured") return undefined;
-  const admin = new IORedis(redisUrl, { lazyConnect: true, maxRetriesPerRequest: 0 });
+  // A Redis that accepts the connection and never answers stops the bridge's start with a cause.
+  const admin = new IORedis(redisUrl, {
+    lazyConnect: true,
+    maxRetriesPerRequest: 0,
+    connectTimeout: 5000,
+    commandTimeout: 5000,
+  });
   admin.on("error", () => {});
   try {
     await admin.connect().catch((error) => {
-      throw new Error(`The bridge cannot reach Redis at ${redisUrl}`, { cause: error });
+      const why = error instanceof Error && /^(WRONGPASS|NOAUTH)\b/.test(error.message)
+        ? ": it refused the URL's user or password"
+        : "";
+      throw new Error(`The bridge cannot reach Redis at ${withoutPassword(redisUrl)}${why}`, {
+        cause: error,
+      });
     });
     const probe = await admin.call("EVAL", "return redis.call('SLOWLOG', 'LEN')", "0").then(
       () => true,
@@ -89,5 +100,16 @@ export async function restrictScripts(
   } catch (error) {
     admin.disconnect();
     throw error;
+  }
+}
+
+// A Redis URL as it may be shown: its password, if any, replaced.
+function withoutPassword(url: string): string {
+  try {
+    const parsed = new URL(url);
+    if (parsed.password) parsed.password = "***";
+    return parsed.href;
+  } catch {
+    return "the configured URL";
   }
 }

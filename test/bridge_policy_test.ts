@@ -2,6 +2,8 @@
 // through both tokens, and every one the policy refuses answers 4xx and changes nothing in Redis.
 import assert from "node:assert/strict";
 import { Redis as IORedis } from "ioredis";
+import { Redis } from "@upstash/redis";
+import { type EdgelockError, Locks } from "@edgelock/edgelock";
 import { startBridge } from "../bridge/mod.ts";
 import { accessOf, allowed } from "../bridge/policy.ts";
 import { startRedisServer } from "../dev/redis_server.ts";
@@ -144,6 +146,16 @@ Deno.test("the read-only token reads; every write command is NOPERM and writes n
   assert.ok(writes > 100, `${writes} write commands`);
   assert.equal(await redis.get(key), "v", "nothing was written");
   assert.deepEqual((await send(READONLY, ["GET", key])).body, { result: "v" });
+});
+
+Deno.test("a lock through the read-only token is a config_error that says so, not an outage", async () => {
+  const { bridge } = await fixture();
+  const locks = new Locks(new Redis({ url: bridge.url, token: READONLY, retry: false }));
+  await assert.rejects(locks.acquire(keygen()), (error: EdgelockError) => {
+    assert.equal(error.code, "config_error", error.message);
+    assert.match(error.message, /read-only REST token cannot run edgelock's scripts/);
+    return true;
+  });
 });
 
 Deno.test("every command the policy allows is one this Redis knows", async () => {

@@ -233,6 +233,13 @@ Deno.test("a renew's length is the lease's own ttlMs within the limits, and chec
   // 100 ms may be spent before the reply comes: then it is not renewed, never freed
   if (short.renewed) assert.equal(short.lease.ttlMs, 100, "raised to the shortest");
   assert.ok((await locks.inspect(name)).held, "a negative ttlMs never frees it");
+  const given = await locks.renew({ ...lease, ttlMs: null as unknown as number }, { ttlMs: 5000 });
+  assert.ok(given.renewed && given.lease.ttlMs === 5000, "a given ttlMs wins, the lease's unread");
+  // helper-51: every lease is checked before any is renewed, and unknown options are refused
+  await assert.rejects(locks.renewMany([lease, { name, token: lease.token }]), TypeError);
+  await assert.rejects(locks.renewMany([]), RangeError);
+  await assert.rejects(locks.renew(lease, { ttl: 5000 } as never), /no option "ttl"/);
+  await assert.rejects(locks.acquire(keygen("q"), { ttl: 5000 } as never), /did you mean "ttlMs"/);
   assert.equal(await locks.release(lease), true);
 });
 

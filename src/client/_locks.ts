@@ -13,8 +13,8 @@ import {
   checkToken,
   DEFAULT_TTL_MS,
   LEASE_OPTIONS,
-  leaseTtl,
   MAX_BATCH,
+  renewTtl,
 } from "../core/_validate.ts";
 import type { LockClient, LockInfo, RenewResult } from "../core/types.ts";
 import { leaseKind } from "../core/_lease.ts";
@@ -82,7 +82,7 @@ function renewing(http: Http): Pick<LockClient, "renew" | "renewMany"> {
       checkOptions(opts, ["ttlMs"], "renew()");
       const body = {
         token: checkToken(lease.token),
-        ttlMs: checkDuration(opts.ttlMs, "ttlMs", leaseTtl(lease.ttlMs)),
+        ttlMs: renewTtl(opts.ttlMs, lease.ttlMs),
       };
       const { status, data } = await http.call("POST", lockPath(lease.name, "renew"), body);
       if (status === 200) {

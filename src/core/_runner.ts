@@ -285,6 +285,14 @@ function unavailable(script: Script, failure: unknown): EdgelockError {
       { cause },
     );
   }
+  if (cause instanceof Error && /(^|: )NOPERM\b/.test(cause.message)) {
+    return new EdgelockError(
+      "config_error",
+      "Redis refused a script to this token or user (NOPERM): a read-only REST token cannot " +
+        "run edgelock's scripts; use the read-write token, or a user allowed EVAL and EVALSHA",
+      { cause },
+    );
+  }
   if (isWrongType(cause)) {
     return new EdgelockError(
       "config_error",

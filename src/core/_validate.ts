@@ -159,10 +159,12 @@ export function checkToken(token: unknown): string {
 }
 
 /**
- * A renewal's length when the caller gives none: the lease's own `ttlMs` (a reentrant lease's is
- * what was left of it, so it may be under the least), kept within the limits; else the default.
+ * A renewal's length: `given` (checked) or, when the caller gives none, the lease's own `ttlMs` (a
+ * reentrant lease's is what was left of it, so it may be under the least) kept within the limits,
+ * else the default.
  */
-export function leaseTtl(ttlMs: unknown): number {
+export function renewTtl(given: unknown, ttlMs: unknown): number {
+  if (given !== undefined) return checkDuration(given, "ttlMs", DEFAULT_TTL_MS);
   if (ttlMs === undefined) return DEFAULT_TTL_MS;
   if (typeof ttlMs !== "number" || !Number.isFinite(ttlMs)) {
     throw new TypeError("The lease's ttlMs must be a number");

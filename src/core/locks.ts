@@ -19,9 +19,9 @@ import {
   DEFAULT_MAX_WAITERS,
   DEFAULT_TTL_MS,
   LEASE_OPTIONS,
-  leaseTtl,
   MAX_BATCH,
   newToken,
+  renewTtl,
 } from "./_validate.ts";
 import { type Attempt, handOver, handOverAllCall, type Look, multiHead, waitFor } from "./_wait.ts";
 import type { Script } from "./lua/_define.ts";
@@ -293,7 +293,7 @@ export class Locks implements LockClient {
   async renew(lease: LeaseRef, options: RenewOptions = {}): Promise<RenewResult> {
     const { name } = checkLease(lease);
     checkOptions(options, ["ttlMs"], "renew()");
-    const ttlMs = checkDuration(options.ttlMs, "ttlMs", leaseTtl(lease.ttlMs));
+    const ttlMs = renewTtl(options.ttlMs, lease.ttlMs);
     return await this.#context.observe(name, "renew", async () => {
       const started = performance.now();
       const reply = await this.#context.run(RENEW, this.#renewCall(lease, ttlMs));

@@ -34,16 +34,18 @@ import {
 } from "../core/_runner.ts";
 import type { CallOf, Contract, ContractScript } from "../core/lua/_define.ts";
 import {
+  ACQUIRE_OPTIONS,
   checkDuration,
   checkFence,
   checkLockName,
+  checkOptions,
   checkSignal,
   checkToken,
   DEFAULT_PREFIX,
   DEFAULT_TTL_MS,
   FENCE_GRACE_MS,
-  leaseTtl,
   newToken,
+  renewTtl,
 } from "../core/_validate.ts";
 import type {
   AcquireAllResult,
@@ -165,6 +167,7 @@ export class QuorumLocks implements LockClient {
    */
   async acquire(name: string, options: AcquireOptions = {}): Promise<AcquireResult> {
     checkLockName(name);
+    checkOptions(options, ACQUIRE_OPTIONS, "acquire()");
     if (options.mode === "shared" || options.limit !== undefined || options.reentrant) {
       throw new RangeError("Quorum locks are exclusive: no mode, limit or reentrant");
     }
@@ -259,11 +262,9 @@ export class QuorumLocks implements LockClient {
    * renewal could not say which lease it extended (a `TypeError`).
    */
   async renew(lease: LeaseRef, options: RenewOptions = {}): Promise<RenewResult> {
-    const { name, token, fence } = checkRef(lease);
-    if (fence === undefined) {
-      throw new TypeError("QuorumLocks.renew needs the lease's fence");
-    }
-    const ttlMs = checkDuration(options.ttlMs, "ttlMs", leaseTtl(lease.ttlMs));
+    const { name, token, fence } = checkFenced(lease);
+    checkOptions(options, ["ttlMs"], "renew()");
+    const ttlMs = renewTtl(options.ttlMs, lease.ttlMs);
     const started = performance.now();
     const replies = await this.#run(Q_RENEW, name, {
       token,
@@ -283,11 +284,12 @@ export class QuorumLocks implements LockClient {
   }
 
   /** Renews each lease (one request per database per lease); results in the same order. */
-  renewMany(leases: readonly LeaseRef[], options: RenewOptions = {}): Promise<RenewResult[]> {
+  async renewMany(leases: readonly LeaseRef[], options: RenewOptions = {}): Promise<RenewResult[]> {
     if (!Array.isArray(leases) || leases.length === 0 || leases.length > 1000) {
       throw new RangeError("renewMany takes 1 to 1000 leases");
     }
-    return Promise.all(leases.map((lease) => this.renew(lease, options)));
+    leases.forEach(checkFenced); // every lease checked before any is renewed
+    return await Promise.all(leases.map((lease) => this.renew(lease, options)));
   }
 
   /**
@@ -338,6 +340,13 @@ export class QuorumLocks implements LockClient {
   ): Promise<T> {
     return withLocks(this, names, options, fn);
   }
+}
+
+// A lease to renew: with its fence, since a database keeps no lease's fence, only the highest.
+function checkFenced(lease: LeaseRef): LeaseRef & { fence: number } {
+  const ref = checkRef(lease);
+  if (ref.fence === undefined) throw new TypeError("QuorumLocks.renew needs the lease's fence");
+  return ref as LeaseRef & { fence: number };
 }
 
 function checkRef(lease: LeaseRef): LeaseRef {

@@ -104,9 +104,14 @@ const AuditEntry = doc(
 );
 const BreakBody = doc(
   z.strictObject({
-    reason: z.optional(doc(z.string().check(z.maxLength(200), z.regex(/^[\x20-\x7e]*$/)), {
-      description: "Why, for the audit stream (printable ASCII, at most 200)",
-    })),
+    reason: z.optional(
+      doc(
+        z.string().check(z.maxLength(200), z.regex(/^[\x20-\x7e]*$/, "must be printable ASCII")),
+        {
+          description: "Why, for the audit stream (printable ASCII, at most 200)",
+        },
+      ),
+    ),
     id: z.optional(holdId(
       "This break's id: a retry with it answers the same and ends nothing more",
     )),

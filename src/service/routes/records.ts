@@ -58,7 +58,7 @@ const segment = () =>
     z.string().check(
       z.regex(
         SEGMENT_PATTERN,
-        "must be 1–200 characters of A-Z a-z 0-9 . _ : -, or # and a SHA-256 in hex",
+        "must be 1–200 characters of A-Z a-z 0-9 . _ : -, or # and a SHA-256 in lowercase hex",
       ),
     ),
     {
