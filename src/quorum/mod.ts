@@ -163,7 +163,8 @@ export class QuorumLocks implements LockClient {
 
   /**
    * Acquires `name` on a majority, waiting up to `waitMs` (tries again with a random backoff). A
-   * failed attempt releases whatever it held.
+   * failed attempt releases the holds it was granted (those its late requests cannot reach stay
+   * until the TTL: see docs/quorum.md).
    */
   async acquire(name: string, options: AcquireOptions = {}): Promise<AcquireResult> {
     checkLockName(name);

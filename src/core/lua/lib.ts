@@ -34,9 +34,9 @@
  * nine commands inside its two scripts (TIME, GET, SET each; the acquire's ZSCORE of the marks,
  * the release's ZADD and PEXPIRE of them, and their trim at about one release in TRIM_EVERY),
  * eleven with the two EVALSHA calls; a name's first acquire also runs EXISTS on its queue and
- * tickets. The stats and the held index (`../stats.ts`) add eight
- * when they are on, in the same scripts (twelve for a name new to the index; one fewer when the
- * acquire waited under a millisecond, which adds nothing to the wait's sum).
+ * tickets. The stats and the held index (`../stats.ts`) add eight when they are on, in the same
+ * scripts (twelve for a name new to the index; one fewer when the acquire waited under a
+ * millisecond, which adds nothing to the wait's sum).
  *
  * This module holds the Lua pieces the scripts share, each a set of local functions spliced in
  * after a script's header (`./_define.ts`), and the constants they are written with; each script
