@@ -117,6 +117,13 @@ try {
   } catch (error) {
     await fail((error as Error).message);
   }
+  const own = [`http://127.0.0.1:${flags.port}`, `http://localhost:${flags.port}`];
+  if (own.includes(new URL(config!.redisUrl).origin)) {
+    await fail(
+      "UPSTASH_REDIS_REST_URL names this service's own port: it must be Redis's REST URL " +
+        "(unset it, and dev runs a bridge of its own)",
+    );
+  }
   const redis = new Redis({ url: config!.redisUrl, token: config!.redisToken, retry: false });
   // The REST endpoint checked before the service says it is ready, as /healthz checks it: a wrong
   // URL or token stops here with its cause, where every request would answer 500 config_error.

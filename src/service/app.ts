@@ -252,9 +252,8 @@ function methodsByPath(app: Hono<AppEnv>): (path: string) => string[] {
 }
 
 function describe(error: EdgelockError): string {
-  const cause = error.cause instanceof Error && !error.message.includes(error.cause.message)
-    ? `: ${error.cause.message}`
-    : "";
+  const said = error.cause instanceof Error ? error.cause.message : "";
+  const cause = said && said !== "undefined" && !error.message.includes(said) ? `: ${said}` : "";
   return `${error.message}${cause}`.slice(0, 2000);
 }
 
