@@ -110,7 +110,9 @@ import { cli } from "../bridge/_cli.ts";
  * words where they showed the pattern (helper-50): the service 75.1 KB. A read-only token's NOPERM
  * told as a config_error, a renew's length read from the lease only when none is given, and
  * QuorumLocks checking its options and every lease of a renewMany first (helper-51): the core 33.2
- * KB, the uses 11.3 KB, the client 7.2 KB, the quorum 8.05 KB, the service 75.25 KB. */
+ * KB, the uses 11.3 KB, the client 7.2 KB, the quorum 8.05 KB, the service 75.25 KB. Quorum
+ * commits and clean-ups naming the floor their acquire saw too, so two holds of a token that end
+ * in the same millisecond are told apart (helper-49): the quorum 8.15 KB. */
 export const BUDGETS = {
   ".": 33_200,
   "./uses": 11_300,
@@ -118,7 +120,7 @@ export const BUDGETS = {
   "./client": 7_200,
   "./otel": 9_500,
   "./tcp": 1_000,
-  "./quorum": 8_050,
+  "./quorum": 8_150,
   "./service": 75_250,
 } as const;
 

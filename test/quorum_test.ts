@@ -29,7 +29,7 @@ const unhold = (db: Backend, name: string) =>
     Q_RELEASE,
     Q_RELEASE.call({
       keys: { key: `edgelock:qlock:{${name}}` },
-      args: { token: FOREIGN, graceMs: FENCE_GRACE_MS, fence: 0, at: 0 },
+      args: { token: FOREIGN, graceMs: FENCE_GRACE_MS, fence: 0, at: 0, seen: 0 },
     }),
   );
 const runCall = (db: Backend, script: Script, { keys, args }: ScriptCall) =>
@@ -241,6 +241,42 @@ Deno.test("a renew's length is the lease's own ttlMs within the limits, and chec
   await assert.rejects(locks.renew(lease, { ttl: 5000 } as never), /no option "ttl"/);
   await assert.rejects(locks.acquire(keygen("q"), { ttl: 5000 } as never), /did you mean "ttlMs"/);
   assert.equal(await locks.release(lease), true);
+});
+
+Deno.test("a late commit or clean-up never acts on a later hold of the token that ends in the same millisecond", async () => {
+  const { dbs } = await fixture();
+  const db = dbs[0]!;
+  const name = keygen("q");
+  const key = `edgelock:qlock:{${name}}`;
+  const token = "chosen-quorum-token-0002";
+  const on = (script: typeof Q_COMMIT | typeof Q_RELEASE, args: Record<string, unknown>) =>
+    runCall(db, script, script.call({ keys: { key }, args } as never));
+  // The earlier attempt's acquire: its hold ends at E, under floor 0.
+  const [ok, seen, , at] = await runCall(
+    db,
+    Q_ACQUIRE,
+    Q_ACQUIRE.call({ keys: { key }, args: { token, ttlMs: 30_000, graceMs: FENCE_GRACE_MS } }),
+  ) as number[];
+  assert.equal(ok, 1);
+  const earlier = { token, graceMs: FENCE_GRACE_MS, fence: 1_000_000_000_000_001, at, seen };
+  // A later call of the token holds it now, by a hold that ends in the same millisecond (a shorter
+  // TTL after a release, helper-49), and committed its fence there.
+  const later = 1_000_000_000_000_002;
+  await db.redis.set(key, `${later}|${token}|${at}`, { px: 60_000 });
+  assert.equal(await on(Q_RELEASE, earlier), 0, "the earlier clean-up frees nothing");
+  assert.equal(await on(Q_COMMIT, earlier), 0, "the earlier commit raises nothing");
+  assert.equal(await db.redis.get(key), `${later}|${token}|${at}`);
+  // Before the later commit, the earlier clean-up may free the hold: the later commit then fails
+  // there, so that database never counts for the later lease.
+  await db.redis.set(key, `${seen}|${token}|${at}`, { px: 60_000 });
+  assert.equal(await on(Q_RELEASE, earlier), 1);
+  assert.equal(await on(Q_COMMIT, { ...earlier, fence: later }), 0);
+  // The attempt's own clean-up frees its hold after its commit landed, and a duplicate commit
+  // answers as the first did.
+  await db.redis.set(key, `${seen}|${token}|${at}`, { px: 60_000 });
+  assert.equal(await on(Q_COMMIT, earlier), 1);
+  assert.equal(await on(Q_COMMIT, earlier), 1, "a duplicate of the commit");
+  assert.equal(await on(Q_RELEASE, earlier), 1, "the clean-up after its own commit");
 });
 
 Deno.test("a failed acquire frees the databases it held", async () => {

@@ -217,6 +217,7 @@ export class QuorumLocks implements LockClient {
     // Each granting database's hold, by its end: this attempt's commit and clean-up name it, so
     // one that lands after a later attempt took the name again does nothing there.
     const ends: number[] = [];
+    const floors: number[] = [];
     let fence = 0;
     const busyFor: number[] = [];
     replies.forEach((reply, i) => {
@@ -228,12 +229,13 @@ export class QuorumLocks implements LockClient {
       const [, floor, clockUs, leaseEnd] = integers(Q_ACQUIRE, reply, 4);
       fence = Math.max(fence, floor! + 1, clockUs!);
       ends[i] = leaseEnd!;
+      floors[i] = floor!;
     });
     if (held.length >= this.quorum && this.#validity(ttlMs, started) > 0) {
       const commits = await this.#run(
         Q_COMMIT,
         name,
-        (i) => ({ token, fence, graceMs: FENCE_GRACE_MS, at: ends[i]! }),
+        (i) => ({ token, fence, graceMs: FENCE_GRACE_MS, at: ends[i]!, seen: floors[i]! }),
         held,
       );
       const committed = commits.filter((reply) => reply === 1).length;
@@ -250,7 +252,7 @@ export class QuorumLocks implements LockClient {
     await this.#run(
       Q_RELEASE,
       name,
-      (i) => ({ token, graceMs: FENCE_GRACE_MS, fence: 0, at: ends[i]! }),
+      (i) => ({ token, graceMs: FENCE_GRACE_MS, fence, at: ends[i]!, seen: floors[i]! }),
       held,
     );
     const retryAfterMs = Math.max(5, busyFor.length > 0 ? Math.min(...busyFor) : 50);
@@ -304,6 +306,7 @@ export class QuorumLocks implements LockClient {
       graceMs: FENCE_GRACE_MS,
       fence: lease.fence ?? 0,
       at: 0,
+      seen: 0,
     });
     return replies.filter((reply) => reply === 1).length >= this.quorum;
   }

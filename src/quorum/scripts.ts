@@ -22,6 +22,10 @@ local function heldBy(r, token) return r.token == token and nowMs < r.leaseEnd e
 local function heldAt(r, token, fence)
   return heldBy(r, token) and (fence <= 0 or fence >= r.floor)
 end
+-- ...by an attempt's hold: ending at, the floor as its acquire saw or its commit left
+local function ownHold(r, token, at, seen, fence)
+  return heldBy(r, token) and r.leaseEnd == at and (r.floor == seen or r.floor == fence)
+end
 local function write(key, r, nowMs, graceMs)
   redis.call('SET', key, string.format('%.0f', r.floor) .. '|' .. r.token .. '|' ..
     string.format('%.0f', r.leaseEnd), 'PX', math.max(1, r.leaseEnd - nowMs) + graceMs)
@@ -51,17 +55,22 @@ return {1, r.floor, nowUs, leaseEnd}
 );
 
 /**
- * Raises the floor to `fence` while `token` holds the name here by the hold that ends `at` (its
- * acquire's): a commit that arrives after another attempt took the name again does nothing.
- * Returns 1, or 0 when it does not.
+ * Raises the floor to `fence` while `token` holds the name here by the hold its acquire made: the
+ * hold that ends `at`, under the floor `seen` it answered (or this fence, for a duplicate). A
+ * commit that arrives after another attempt took the name again does nothing, even when the two
+ * holds end in the same millisecond: the later hold's acquire or commit moved the floor past
+ * `seen`, or its commit will find this one's fence. Returns 1, or 0 when it does not.
  */
 export const Q_COMMIT = defineScript(
   "quorum_commit",
-  { keys: ["key"], args: { token: "string", fence: "number", graceMs: "number", at: "number" } },
+  {
+    keys: ["key"],
+    args: { token: "string", fence: "number", graceMs: "number", at: "number", seen: "number" },
+  },
   [NOW, RECORD],
   `
 local r = read(key)
-if not heldBy(r, token) or r.leaseEnd ~= at then return 0 end
+if not ownHold(r, token, at, seen, fence) then return 0 end
 r.floor = math.max(r.floor, fence)
 write(key, r, nowMs, graceMs)
 return 1
@@ -90,18 +99,21 @@ return 1
 
 /**
  * Frees `token`'s hold here, keeping the floor. Returns 1 when it held it for the lease of
- * `fence` (see `heldAt`) and, with `at` (a failed attempt's), by the hold that ends then, else 0.
+ * `fence` (see `heldAt`) or, with `at` (a failed attempt's clean-up), by the hold that attempt's
+ * acquire made (see Q_COMMIT), else 0.
  */
 export const Q_RELEASE = defineScript(
   "quorum_release",
   {
     keys: ["key"],
-    args: { token: "string", graceMs: "number", fence: "number", at: "number" },
+    args: { token: "string", graceMs: "number", fence: "number", at: "number", seen: "number" },
   },
   [NOW, RECORD],
   `
 local r = read(key)
-if not heldAt(r, token, fence) or (at > 0 and r.leaseEnd ~= at) then return 0 end
+if at > 0 then
+  if not ownHold(r, token, at, seen, fence) then return 0 end
+elseif not heldAt(r, token, fence) then return 0 end
 r.token, r.leaseEnd = '', nowMs
 write(key, r, nowMs, graceMs)
 return 1
