@@ -271,12 +271,44 @@ Deno.test("a late commit or clean-up never acts on a later hold of the token tha
   await db.redis.set(key, `${seen}|${token}|${at}`, { px: 60_000 });
   assert.equal(await on(Q_RELEASE, earlier), 1);
   assert.equal(await on(Q_COMMIT, { ...earlier, fence: later }), 0);
-  // The attempt's own clean-up frees its hold after its commit landed, and a duplicate commit
-  // answers as the first did.
-  await db.redis.set(key, `${seen}|${token}|${at}`, { px: 60_000 });
-  assert.equal(await on(Q_COMMIT, earlier), 1);
-  assert.equal(await on(Q_COMMIT, earlier), 1, "a duplicate of the commit");
-  assert.equal(await on(Q_RELEASE, earlier), 1, "the clean-up after its own commit");
+  // Two attempts that saw the same floors pick the same fence (floor + 1, the clocks behind): a
+  // later hold committed with the earlier attempt's very fence is not taken for its own
+  // (helper-52). So an attempt's clean-up frees nothing where its commit landed: that hold stays
+  // to the TTL. A duplicate of a commit that landed answers 1 and changes nothing.
+  await db.redis.set(key, `${earlier.fence}|${token}|${at}`, { px: 60_000 });
+  assert.equal(await on(Q_RELEASE, earlier), 0, "a later hold at the same fence stays");
+  assert.equal(await on(Q_COMMIT, earlier), 1, "a duplicate commit");
+  assert.equal(await db.redis.get(key), `${earlier.fence}|${token}|${at}`, "unchanged");
+});
+
+Deno.test("a failed acquire with a live lease's token never frees that lease", async () => {
+  const { dbs } = await fixture();
+  const name = keygen("q");
+  const token = "chosen-quorum-token-0003";
+  const plain = dbs.map((db) => db.redis as RedisLike);
+  const locks = new QuorumLocks(plain, { timeoutMs: 300 });
+  acquired(await locks.acquire(name, { token, ttlMs: 30_000 }));
+  // Another call with the token beside it (a retry): its commits land late everywhere but on
+  // database 4, so it fails (helper-52). Its clean-up would have freed the first lease's holds,
+  // which its acquire only extended.
+  const commit = await Q_COMMIT.sha1();
+  const { send, landAll } = lateGate();
+  const slow = (redis: RedisLike, i: number): RedisLike => ({
+    evalsha: (sha, keys, args) =>
+      sha === commit && i < 4
+        ? send(() => redis.evalsha(sha, keys, args))
+        : redis.evalsha(sha, keys, args),
+    eval: (source, keys, args) => redis.eval(source, keys, args),
+  });
+  const retry = new QuorumLocks(plain.map(slow), { timeoutMs: 300 });
+  assert.equal((await retry.acquire(name, { token, ttlMs: 30_000 })).acquired, false);
+  await landAll();
+  const other = new QuorumLocks(plain, { timeoutMs: 300 });
+  assert.equal((await other.acquire(name)).acquired, false, "no one else takes the name");
+  // Its late commits may have raised the floors past the first lease's fence (a repeated acquire is
+  // a new lease): the token's release still ends it.
+  assert.equal(await locks.release({ name, token }), true);
+  assert.ok((await other.acquire(name)).acquired, "free after the release");
 });
 
 Deno.test("a failed acquire frees the databases it held", async () => {

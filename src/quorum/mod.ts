@@ -218,6 +218,9 @@ export class QuorumLocks implements LockClient {
     // one that lands after a later attempt took the name again does nothing there.
     const ends: number[] = [];
     const floors: number[] = [];
+    // Databases where it extended a live hold of the token (an earlier lease's, perhaps): a
+    // clean-up would end that too, so a failed attempt leaves them to the TTL.
+    const extended = new Set<number>();
     let fence = 0;
     const busyFor: number[] = [];
     replies.forEach((reply, i) => {
@@ -226,10 +229,11 @@ export class QuorumLocks implements LockClient {
       if (ok !== 1) return void busyFor.push(value!);
       held.push(i);
       // Above this database's committed floor and, should it have lost its data, its clock in µs.
-      const [, floor, clockUs, leaseEnd] = integers(Q_ACQUIRE, reply, 4);
+      const [, floor, clockUs, leaseEnd, extends_] = integers(Q_ACQUIRE, reply, 5);
       fence = Math.max(fence, floor! + 1, clockUs!);
       ends[i] = leaseEnd!;
       floors[i] = floor!;
+      if (extends_ === 1) extended.add(i);
     });
     if (held.length >= this.quorum && this.#validity(ttlMs, started) > 0) {
       const commits = await this.#run(
@@ -253,7 +257,7 @@ export class QuorumLocks implements LockClient {
       Q_RELEASE,
       name,
       (i) => ({ token, graceMs: FENCE_GRACE_MS, fence, at: ends[i]!, seen: floors[i]! }),
-      held,
+      held.filter((i) => !extended.has(i)),
     );
     const retryAfterMs = Math.max(5, busyFor.length > 0 ? Math.min(...busyFor) : 50);
     return { acquired: false, retryAfterMs, reason: "busy" };

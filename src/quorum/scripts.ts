@@ -22,9 +22,9 @@ local function heldBy(r, token) return r.token == token and nowMs < r.leaseEnd e
 local function heldAt(r, token, fence)
   return heldBy(r, token) and (fence <= 0 or fence >= r.floor)
 end
--- ...by an attempt's hold: ending at, the floor as its acquire saw or its commit left
-local function ownHold(r, token, at, seen, fence)
-  return heldBy(r, token) and r.leaseEnd == at and (r.floor == seen or r.floor == fence)
+-- ...by an attempt's hold: ending at, the floor as its acquire saw
+local function ownHold(r, token, at, seen)
+  return heldBy(r, token) and r.leaseEnd == at and r.floor == seen
 end
 local function write(key, r, nowMs, graceMs)
   redis.call('SET', key, string.format('%.0f', r.floor) .. '|' .. r.token .. '|' ..
@@ -34,8 +34,10 @@ end
 
 /**
  * Takes the name here for `ttlMs` unless another token holds it. Returns `{1, floor, nowUs,
- * leaseEnd}` (this database's committed floor and clock, and the hold's end, which names this
- * hold: each acquire's differs from the token's hold before it) or `{0, pttl}`.
+ * leaseEnd, extended}` (this database's committed floor and clock, the hold's end, which names
+ * this hold: each acquire's differs from the token's hold before it, and 1 when it extended a live
+ * hold of the token, an earlier lease's perhaps, which a failed attempt then leaves alone) or
+ * `{0, pttl}`.
  */
 export const Q_ACQUIRE = defineScript(
   "quorum_acquire",
@@ -46,20 +48,20 @@ local r = read(key)
 if r.token ~= '' and r.token ~= token and nowMs < r.leaseEnd then return {0, r.leaseEnd - nowMs} end
 -- The token's hold here never ends sooner (a late acquire of an earlier attempt after a longer
 -- renew), and each acquire's end differs from the hold's before it.
-local leaseEnd = nowMs + ttlMs
-if heldBy(r, token) then leaseEnd = math.max(leaseEnd, r.leaseEnd + 1) end
+local leaseEnd, extended = nowMs + ttlMs, 0
+if heldBy(r, token) then leaseEnd, extended = math.max(leaseEnd, r.leaseEnd + 1), 1 end
 r.token, r.leaseEnd = token, leaseEnd
 write(key, r, nowMs, graceMs)
-return {1, r.floor, nowUs, leaseEnd}
+return {1, r.floor, nowUs, leaseEnd, extended}
 `,
 );
 
 /**
  * Raises the floor to `fence` while `token` holds the name here by the hold its acquire made: the
- * hold that ends `at`, under the floor `seen` it answered (or this fence, for a duplicate). A
- * commit that arrives after another attempt took the name again does nothing, even when the two
- * holds end in the same millisecond: the later hold's acquire or commit moved the floor past
- * `seen`, or its commit will find this one's fence. Returns 1, or 0 when it does not.
+ * hold that ends `at`, under the floor `seen` it answered (a duplicate of a commit that landed
+ * finds its own fence, and changes nothing). A commit that arrives after another attempt took the
+ * name again does nothing, even when the two holds end in the same millisecond: the later hold's
+ * commit moved the floor past `seen`, or finds it moved. Returns 1, or 0 when it does not.
  */
 export const Q_COMMIT = defineScript(
   "quorum_commit",
@@ -70,7 +72,8 @@ export const Q_COMMIT = defineScript(
   [NOW, RECORD],
   `
 local r = read(key)
-if not ownHold(r, token, at, seen, fence) then return 0 end
+-- a duplicate of a commit that landed changes nothing
+if not ownHold(r, token, at, seen) and not ownHold(r, token, at, fence) then return 0 end
 r.floor = math.max(r.floor, fence)
 write(key, r, nowMs, graceMs)
 return 1
@@ -112,7 +115,7 @@ export const Q_RELEASE = defineScript(
   `
 local r = read(key)
 if at > 0 then
-  if not ownHold(r, token, at, seen, fence) then return 0 end
+  if not ownHold(r, token, at, seen) then return 0 end
 elseif not heldAt(r, token, fence) then return 0 end
 r.token, r.leaseEnd = '', nowMs
 write(key, r, nowMs, graceMs)
