@@ -273,11 +273,12 @@ Deno.test("a late commit or clean-up never acts on a later hold of the token tha
   assert.equal(await on(Q_COMMIT, { ...earlier, fence: later }), 0);
   // Two attempts that saw the same floors pick the same fence (floor + 1, the clocks behind): a
   // later hold committed with the earlier attempt's very fence is not taken for its own
-  // (helper-52). So an attempt's clean-up frees nothing where its commit landed: that hold stays
-  // to the TTL. A duplicate of a commit that landed answers 1 and changes nothing.
+  // (helper-52), nor counted as its commit (helper-53: the later lease and this attempt were both
+  // valid, with one fence). So an attempt's clean-up frees nothing where its commit landed, and a
+  // duplicate of its commit answers 0: those holds stay to the TTL.
   await db.redis.set(key, `${earlier.fence}|${token}|${at}`, { px: 60_000 });
   assert.equal(await on(Q_RELEASE, earlier), 0, "a later hold at the same fence stays");
-  assert.equal(await on(Q_COMMIT, earlier), 1, "a duplicate commit");
+  assert.equal(await on(Q_COMMIT, earlier), 0, "and is not taken for this attempt's commit");
   assert.equal(await db.redis.get(key), `${earlier.fence}|${token}|${at}`, "unchanged");
 });
 

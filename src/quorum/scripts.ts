@@ -58,10 +58,11 @@ return {1, r.floor, nowUs, leaseEnd, extended}
 
 /**
  * Raises the floor to `fence` while `token` holds the name here by the hold its acquire made: the
- * hold that ends `at`, under the floor `seen` it answered (a duplicate of a commit that landed
- * finds its own fence, and changes nothing). A commit that arrives after another attempt took the
- * name again does nothing, even when the two holds end in the same millisecond: the later hold's
- * commit moved the floor past `seen`, or finds it moved. Returns 1, or 0 when it does not.
+ * hold that ends `at`, under the floor `seen` it answered. A commit that arrives after another
+ * attempt took the name again does nothing, even when the two holds end in the same millisecond
+ * and the two attempts chose the same fence: of two commits that saw one floor, only the first
+ * lands, and each moves the floor. A duplicate of a commit that landed answers 0 (that attempt
+ * then fails, and its hold stays to the TTL). Returns 1, or 0 when it does not.
  */
 export const Q_COMMIT = defineScript(
   "quorum_commit",
@@ -72,8 +73,7 @@ export const Q_COMMIT = defineScript(
   [NOW, RECORD],
   `
 local r = read(key)
--- a duplicate of a commit that landed changes nothing
-if not ownHold(r, token, at, seen) and not ownHold(r, token, at, fence) then return 0 end
+if not ownHold(r, token, at, seen) then return 0 end
 r.floor = math.max(r.floor, fence)
 write(key, r, nowMs, graceMs)
 return 1
