@@ -213,34 +213,29 @@ export class QuorumLocks implements LockClient {
     } else {
       replies = await this.#run(Q_ACQUIRE, name, args);
     }
-    const held: number[] = [];
-    // Each granting database's hold, by its end: this attempt's commit and clean-up name it, so
-    // one that lands after a later attempt took the name again does nothing there.
-    const ends: number[] = [];
-    const floors: number[] = [];
-    // Databases where it extended a live hold of the token (an earlier lease's, perhaps): a
-    // clean-up would end that too, so a failed attempt leaves them to the TTL.
-    const extended = new Set<number>();
+    // Each granting database's hold, named by its end and the floor it answered, which this
+    // attempt's commit and clean-up carry (one that lands after a later attempt took the name again
+    // does nothing there); `extended` when the acquire only extended a live hold of the token (an
+    // earlier lease's perhaps, which a clean-up would end).
+    const holds = new Map<number, { at: number; seen: number; extended: boolean }>();
+    const named = (i: number) => ({ at: holds.get(i)!.at, seen: holds.get(i)!.seen });
     let fence = 0;
     const busyFor: number[] = [];
     replies.forEach((reply, i) => {
       if (reply === undefined) return;
       const [ok, value] = integers(Q_ACQUIRE, reply, 2);
       if (ok !== 1) return void busyFor.push(value!);
-      held.push(i);
       // Above this database's committed floor and, should it have lost its data, its clock in µs.
-      const [, floor, clockUs, leaseEnd, extends_] = integers(Q_ACQUIRE, reply, 5);
+      const [, floor, clockUs, leaseEnd, extended] = integers(Q_ACQUIRE, reply, 5);
       fence = Math.max(fence, floor! + 1, clockUs!);
-      ends[i] = leaseEnd!;
-      floors[i] = floor!;
-      if (extends_ === 1) extended.add(i);
+      holds.set(i, { at: leaseEnd!, seen: floor!, extended: extended === 1 });
     });
-    if (held.length >= this.quorum && this.#validity(ttlMs, started) > 0) {
+    if (holds.size >= this.quorum && this.#validity(ttlMs, started) > 0) {
       const commits = await this.#run(
         Q_COMMIT,
         name,
-        (i) => ({ token, fence, graceMs: FENCE_GRACE_MS, at: ends[i]!, seen: floors[i]! }),
-        held,
+        (i) => ({ token, fence, graceMs: FENCE_GRACE_MS, ...named(i) }),
+        [...holds.keys()],
       );
       const committed = commits.filter((reply) => reply === 1).length;
       const validMs = Math.floor(this.#validity(ttlMs, started));
@@ -250,14 +245,15 @@ export class QuorumLocks implements LockClient {
         return { acquired: true, lease: noteSentAt(lease, started) };
       }
     }
-    // Not a majority in time: free the holds it was granted. A database that did not answer keeps
-    // the name for the token until the TTL, or until a later attempt takes it again: a release
-    // sent there without the hold's end could land after that attempt and free its lease.
+    // Not a majority in time: free the holds it made, not those it only extended. A database that
+    // did not answer keeps the name for the token until the TTL, or until a later attempt takes it
+    // again: a release sent there without naming the hold could land after that attempt and free
+    // its lease. Where its own commit landed, the clean-up finds the floor moved and frees nothing.
     await this.#run(
       Q_RELEASE,
       name,
-      (i) => ({ token, graceMs: FENCE_GRACE_MS, fence, at: ends[i]!, seen: floors[i]! }),
-      held.filter((i) => !extended.has(i)),
+      (i) => ({ token, graceMs: FENCE_GRACE_MS, fence, ...named(i) }),
+      [...holds].filter(([, hold]) => !hold.extended).map(([i]) => i),
     );
     const retryAfterMs = Math.max(5, busyFor.length > 0 ? Math.min(...busyFor) : 50);
     return { acquired: false, retryAfterMs, reason: "busy" };
