@@ -12,36 +12,38 @@ import { doc, type Reply } from "./_route.ts";
 
 export { doc };
 
+// Each rule once: the OpenAPI description states it, and a request that breaks it is told it.
 const NAME_CHARS = "1–200 characters of A-Z a-z 0-9 . _ : -";
-const LOCK_NAME_RULE = `must be ${NAME_CHARS} { }, not . or .., not starting with }`;
+const NAME_RULE = `${NAME_CHARS}, not . or ..`;
+const LOCK_NAME_RULE = `${NAME_CHARS} { }, not . or .., not starting with }`;
+const TOKEN_RULE = "16–128 characters of A-Z a-z 0-9 _ -";
+const HOLD_ID_RULE = "8–32 characters of A-Z a-z 0-9 _ -";
 /** A name (a job's, a segment of a record's). */
-export const name = (description = `${NAME_CHARS}, not . or ..`) =>
-  doc(z.string().check(z.regex(NAME_PATTERN, `must be ${NAME_CHARS}, not . or ..`)), {
+export const name = (description = NAME_RULE) =>
+  doc(z.string().check(z.regex(NAME_PATTERN, `must be ${NAME_RULE}`)), {
     description,
     example: "invoice:42",
   });
 /** A lock's name: a name, and `{` `}` for a Redis Cluster hash tag. */
 export const lockName = (
-  description = `${NAME_CHARS} { }, not . or .., not starting with }; names that agree up ` +
-    "to their first } share a Redis Cluster slot (start them with the same {group})",
+  description = `${LOCK_NAME_RULE}; names that agree up to their first } share a Redis Cluster ` +
+    "slot (start them with the same {group})",
 ) =>
-  doc(z.string().check(z.regex(LOCK_NAME_PATTERN, LOCK_NAME_RULE)), {
+  doc(z.string().check(z.regex(LOCK_NAME_PATTERN, `must be ${LOCK_NAME_RULE}`)), {
     description,
     example: "invoice:42",
   });
 export const LockName = lockName();
 /** An owner token. */
-export const token = (description = "Owner token: 16–128 characters of A-Z a-z 0-9 _ -") =>
-  doc(z.string().check(z.regex(TOKEN_PATTERN, "must be 16–128 characters of A-Z a-z 0-9 _ -")), {
+export const token = (description = `Owner token: ${TOKEN_RULE}`) =>
+  doc(z.string().check(z.regex(TOKEN_PATTERN, `must be ${TOKEN_RULE}`)), {
     description,
     example: "b3JkZXItNDItd29ya2VyLTE",
   });
 export const Token = token();
 /** A reentrant hold's id, or a break's: chosen by the client so a retry counts once. */
-export const holdId = (
-  description = "8–32 characters of A-Z a-z 0-9 _ -, chosen before the first attempt",
-) =>
-  doc(z.string().check(z.regex(HOLD_ID_PATTERN, "must be 8–32 characters of A-Z a-z 0-9 _ -")), {
+export const holdId = (description = `${HOLD_ID_RULE}, chosen before the first attempt`) =>
+  doc(z.string().check(z.regex(HOLD_ID_PATTERN, `must be ${HOLD_ID_RULE}`)), {
     description,
     example: "h0ld-1d-x9Qz",
   });
