@@ -508,6 +508,10 @@ Deno.test("the stats' minute ring under a stepping server clock", async (t) => {
   const server = await startShiftedRedisServer();
   const backend = await startBackend([], server);
   const { redis } = backend;
+  // The server clock 30 s into the given minute after a whole one: the real time a step takes
+  // (long on a loaded machine) never carries its counts into the next minute.
+  const base = Math.ceil(Date.now() / 60_000) * 60_000;
+  const atMinute = (minute: number) => server.shift(base + minute * 60_000 + 30_000 - Date.now());
 
   try {
     await t.step(
@@ -518,7 +522,7 @@ Deno.test("the stats' minute ring under a stepping server clock", async (t) => {
         const ops = new LockOps(redis, { prefix });
         // 90 minutes, two grants and one busy each: the ring turns over one and a half times.
         for (let minute = 0; minute < 90; minute++) {
-          await server.shift(minute * 60_000);
+          await atMinute(minute);
           const lease = acquired(await locks.acquire("x", { ttlMs: 1000 }));
           assert.equal((await locks.acquire("x")).acquired, false);
           await locks.release(lease);
@@ -547,9 +551,10 @@ Deno.test("the stats' minute ring under a stepping server clock", async (t) => {
         const prefix = keygen("prune");
         const locks = new Locks(redis, { prefix });
         const ends = `${prefix}:held:ends`;
+        await atMinute(0);
         await locks.release(acquired(await locks.acquire("x", { ttlMs: 1000 })));
         acquired(await locks.acquire("y", { ttlMs: 100 })); // runs out unreleased
-        await server.shift(2 * 60_000);
+        await atMinute(2);
         // The minute's first count is a lost renew, not a grant.
         assert.equal(
           (await locks.renew({ name: "z", token: "not-the-holder-0001" })).renewed,
@@ -578,6 +583,7 @@ Deno.test("the stats' minute ring under a stepping server clock", async (t) => {
         });
         const locks = new Locks(redis, { prefix });
         const ops = new LockOps(redis, { prefix });
+        await atMinute(0);
         const before = await ops.stats();
         assert.equal(before.total.acquire.granted, 5, "read as it is, before this build counts");
         assert.equal(before.total.release.released, 0, "whole numbers only");
@@ -589,7 +595,7 @@ Deno.test("the stats' minute ring under a stepping server clock", async (t) => {
         );
         assert.equal(String(await redis.hget(key, "v")), "2");
         // An hour on, the same slot turns over: its grant and release join the totals.
-        await server.shift(60 * 60_000);
+        await atMinute(60);
         await locks.release(acquired(await locks.acquire("x", { ttlMs: 1000 })));
         const after = await ops.stats();
         assert.equal(after.total.acquire.granted, 7);
