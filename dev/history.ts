@@ -429,7 +429,7 @@ local places, position, ticket = {}, -1, ''`,
   // A release hands the name to the head of the queue while other holds of its lease remain.
   handoff: [
     RELEASE,
-    "  writeHeld(lockKey, r, nowMs, graceMs)\n  return {1, ''}",
+    "  writeHeld(lockKey, r, nowMs, graceMs)\n  return {1}",
     "  writeHeld(lockKey, r, nowMs, graceMs)\n  return freed(r)",
   ],
   // A multi-name waiter is handed its names though one is held.

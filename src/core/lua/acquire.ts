@@ -48,14 +48,14 @@ if fast then
   end
   noteGrant(statsKey, namesKey, endsKey, nowMs, waitedMs)
   indexPut(namesKey, endsKey, name, leaseEnd, nowMs)
-  return {1, tonumber(fence), ttlMs, nowMs, 1, ''}
+  return {1, tonumber(fence), ttlMs, nowMs, 1}
 end
 `;
 
 /**
  * Acquire exclusively, with a fair, bounded queue of waiters. Returns `{1, fence, ttlMs, nowMs,
  * holdCount, next}` when acquired (`next` the wake id of the waiter at the head of the queue, for
- * the release's hand-off; '' for none) (or re-acquired by the same token, keeping its fence; counted when
+ * the release's hand-off; nil for none) (or re-acquired by the same token, keeping its fence; counted when
  * `hold` names a reentrant hold), `{0, retryAfterMs, nowMs, position, pttl}` when busy: position
  * 0 is the head of the queue, -1 not queued, -2 the queue was full; pttl is the holders' lease
  * left, ms (0 when free but kept for the head of the queue); `{-1, code}` on a mismatch (see
@@ -111,7 +111,7 @@ if held and r.token == token then
   -- a hand-off it learns of here
   if wakeId ~= '' then redis.call('DEL', wakeKey) end
   local first = r.flag == '1' and firstWaiters() or nil
-  return {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, holdCount(r.holds), grantHint(first)}
+  return {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, holdCount(r.holds), orNone(grantHint(first))}
 end
 -- No record (a first acquire, or one that was lost): look at the queue too.
 local head, queue, seen
@@ -131,7 +131,7 @@ if not held and (not head or head == token) then
   -- a release without a fence now means this lease
   supersede(marksKey, token)
   granted(grant.leaseEnd)
-  return {1, tonumber(grant.fence), ttlMs, nowMs, 1, grantHint(first)}
+  return {1, tonumber(grant.fence), ttlMs, nowMs, 1, orNone(grantHint(first))}
 end
 local offer, wake
 if wakeId ~= '' then
@@ -139,7 +139,7 @@ if wakeId ~= '' then
   offer = blockingOffer(0, wake)
 end
 local reply = busy(r, held, holdMs, token, head, offersKey, offer, seen)
-if wake then reply[6], reply[7], reply[8] = 0, '', wake end
+if wake then reply[6], reply[7], reply[8] = 0, false, wake end
 return reply
 `,
 );

@@ -101,7 +101,7 @@ if ready then
     indexPut(namesKey, endsKey, names[i], r.leaseEnd, nowMs)
     reply[#reply + 1] = tonumber(r.fence)
   end
-  for i = 1, n do reply[#reply + 1] = hints[i] or '' end
+  for i = 1, n do reply[#reply + 1] = orNone(hints[i]) end
   return reply
 end
 local places, position, ticket = {}, -1, ''
@@ -149,6 +149,6 @@ for i = 1, n do
     retry = math.max(retry, retryAfter(r, held[i], holdEstimate(r), places[i] or -1, ticketsKey(i), heads[i], nowMs))
   end
 end
-return {0, retry, nowMs, position, pttl, 0, '', '', (position >= 0 and ticket) or ''}
+return {0, retry, nowMs, position, pttl, 0, false, false, (position >= 0 and ticket) or false}
 `,
 );

@@ -94,7 +94,7 @@ if mine then
   if wakeId ~= '' then redis.call('DEL', wakeKey) end
   local first = r.flag == '1' and firstWaiters() or nil
   return {1, tonumber(mine.fence), mine.leaseEnd - nowMs, nowMs, holdCount(mine.holds),
-    grantHint(first)}
+    orNone(grantHint(first))}
 end
 -- What is free, less what the waiters ahead take in turn: a waiter that does not fit stops
 -- everyone behind it. An exclusive waiter (a bare token) takes everything, and only alone.
@@ -143,7 +143,7 @@ if permits > free then
     local last = redis.call('XREVRANGE', readersKey, '+', '-', 'COUNT', 1)[1]
     reply[7] = (last and last[1]) or '0-0'
   end
-  if wake then reply[7], reply[8] = reply[7] or '', wake end
+  if wake then reply[7], reply[8] = reply[7] or false, wake end
   return reply
 end
 local nextHead, first
@@ -163,6 +163,6 @@ if live then grant.leaseEnd = math.max(r.leaseEnd, h.leaseEnd) end
 writeShared(lockKey, grant, nowMs, graceMs)
 redis.call('PEXPIRE', holdersKey, grant.leaseEnd - nowMs)
 granted(grant.leaseEnd)
-return {1, tonumber(h.fence), ttlMs, nowMs, 1, grantHint(first)}
+return {1, tonumber(h.fence), ttlMs, nowMs, 1, orNone(grantHint(first))}
 `,
 );

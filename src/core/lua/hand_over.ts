@@ -16,7 +16,7 @@ import {
  * it fits (see `HANDOFF_LUA`): the second step of a release whose caller did not know the head's
  * wake key (`./release.ts` names it). Does nothing when the name is held exclusively again, the
  * head does not fit, or the head is another. Returns `{handed, next}`: handed 1 when handed over,
- * else 0; next the wake id of a head to try in another step ('' for none): the head, when it
+ * else 0; next the wake id of a head to try in another step (nil for none): the head, when it
  * blocks on another key, or after a semaphore's hand-off the next head whose permits fit too.
  */
 export const HAND_OVER = defineScript(
@@ -41,9 +41,9 @@ export const HAND_OVER = defineScript(
   `
 local r = readRecord(lockKey) or {fence = '0', hold = 1, released = ''}
 -- held exclusively
-if r.foreign or (r.token and nowMs < r.leaseEnd) then return {0, ''} end
+if r.foreign or (r.token and nowMs < r.leaseEnd) then return {0} end
 local handed = handOver(r)
 if handed == 1 then return {1, handedNext} end
-return {0, handed or ''}
+return {0, handed or false}
 `,
 );

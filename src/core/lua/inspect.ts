@@ -3,7 +3,7 @@ import { HOLDERS_LUA, NOW, RECORD_LUA } from "./lib.ts";
 
 /**
  * Inspect. Returns `{1, fence, pttl, nowMs, waiters, meta, mode, holders, permits, limit}` when
- * held, else `{0, nowMs}`; never a token. `fence` is the latest lease's, `pttl` the latest
+ * held (meta nil for none), else `{0, nowMs}`; never a token. `fence` is the latest lease's, `pttl` the latest
  * lease end's; `mode` is exclusive, shared or semaphore; `permits` the permits held (the hold
  * count when exclusive). `waiters` counts the tickets not lapsed. Read-only.
  */
@@ -19,7 +19,7 @@ end
 local waiters = redis.call('ZCOUNT', ticketsKey, '(' .. nowMs, '+inf')
 local reply = {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, waiters}
 if not r.shared then
-  for _, v in ipairs({r.meta, 'exclusive', 1, holdCount(r.holds), 1}) do reply[#reply + 1] = v end
+  for _, v in ipairs({r.meta ~= '' and r.meta or false, 'exclusive', 1, holdCount(r.holds), 1}) do reply[#reply + 1] = v end
   return reply
 end
 local holders, used = readHolders(holdersKey, nowMs, false)
@@ -27,7 +27,7 @@ local n = 0
 for _ in pairs(holders) do n = n + 1 end
 local mode = 'shared'
 if r.limit > 0 then mode = 'semaphore' end
-for _, v in ipairs({'', mode, n, used, r.limit}) do reply[#reply + 1] = v end
+for _, v in ipairs({false, mode, n, used, r.limit}) do reply[#reply + 1] = v end
 return reply
 `,
 );

@@ -501,6 +501,8 @@ local function grantHint(first, offers)
   end
   return table.concat(ids, ',')
 end
+-- a reply's text, false for none: an Upstash client parses '' with a throw
+local function orNone(text) return text ~= '' and text or false end
 `;
 
 /**
@@ -605,8 +607,8 @@ end
 -- multi-name waiter's, with the name free: \`<wakeId>|<names>\`, for \`./hand_over_all.ts\`), or nil.
 -- After a semaphore's hand-off, the new head is handed its permits too when they fit and its wake
 -- key was declared; \`handedNext\` is its wake id when they fit but it was not (for another step),
--- else ''. Needs HOLDERS_LUA and \`holdersKey\` for a semaphore's waiter.
-local handedNext = ''
+-- else false. Needs HOLDERS_LUA and \`holdersKey\` for a semaphore's waiter.
+local handedNext = false
 local function handOver(r)
   -- the head and the waiters after it (for the grant's hint), with their offers: read once
   local head, queue = queueHead(queueKey, ticketsKey, nowMs, offersKey, ${WAKE_HINTS} + 1)
@@ -678,7 +680,7 @@ local function handOver(r)
   -- named for another step.
   if lease.shared and nextHead then
     local more = handOver(readRecord(lockKey))
-    if more ~= 1 then handedNext = more or '' end
+    if more ~= 1 then handedNext = more or false end
   end
   return 1
 end
@@ -769,6 +771,6 @@ local function busy(r, held, holdMs, member, head, offersKey, offer, seen)
   countBusy(position)
   -- 6 to 8 are the callers'; 9 the ticket, for a leave
   return {0, retryAfter(r, held, holdMs, position, ticketsKey, head, nowMs), nowMs, position, pttl,
-    0, '', '', ticket or ''}
+    0, false, false, ticket or false}
 end
 `;

@@ -30,7 +30,7 @@ if f and owner == token and hold == '' and base + tonumber(leaseEnd0) > nowMs an
   redis.call('PEXPIRE', marksKey, ${RELEASE_MEMORY_MS})
   observe(statsKey, nowMs, 'hold', nowMs - base - tonumber(at0))
   indexEnd(endsKey, name, nowMs)
-  return {1, '', 1}
+  return {1, false, 1}
 end
 `;
 
@@ -46,7 +46,7 @@ end
  * A release that frees the name hands it to the head of the queue in place when the head blocks
  * on a wake key the caller declared (`n` of them, `hintKey` each, their ids `hints`: the hint of
  * its grant); `head` is the head's wake id when it blocks on another (or, after a semaphore's
- * hand-off, when the next head's permits fit too), for `./hand_over.ts`, else ''; ended is 1 when
+ * hand-off, when the next head's permits fit too), for `./hand_over.ts`, else nil; ended is 1 when
  * the lease ended (its last hold released), else absent. `{-1, 5}` when the token holds the lease reentrant (every hold with an
  * id) and the release names no hold: it ends none, and says so rather than answering 1.
  */
@@ -79,7 +79,7 @@ export const RELEASE = defineScript(
   `
 local function lost()
   count(statsKey, nowMs, 'release.lost')
-  return {0, ''}
+  return {0}
 end
 -- The name is free: the head of the queue may take it now, handed over in place (which writes
 -- its lease, and its end in the held index), else the record says released (\`ttl\` its TTL,
@@ -91,7 +91,7 @@ local function freed(r, ttl)
   if handed == 1 then return {1, handedNext, 1} end
   indexEnd(endsKey, name, nowMs)
   writeReleased(lockKey, r, ttl)
-  return {1, handed or '', 1}
+  return {1, handed or false, 1}
 end
 -- A moving average of hold times, for waiters' hints. A negative hold means the server clock
 -- stepped back: no sample. A forward step counts as at most the longest lease.
@@ -114,7 +114,7 @@ end
 -- read by the fast path above
 local r = readRecord(lockKey, raw)
 if not r then
-  if retried('', '') then return {1, ''} end
+  if retried('', '') then return {1} end
   return lost()
 end
 if r.foreign then return lost() end
@@ -125,7 +125,7 @@ if r.shared and nowMs < r.leaseEnd then
     if holdForgotten(h.holds, hold) then return {-1, 5} end
     if dropHold(h.holds, hold) > 0 then
       writeHolder(holdersKey, token, h)
-      return {1, ''}
+      return {1}
     end
     redis.call('HDEL', holdersKey, token)
     markReleased(marksKey, token, h.fence)
@@ -147,19 +147,19 @@ if r.shared and nowMs < r.leaseEnd then
       if handed == 1 then return {1, handedNext, 1} end
       if handed then return {1, handed, 1} end
     end
-    return {1, '', 1}
+    return {1, false, 1}
   end
 end
 if r.free or r.token ~= token or nowMs >= r.leaseEnd or (fence ~= '' and r.fence ~= fence) then
   -- not held by this lease now
-  if retried(r.released, sha) then return {1, ''} end
+  if retried(r.released, sha) then return {1} end
   return lost()
 end
 -- a reentrant lease's holds each have an id: a release without one ends none of them
 if holdForgotten(r.holds, hold) then return {-1, 5} end
 if dropHold(r.holds, hold) > 0 then
   writeHeld(lockKey, r, nowMs, graceMs)
-  return {1, ''}
+  return {1}
 end
 sampleHold(r, r.at)
 r.released = r.fence .. ':' .. sha
