@@ -269,6 +269,12 @@ Deno.test("each invalid field is a 400 invalid_request naming the field", async 
   assertProblem(renew, 400, "invalid_request");
   const release = await call(`/v1/locks/${name}/release`, { body: {} });
   assertProblem(release, 400, "invalid_request");
+  // A fence past the safe integers: its rule once.
+  const huge = await call(`/v1/locks/${name}/release`, {
+    body: { token: "x".repeat(20), fence: 2 ** 60 },
+  });
+  assertProblem(huge, 400, "invalid_request");
+  assert.deepEqual(huge.body.errors, [{ path: "fence", message: "at most 9007199254740991" }]);
   assert.deepEqual((await call(`/v1/locks/${name}`)).body, { name, held: false });
 });
 

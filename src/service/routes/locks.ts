@@ -84,7 +84,7 @@ const ReleaseBody = doc(
   z.strictObject({
     token: Token,
     fence: z.optional(doc(
-      z.number().check(z.int(), z.minimum(1), z.maximum(Number.MAX_SAFE_INTEGER)),
+      z.number().check(z.int(), z.minimum(1)),
       {
         description:
           "The lease's fence: a retry answers true for exactly this lease, and the release can hand over in place",
