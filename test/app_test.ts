@@ -269,12 +269,18 @@ Deno.test("each invalid field is a 400 invalid_request naming the field", async 
   assertProblem(renew, 400, "invalid_request");
   const release = await call(`/v1/locks/${name}/release`, { body: {} });
   assertProblem(release, 400, "invalid_request");
-  // A fence past the safe integers: its rule once.
-  const huge = await call(`/v1/locks/${name}/release`, {
-    body: { token: "x".repeat(20), fence: 2 ** 60 },
-  });
-  assertProblem(huge, 400, "invalid_request");
-  assert.deepEqual(huge.body.errors, [{ path: "fence", message: "at most 9007199254740991" }]);
+  // A fence past the safe integers, either way: its rule once.
+  for (
+    const [fence, message] of [[2 ** 60, "at most 9007199254740991"], [-(2 ** 60), "at least 1"]]
+  ) {
+    const huge = await call(`/v1/locks/${name}/release`, {
+      body: { token: "x".repeat(20), fence },
+    });
+    assertProblem(huge, 400, "invalid_request");
+    assert.deepEqual(huge.body.errors, [{ path: "fence", message }], String(fence));
+  }
+  const ttl = await acquire(name, { ttlMs: 2 ** 60 });
+  assert.deepEqual(ttl.body.errors, [{ path: "ttlMs", message: "at most 300000" }]);
   assert.deepEqual((await call(`/v1/locks/${name}`)).body, { name, held: false });
 });
 

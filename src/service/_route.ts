@@ -124,8 +124,19 @@ export function route<P extends Obj, Q extends Obj, B extends z.ZodMiniType>(
 function check<T extends z.ZodMiniType>(schema: T, value: unknown): z.output<T> {
   const result = schema.safeParse(value);
   if (result.success) return result.data;
+  // A whole number's safe range goes unsaid where the field states a bound of its own: a fence of
+  // -2^60 is "at least 1", not that and "at least -9007199254740991" too.
+  const { issues } = result.error;
+  const pathOf = (issue: z.core.$ZodIssue) => issue.path.map(String).join(".");
+  const safeRange = (issue: z.core.$ZodIssue) => (issue as { origin?: unknown }).origin === "int";
+  const bounded = new Set(
+    issues.filter((issue) =>
+      !safeRange(issue) && (issue.code === "too_small" || issue.code === "too_big")
+    ).map(pathOf),
+  );
+  const said = issues.filter((issue) => !(safeRange(issue) && bounded.has(pathOf(issue))));
   throw new EdgelockError("invalid_request", "The request does not match the schema", {
-    cause: result.error.issues.map((issue) => ({
+    cause: said.map((issue) => ({
       path: issue.path.map(String).join(".") || "(body)",
       message: issue.message,
     })),
