@@ -277,37 +277,66 @@ Deno.test("every key the scripts write carries a TTL", async () => {
 Deno.test("the lock scripts' replies say none with nil, never an empty string", async () => {
   // @upstash/redis parses each text of a reply with JSON.parse, which throws on '' (about 5 µs
   // of the client's CPU each): an uncontended cycle's replies had two. The operators' reads
-  // (a list's cursor, an audit entry's reason) may.
+  // (a list's cursor, an audit entry's reason) may. Replies by EVALSHA, by EVAL (after a SCRIPT
+  // FLUSH) and in pipelines (renewMany, a multi-name release) are all read.
   const { backend } = await fixture();
   const lockScripts = new Map<string, string>();
   const reads = ["list", "read_audit", "read_stats"];
-  for (const script of Object.values(scripts)) {
-    if (
-      typeof script === "object" && script !== null && "sha1" in script &&
-      !reads.includes((script as Script).name)
-    ) {
-      lockScripts.set(await (script as Script).sha1(), (script as Script).name);
+  for (const script of Object.values(scripts) as Script[]) {
+    if (typeof script !== "object" || !("sha1" in script) || reads.includes(script.name)) continue;
+    for (const form of [script, script.keyLocked]) {
+      lockScripts.set(await form.sha1(), script.name);
+      lockScripts.set(form.source, script.name);
     }
   }
   const empty: string[] = [];
-  let seen = 0;
-  const redis = new Proxy(backend.redis, {
-    get(target, property) {
+  const seen = { evalsha: 0, eval: 0, pipeline: 0 };
+  const note = (via: keyof typeof seen, script: string, reply: unknown) => {
+    const name = lockScripts.get(script);
+    if (!name) return;
+    seen[via]++;
+    if (JSON.stringify(reply).includes('""')) empty.push(`${name}: ${JSON.stringify(reply)}`);
+  };
+  const target = backend.redis;
+  type Run = (script: string, keys: string[], args: unknown[]) => Promise<unknown>;
+  const redis = new Proxy(target, {
+    get(_, property) {
       const value = Reflect.get(target, property);
-      if (property !== "evalsha") return typeof value === "function" ? value.bind(target) : value;
-      return async (sha: string, keys: string[], args: unknown[]) => {
-        const reply = await target.evalsha(sha, keys, args);
-        const name = lockScripts.get(sha);
-        if (name) {
-          seen++;
-          if (JSON.stringify(reply).includes('""')) empty.push(`${name}: ${JSON.stringify(reply)}`);
-        }
-        return reply;
-      };
+      if (property === "evalsha" || property === "eval") {
+        return async (script: string, keys: string[], args: unknown[]) => {
+          const reply = await (value as Run).call(target, script, keys, args);
+          note(property, script, reply);
+          return reply;
+        };
+      }
+      if (property === "pipeline") {
+        return () => {
+          const pipeline = target.pipeline();
+          const sent: string[] = [];
+          return {
+            evalsha(sha: string, keys: string[], args: unknown[]) {
+              sent.push(sha);
+              pipeline.evalsha(sha, keys, args);
+            },
+            eval(source: string, keys: string[], args: unknown[]) {
+              sent.push(source);
+              pipeline.eval(source, keys, args);
+            },
+            async exec(options: { keepErrors: true }) {
+              const replies = await pipeline.exec(options);
+              replies.forEach(({ result }, i) => note("pipeline", sent[i]!, result));
+              return replies;
+            },
+          };
+        };
+      }
+      return typeof value === "function" ? value.bind(target) : value;
     },
   });
   await everyOperation(backend, false, { redis });
-  assert.ok(seen > 30, `${seen} replies`);
+  await target.scriptFlush();
+  await everyOperation(backend, false, { redis });
+  assert.ok(seen.evalsha > 30 && seen.eval > 5 && seen.pipeline > 5, JSON.stringify(seen));
   assert.deepEqual(empty, []);
 });
 
