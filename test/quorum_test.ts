@@ -9,7 +9,7 @@ import { FENCE_GRACE_MS } from "../src/core/_validate.ts";
 import { Q_ACQUIRE, Q_COMMIT, Q_RELEASE } from "../src/quorum/scripts.ts";
 import type { Script, ScriptCall } from "../src/core/lua/_define.ts";
 import { type ShiftedRedisServer, startShiftedRedisServer } from "../dev/clock_shift.ts";
-import { acquired, type Backend, keygen, shared, startBackend } from "./_backend.ts";
+import { acquired, type Backend, keygen, shared, startBackend, until } from "./_backend.ts";
 import type { Lease, RedisLike } from "@edgelock/edgelock";
 
 // Holds `name` on database `db` for another token, as a competing acquire would.
@@ -220,6 +220,36 @@ Deno.test("a failed attempt's acquire that lands late never shortens the lease t
   // A database keeps no lease's fence (helper-49: the highest floor was another lease's).
   await assert.rejects(mine.renew({ name, token: lease.token }), TypeError);
   assert.equal(await mine.release({ name, token: lease.token }), true, "a release by token");
+});
+
+Deno.test("a majority that answers an acquire after its deadline frees those holds once it answers", async () => {
+  const { dbs } = await fixture();
+  const name = keygen("q");
+  const plain = dbs.map((db) => db.redis as RedisLike);
+  const acquireSha = await Q_ACQUIRE.sha1();
+  const { send, landAll } = lateGate();
+  // The acquires to databases 0, 1 and 2 land after the deadline: no majority in time.
+  const wrap = (redis: RedisLike, i: number): RedisLike => ({
+    evalsha: (sha, keys, args) =>
+      sha === acquireSha && i <= 2
+        ? send(() => redis.evalsha(sha, keys, args))
+        : redis.evalsha(sha, keys, args),
+    eval: (source, keys, args) => redis.eval(source, keys, args),
+  });
+  const mine = new QuorumLocks(plain.map(wrap), { timeoutMs: 300 });
+  const other = new QuorumLocks(plain, { timeoutMs: 300 });
+  await other.release(acquired(await other.acquire(keygen("q")))); // the scripts loaded everywhere
+  assert.equal((await mine.acquire(name, { ttlMs: 60_000 })).acquired, false);
+  // They grant now, for a minute: the attempt frees them as their answers come.
+  const landed = await landAll();
+  assert.deepEqual(landed.map((l) => l.status === "fulfilled" && (l.value as number[])[0]), [
+    1,
+    1,
+    1,
+  ]);
+  await until("the late holds are freed", async () => !(await other.inspect(name)).held);
+  const lease = acquired(await other.acquire(name));
+  assert.equal(await other.release(lease), true);
 });
 
 Deno.test("a renew's length is the lease's own ttlMs within the limits, and checked", async () => {

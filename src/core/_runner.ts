@@ -65,6 +65,8 @@ export interface RunOptions {
   timeoutMs: number;
   /** Send each script's `keyLocked` form (see {@linkcode keyLockingFor}). */
   keyLocking: boolean;
+  /** Given the reply of a script that answered after `timeoutMs` (the call failed already). */
+  onLate?: (reply: unknown) => void;
 }
 
 const DEFAULT_RUN: RunOptions = { timeoutMs: DEFAULT_REDIS_TIMEOUT_MS, keyLocking: false };
@@ -98,11 +100,11 @@ export async function runScript(
   plain: Script,
   keys: string[],
   args: (string | number)[],
-  { timeoutMs, keyLocking }: RunOptions = DEFAULT_RUN,
+  { timeoutMs, keyLocking, onLate }: RunOptions = DEFAULT_RUN,
 ): Promise<unknown> {
   const script = keyLocking ? plain.keyLocked : plain;
   const sha1 = await script.sha1();
-  const evalsha = () => deadline(redis.evalsha(sha1, keys, args), script, timeoutMs);
+  const evalsha = () => deadline(redis.evalsha(sha1, keys, args), script, timeoutMs, onLate);
   try {
     return await evalsha();
   } catch (error) {
@@ -122,7 +124,7 @@ export async function runScript(
       if (!isNoScript(error)) throw await explained(redis, script, error);
     }
   }
-  const load = deadline(redis.eval(script.source, keys, args), script, timeoutMs);
+  const load = deadline(redis.eval(script.source, keys, args), script, timeoutMs, onLate);
   loads.set(sha1, load);
   try {
     return await load;
@@ -200,15 +202,22 @@ export async function runScripts(
 }
 
 // The request goes on (fetch has no way to take a command back), but the caller stops waiting.
-function deadline<T>(request: Promise<T>, script: Script, timeoutMs: number): Promise<T> {
+function deadline<T>(
+  request: Promise<T>,
+  script: Script,
+  timeoutMs: number,
+  onLate?: (reply: T) => void,
+): Promise<T> {
   let timer: ReturnType<typeof setTimeout> | undefined;
+  let lapsed = false;
   const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(
-      () => reject(new Error(`Redis did not answer the ${script.name} script in ${timeoutMs} ms`)),
-      timeoutMs,
-    );
+    timer = setTimeout(() => {
+      lapsed = true;
+      reject(new Error(`Redis did not answer the ${script.name} script in ${timeoutMs} ms`));
+    }, timeoutMs);
   });
-  request.catch(() => {}); // a late failure after the deadline is nobody's to handle
+  // A late failure after the deadline is nobody's to handle; a late reply is `onLate`'s.
+  request.then((reply) => lapsed && onLate?.(reply)).catch(() => {});
   return Promise.race([request, timeout]).finally(() => clearTimeout(timer));
 }
 

@@ -120,11 +120,13 @@ export class QuorumLocks implements LockClient {
 
   // One script on the given databases at once (`named` its arguments, or database i's); a
   // database that fails or is slow answers undefined, and is taken for down until it answers again.
+  // `late` is given the reply of a database that answered after its deadline.
   #run<C extends Contract>(
     script: ContractScript<C>,
     name: string,
     named: CallOf<C>["args"] | ((i: number) => CallOf<C>["args"]),
     on = this.#all(),
+    late?: (i: number, reply: unknown) => void,
   ) {
     const call = (i: number) =>
       script.call({
@@ -134,7 +136,10 @@ export class QuorumLocks implements LockClient {
     return Promise.all(
       on.map((i) => {
         const { keys, args } = call(i);
-        return runScript(this.#databases[i]!, script, keys, args, this.#options[i]).then(
+        const options = late
+          ? { ...this.#options[i]!, onLate: (reply: unknown) => late(i, reply) }
+          : this.#options[i];
+        return runScript(this.#databases[i]!, script, keys, args, options).then(
           (reply) => (this.#down.delete(i), reply),
           () => void this.#down.add(i),
         );
@@ -199,19 +204,33 @@ export class QuorumLocks implements LockClient {
   ): Promise<AcquireResult> {
     const started = performance.now();
     const args = { token, ttlMs, graceMs: FENCE_GRACE_MS };
+    // A database that answers after its deadline may have granted, named by its end and the
+    // floor it answered as below: once this attempt failed, that hold is freed too (unless the
+    // acquire only extended a live hold of the token), so it does not keep the name to the TTL.
+    const late: [number, unknown][] = [];
+    let failed = false;
+    const free = (i: number, reply: unknown) => {
+      const hold = grantIn(reply);
+      if (!hold || hold.extended) return;
+      const { at, seen } = hold;
+      void this.#run(Q_RELEASE, name, { token, graceMs: FENCE_GRACE_MS, fence: 0, at, seen }, [i]);
+    };
+    const onLate = (i: number, reply: unknown) => failed ? free(i, reply) : late.push([i, reply]);
     let replies: unknown[];
     const leader = this.#leader(name);
-    const first = leaderFirst ? (await this.#run(Q_ACQUIRE, name, args, [leader]))[0] : undefined;
+    const first = leaderFirst
+      ? (await this.#run(Q_ACQUIRE, name, args, [leader], onLate))[0]
+      : undefined;
     if (first !== undefined && integers(Q_ACQUIRE, first, 1)[0] !== 1) {
       const [, pttl] = integers(Q_ACQUIRE, first, 2);
       return { acquired: false, retryAfterMs: Math.max(5, pttl!), reason: "busy" };
     }
     if (first !== undefined) {
       const others = this.#all().filter((i) => i !== leader);
-      const rest = await this.#run(Q_ACQUIRE, name, args, others);
+      const rest = await this.#run(Q_ACQUIRE, name, args, others, onLate);
       replies = this.#all().map((i) => i === leader ? first : rest[others.indexOf(i)]);
     } else {
-      replies = await this.#run(Q_ACQUIRE, name, args);
+      replies = await this.#run(Q_ACQUIRE, name, args, this.#all(), onLate);
     }
     // Each granting database's hold, named by its end and the floor it answered, which this
     // attempt's commit and clean-up carry (one that lands after a later attempt took the name again
@@ -223,12 +242,11 @@ export class QuorumLocks implements LockClient {
     const busyFor: number[] = [];
     replies.forEach((reply, i) => {
       if (reply === undefined) return;
-      const [ok, value] = integers(Q_ACQUIRE, reply, 2);
-      if (ok !== 1) return void busyFor.push(value!);
+      const hold = grantIn(reply);
+      if (!hold) return void busyFor.push(integers(Q_ACQUIRE, reply, 2)[1]!);
       // Above this database's committed floor and, should it have lost its data, its clock in µs.
-      const [, floor, clockUs, leaseEnd, extended] = integers(Q_ACQUIRE, reply, 5);
-      fence = Math.max(fence, floor! + 1, clockUs!);
-      holds.set(i, { at: leaseEnd!, seen: floor!, extended: extended === 1 });
+      fence = Math.max(fence, hold.seen + 1, hold.clockUs);
+      holds.set(i, hold);
     });
     if (holds.size >= this.quorum && this.#validity(ttlMs, started) > 0) {
       const commits = await this.#run(
@@ -245,10 +263,13 @@ export class QuorumLocks implements LockClient {
         return { acquired: true, lease: noteSentAt(lease, started) };
       }
     }
-    // Not a majority in time: free the holds it made, not those it only extended. A database that
-    // did not answer keeps the name for the token until the TTL, or until a later attempt takes it
-    // again: a release sent there without naming the hold could land after that attempt and free
-    // its lease. Where its own commit landed, the clean-up finds the floor moved and frees nothing.
+    // Not a majority in time: free the holds it made, not those it only extended, and those a late
+    // answer names (above). A database that never answers keeps the name for the token until the
+    // TTL, or until a later attempt takes it again: a release sent there without naming the hold
+    // could land after that attempt and free its lease. Where its own commit landed, the clean-up
+    // finds the floor moved and frees nothing.
+    failed = true;
+    for (const [i, reply] of late) free(i, reply);
     await this.#run(
       Q_RELEASE,
       name,
@@ -361,4 +382,13 @@ function checkRef(lease: LeaseRef): LeaseRef {
   checkToken(lease.token);
   checkFence(lease.fence);
   return lease;
+}
+
+// A database's grant in an acquire's reply: the end of the hold it made (`at`), the committed
+// floor it answered (`seen`), its clock in µs, and whether it only extended a live hold of the
+// token. Undefined when it was busy.
+function grantIn(reply: unknown) {
+  if (integers(Q_ACQUIRE, reply, 1)[0] !== 1) return undefined;
+  const [, seen, clockUs, at, extended] = integers(Q_ACQUIRE, reply, 5) as number[];
+  return { at: at!, seen: seen!, clockUs: clockUs!, extended: extended === 1 };
 }
