@@ -434,6 +434,14 @@ try {
     const service = startService(redis);
     const { cycles } = cyclesFor(redis, service.url);
     const count = delay === 0 ? 400 : delay <= 5 ? 60 : 25;
+    // A fresh process runs its first thousands of requests in spells half a millisecond slower
+    // (two @upstash/redis PINGs through the bridge: 0.9 ms, and 1.4-1.9 ms for 100-300 cycles at
+    // a time until about the 1,500th), which fell on whichever loopback case ran then.
+    if (delay === 0) {
+      for (const cycle of Object.values(cycles)) {
+        for (let i = 0; i < 500; i++) await cycle("warm-up");
+      }
+    }
     const results: Record<string, Awaited<ReturnType<typeof measure>>> = {};
     for (const [label, cycle] of Object.entries(cycles)) {
       results[label] = await measure(cycle, count);
@@ -568,9 +576,20 @@ try {
   // Redis work and loopback throughput at concurrency 16.
   const redis = new Redis({ url: bridge.url, token, enableTelemetry: false });
   const { cycles } = cyclesFor(redis);
+  // Each case REPEATS times, the cases taking turns: one run each swung the library's ratio to the
+  // floor between 0.36 and 0.65 across runs, and the floor alone by half within one process.
+  // Each case's figures are those of its run with the median throughput.
   const c16: Record<string, Awaited<ReturnType<typeof measure>>> = {};
-  for (const label of ["floor", "library", "library, stats off", "@upstash/lock"]) {
-    c16[label] = await measure(cycles[label]!, 2000, 16);
+  const c16Runs = new Map<string, Awaited<ReturnType<typeof measure>>[]>();
+  const c16Cases = ["floor", "library", "library, stats off", "@upstash/lock"];
+  for (let i = 0; i < REPEATS; i++) {
+    for (const label of c16Cases) {
+      c16Runs.set(label, [...c16Runs.get(label) ?? [], await measure(cycles[label]!, 2000, 16)]);
+    }
+  }
+  for (const label of c16Cases) {
+    const sorted = c16Runs.get(label)!.sort((a, b) => a.opsPerSec - b.opsPerSec);
+    c16[label] = sorted[Math.floor(sorted.length / 2)]!;
   }
   const lib = c16.library!;
   const floor = c16.floor!;
