@@ -252,6 +252,89 @@ Deno.test("a majority that answers an acquire after its deadline frees those hol
   assert.equal(await other.release(lease), true);
 });
 
+// Requests land at once, but their replies come only at `open` (a slow network back): the
+// runner's deadline passes first.
+function replyGate() {
+  let open!: () => void;
+  const gate = new Promise<void>((resolve) => (open = resolve));
+  const landed: Promise<unknown>[] = [];
+  const send = (request: () => Promise<unknown>) => {
+    const reply = request();
+    landed.push(reply);
+    return reply.then(async (value) => (await gate, value));
+  };
+  return { send, open: () => (open(), Promise.allSettled(landed)) };
+}
+
+// A name whose leader database (the one a retry asks first) is `leader`, as QuorumLocks picks it.
+function nameLedBy(leader: number): string {
+  for (;;) {
+    const name = keygen("q");
+    let hash = 0x811c9dc5;
+    for (let i = 0; i < name.length; i++) hash = Math.imul(hash ^ name.charCodeAt(i), 0x01000193);
+    if ((hash >>> 0) % 5 === leader) return name;
+  }
+}
+
+Deno.test("a slow majority on every attempt of a waiting acquire leaves the name free once it answers", async () => {
+  // helper-56: each retry reached the slow databases before the earlier attempt's clean-up and
+  // only extended its hold, which was then left to the TTL.
+  const { dbs } = await fixture();
+  const name = keygen("q");
+  const plain = dbs.map((db) => db.redis as RedisLike);
+  const other = new QuorumLocks(plain, { timeoutMs: 2000 });
+  await other.release(acquired(await other.acquire(keygen("q")))); // the scripts loaded everywhere
+  const acquireSha = await Q_ACQUIRE.sha1();
+  const { send, open } = replyGate();
+  let slow = 0;
+  const wrap = (redis: RedisLike, i: number): RedisLike => ({
+    evalsha: (sha, keys, args) =>
+      sha === acquireSha && i >= 2
+        ? (slow++, send(() => redis.evalsha(sha, keys, args)))
+        : redis.evalsha(sha, keys, args),
+    eval: (source, keys, args) => redis.eval(source, keys, args),
+  });
+  const mine = new QuorumLocks(plain.map(wrap), { timeoutMs: 200 });
+  assert.equal((await mine.acquire(name, { ttlMs: 60_000, waitMs: 500 })).acquired, false);
+  assert.ok(slow >= 6, `${slow} slow acquires: two attempts at least`);
+  await open();
+  await until("the late holds are freed", async () => !(await other.inspect(name)).held);
+  assert.equal(await other.release(acquired(await other.acquire(name))), true);
+});
+
+Deno.test("a retry that asks a slow leader twice frees both holds once they answer", async () => {
+  // helper-56: the leader asked first, late, then again with the others: the second hold extends
+  // the first, and was left to the TTL, making every contender's retry busy at that leader.
+  const { dbs } = await fixture();
+  const name = nameLedBy(0);
+  const plain = dbs.map((db) => db.redis as RedisLike);
+  const other = new QuorumLocks(plain, { timeoutMs: 2000 });
+  await other.release(acquired(await other.acquire(keygen("q")))); // the scripts loaded everywhere
+  for (const db of dbs.slice(2)) await hold(db, name);
+  try {
+    const acquireSha = await Q_ACQUIRE.sha1();
+    const { send, open } = replyGate();
+    let asked = 0;
+    const wrap = (redis: RedisLike, i: number): RedisLike => ({
+      evalsha: (sha, keys, args) =>
+        sha === acquireSha && i === 0 && asked++ >= 1 // slow from the first retry on
+          ? send(() => redis.evalsha(sha, keys, args))
+          : redis.evalsha(sha, keys, args),
+      eval: (source, keys, args) => redis.eval(source, keys, args),
+    });
+    const mine = new QuorumLocks(plain.map(wrap), { timeoutMs: 200 });
+    assert.equal((await mine.acquire(name, { ttlMs: 60_000, waitMs: 1000 })).acquired, false);
+    assert.ok(asked >= 3, `the leader asked ${asked} times: first, then twice in a retry`);
+    await open();
+    const key = `edgelock:qlock:{${name}}`;
+    await until("the leader's holds are freed", async () => {
+      return String(await dbs[0]!.redis.get(key)).split("|")[1] === "";
+    });
+  } finally {
+    for (const db of dbs.slice(2)) await unhold(db, name);
+  }
+});
+
 Deno.test("a renew's length is the lease's own ttlMs within the limits, and checked", async () => {
   const { locks } = await fixture();
   const name = keygen("q");

@@ -168,8 +168,8 @@ export class QuorumLocks implements LockClient {
 
   /**
    * Acquires `name` on a majority, waiting up to `waitMs` (tries again with a random backoff). A
-   * failed attempt releases the holds it was granted (those its late requests cannot reach stay
-   * until the TTL: see docs/quorum.md).
+   * failed attempt releases the holds it was granted, also those whose answers come late (those
+   * its requests cannot reach stay until the TTL: see docs/quorum.md).
    */
   async acquire(name: string, options: AcquireOptions = {}): Promise<AcquireResult> {
     checkLockName(name);
@@ -182,9 +182,12 @@ export class QuorumLocks implements LockClient {
     const token = options.token === undefined ? newToken() : checkToken(options.token);
     const signal = checkSignal(options.signal);
     const deadline = performance.now() + waitMs;
+    const leftovers = new Leftovers((i, at, seen) =>
+      this.#run(Q_RELEASE, name, { token, graceMs: FENCE_GRACE_MS, fence: 0, at, seen }, [i])
+    );
     for (let attempt = 0;; attempt++) {
       signal?.throwIfAborted();
-      const result = await this.#attempt(name, token, ttlMs, attempt > 0);
+      const result = await this.#attempt(name, token, ttlMs, attempt > 0, leftovers);
       const left = deadline - performance.now();
       if (result.acquired || left <= 0) return result;
       const delay = Math.min(left, result.retryAfterMs, 50 * 2 ** Math.min(attempt, 4));
@@ -201,27 +204,32 @@ export class QuorumLocks implements LockClient {
     token: string,
     ttlMs: number,
     leaderFirst: boolean,
+    leftovers: Leftovers,
   ): Promise<AcquireResult> {
     const started = performance.now();
     const args = { token, ttlMs, graceMs: FENCE_GRACE_MS };
-    // A database that answers after its deadline may have granted, named by its end and the
-    // floor it answered as below: once this attempt failed, that hold is freed too (unless the
-    // acquire only extended a live hold of the token), so it does not keep the name to the TTL.
-    const late: [number, unknown][] = [];
-    let failed = false;
-    const free = (i: number, reply: unknown) => {
-      const hold = grantIn(reply);
-      if (!hold || hold.extended) return;
-      const { at, seen } = hold;
-      void this.#run(Q_RELEASE, name, { token, graceMs: FENCE_GRACE_MS, fence: 0, at, seen }, [i]);
+    // Answers that come after their deadline: no lease counts those holds, so they go to the
+    // leftovers once this attempt is decided (a database answering the leader-first ask late
+    // and then the ask to all: two holds, the second extending the first).
+    const late: [number, Grant][] = [];
+    let decided = false;
+    const onLate = (i: number, reply: unknown) => {
+      const grant = grantIn(reply);
+      if (!grant) return;
+      if (decided) leftovers.add(i, grant);
+      else late.push([i, grant]);
     };
-    const onLate = (i: number, reply: unknown) => failed ? free(i, reply) : late.push([i, reply]);
+    const decide = () => {
+      decided = true;
+      for (const [i, grant] of late) leftovers.add(i, grant);
+    };
     let replies: unknown[];
     const leader = this.#leader(name);
     const first = leaderFirst
       ? (await this.#run(Q_ACQUIRE, name, args, [leader], onLate))[0]
       : undefined;
     if (first !== undefined && integers(Q_ACQUIRE, first, 1)[0] !== 1) {
+      decide();
       const [, pttl] = integers(Q_ACQUIRE, first, 2);
       return { acquired: false, retryAfterMs: Math.max(5, pttl!), reason: "busy" };
     }
@@ -234,48 +242,44 @@ export class QuorumLocks implements LockClient {
     }
     // Each granting database's hold, named by its end and the floor it answered, which this
     // attempt's commit and clean-up carry (one that lands after a later attempt took the name again
-    // does nothing there); `extended` when the acquire only extended a live hold of the token (an
-    // earlier lease's perhaps, which a clean-up would end).
-    const holds = new Map<number, { at: number; seen: number; extended: boolean }>();
-    const named = (i: number) => ({ at: holds.get(i)!.at, seen: holds.get(i)!.seen });
+    // does nothing there).
+    const holds = new Map<number, Grant>();
     let fence = 0;
     const busyFor: number[] = [];
     replies.forEach((reply, i) => {
       if (reply === undefined) return;
-      const hold = grantIn(reply);
-      if (!hold) return void busyFor.push(integers(Q_ACQUIRE, reply, 2)[1]!);
+      const grant = grantIn(reply);
+      if (!grant) return void busyFor.push(integers(Q_ACQUIRE, reply, 2)[1]!);
       // Above this database's committed floor and, should it have lost its data, its clock in µs.
-      fence = Math.max(fence, hold.seen + 1, hold.clockUs);
-      holds.set(i, hold);
+      fence = Math.max(fence, grant.seen + 1, grant.clockUs);
+      holds.set(i, grant);
     });
     if (holds.size >= this.quorum && this.#validity(ttlMs, started) > 0) {
       const commits = await this.#run(
         Q_COMMIT,
         name,
-        (i) => ({ token, fence, graceMs: FENCE_GRACE_MS, ...named(i) }),
+        (i) => ({
+          token,
+          fence,
+          graceMs: FENCE_GRACE_MS,
+          at: holds.get(i)!.at,
+          seen: holds.get(i)!.seen,
+        }),
         [...holds.keys()],
       );
       const committed = commits.filter((reply) => reply === 1).length;
       const validMs = Math.floor(this.#validity(ttlMs, started));
       if (committed >= this.quorum && validMs > 0) {
+        decide();
         const now = Date.now();
         const lease = { name, token, fence, ttlMs, expiresAt: now + validMs, serverTime: now };
         return { acquired: true, lease: noteSentAt(lease, started) };
       }
     }
-    // Not a majority in time: free the holds it made, not those it only extended, and those a late
-    // answer names (above). A database that never answers keeps the name for the token until the
-    // TTL, or until a later attempt takes it again: a release sent there without naming the hold
-    // could land after that attempt and free its lease. Where its own commit landed, the clean-up
-    // finds the floor moved and frees nothing.
-    failed = true;
-    for (const [i, reply] of late) free(i, reply);
-    await this.#run(
-      Q_RELEASE,
-      name,
-      (i) => ({ token, graceMs: FENCE_GRACE_MS, fence, ...named(i) }),
-      [...holds].filter(([, hold]) => !hold.extended).map(([i]) => i),
-    );
+    // Not a majority in time: free the holds it made (see Leftovers). Where its own commit landed,
+    // the clean-up finds the floor moved and frees nothing.
+    decide();
+    await Promise.all([...holds].map(([i, grant]) => leftovers.add(i, grant)));
     const retryAfterMs = Math.max(5, busyFor.length > 0 ? Math.min(...busyFor) : 50);
     return { acquired: false, retryAfterMs, reason: "busy" };
   }
@@ -385,10 +389,52 @@ function checkRef(lease: LeaseRef): LeaseRef {
 }
 
 // A database's grant in an acquire's reply: the end of the hold it made (`at`), the committed
-// floor it answered (`seen`), its clock in µs, and whether it only extended a live hold of the
-// token. Undefined when it was busy.
-function grantIn(reply: unknown) {
+// floor it answered (`seen`), its clock in µs, and when it extended a live hold of the token, that
+// hold's end (`extended`, else 0). Undefined when it was busy.
+type Grant = { at: number; seen: number; clockUs: number; extended: number };
+function grantIn(reply: unknown): Grant | undefined {
   if (integers(Q_ACQUIRE, reply, 1)[0] !== 1) return undefined;
   const [, seen, clockUs, at, extended] = integers(Q_ACQUIRE, reply, 5) as number[];
-  return { at: at!, seen: seen!, clockUs: clockUs!, extended: extended === 1 };
+  return { at: at!, seen: seen!, clockUs: clockUs!, extended: extended! };
+}
+
+/**
+ * The holds one acquire call made that no lease it returns counts: its failed attempts' grants,
+ * and any grant that answered after its deadline. Each is freed by a clean-up that names it by
+ * its end and the floor its acquire answered (`free`), once it is known to be the call's own: a
+ * hold the acquire made, or one it extended that was the call's own (a retry reaching a
+ * database before the earlier attempt's clean-up, or the leader asked twice). A hold it extended
+ * that is not (a live lease of the token's) is left alone. A clean-up that lands after the hold
+ * was extended again, or committed by a lease, finds another end or floor and frees nothing.
+ */
+class Leftovers {
+  // per database: the call's own holds ("<at>/<seen>"), and extensions of holds not yet known
+  readonly #own = new Map<number, Set<string>>();
+  readonly #waiting = new Map<number, Grant[]>();
+
+  constructor(readonly free: (i: number, at: number, seen: number) => Promise<unknown>) {}
+
+  /** Notes database i's grant; returns the clean-ups it sent. */
+  add(i: number, grant: Grant): Promise<unknown> {
+    const own = this.#own.get(i) ?? new Set<string>();
+    this.#own.set(i, own);
+    const waiting = this.#waiting.get(i) ?? [];
+    this.#waiting.set(i, waiting);
+    if (grant.extended !== 0 && !own.has(`${grant.extended}/${grant.seen}`)) {
+      waiting.push(grant);
+      return Promise.resolve();
+    }
+    const sent: Promise<unknown>[] = [];
+    for (const found = [grant]; found.length > 0;) {
+      const { at, seen } = found.pop()!;
+      own.add(`${at}/${seen}`);
+      sent.push(this.free(i, at, seen));
+      for (let k = waiting.length - 1; k >= 0; k--) {
+        if (waiting[k]!.extended === at && waiting[k]!.seen === seen) {
+          found.push(...waiting.splice(k, 1));
+        }
+      }
+    }
+    return Promise.all(sent);
+  }
 }

@@ -35,9 +35,9 @@ end
 /**
  * Takes the name here for `ttlMs` unless another token holds it. Returns `{1, floor, nowUs,
  * leaseEnd, extended}` (this database's committed floor and clock, the hold's end, which names
- * this hold: each acquire's differs from the token's hold before it, and 1 when it extended a live
- * hold of the token, an earlier lease's perhaps, which a failed attempt then leaves alone) or
- * `{0, pttl}`.
+ * this hold: each acquire's differs from the token's hold before it, and when it extended a live
+ * hold of the token, that hold's end, else 0: an earlier lease's hold perhaps, which a failed
+ * attempt then leaves alone, or one the same call made) or `{0, pttl}`.
  */
 export const Q_ACQUIRE = defineScript(
   "quorum_acquire",
@@ -49,7 +49,7 @@ if r.token ~= '' and r.token ~= token and nowMs < r.leaseEnd then return {0, r.l
 -- The token's hold here never ends sooner (a late acquire of an earlier attempt after a longer
 -- renew), and each acquire's end differs from the hold's before it.
 local leaseEnd, extended = nowMs + ttlMs, 0
-if heldBy(r, token) then leaseEnd, extended = math.max(leaseEnd, r.leaseEnd + 1), 1 end
+if heldBy(r, token) then leaseEnd, extended = math.max(leaseEnd, r.leaseEnd + 1), r.leaseEnd end
 r.token, r.leaseEnd = token, leaseEnd
 write(key, r, nowMs, graceMs)
 return {1, r.floor, nowUs, leaseEnd, extended}
