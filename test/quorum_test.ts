@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { QuorumLocks } from "@edgelock/edgelock/quorum";
 import { runScript } from "../src/core/_runner.ts";
 import { FENCE_GRACE_MS } from "../src/core/_validate.ts";
-import { Q_ACQUIRE, Q_COMMIT, Q_RELEASE } from "../src/quorum/scripts.ts";
+import { Q_ACQUIRE, Q_COMMIT, Q_RELEASE, Q_RENEW } from "../src/quorum/scripts.ts";
 import type { Script, ScriptCall } from "../src/core/lua/_define.ts";
 import { type ShiftedRedisServer, startShiftedRedisServer } from "../dev/clock_shift.ts";
 import { acquired, type Backend, keygen, shared, startBackend, until } from "./_backend.ts";
@@ -393,6 +393,40 @@ Deno.test("a late commit or clean-up never acts on a later hold of the token tha
   assert.equal(await on(Q_RELEASE, earlier), 0, "a later hold at the same fence stays");
   assert.equal(await on(Q_COMMIT, earlier), 0, "and is not taken for this attempt's commit");
   assert.equal(await db.redis.get(key), `${earlier.fence}|${token}|${at}`, "unchanged");
+});
+
+Deno.test("a renew moves the end of every hold it counts, so a clean-up named by the old end frees nothing", async () => {
+  // helper-57: a lease's renewal counted a hold an attempt's acquire had made (whose answer came
+  // late, its commit never sent there) without moving its end (a shorter ttlMs, or a clock stepped
+  // back), and the attempt's clean-up then freed it while the renewed lease was valid.
+  const { dbs } = await fixture();
+  const db = dbs[1]!;
+  const name = keygen("q");
+  const key = `edgelock:qlock:{${name}}`;
+  const token = "chosen-quorum-token-0003";
+  const [ok, seen, , at] = await runCall(
+    db,
+    Q_ACQUIRE,
+    Q_ACQUIRE.call({ keys: { key }, args: { token, ttlMs: 30_000, graceMs: FENCE_GRACE_MS } }),
+  ) as number[];
+  assert.equal(ok, 1);
+  const renewed = await runCall(
+    db,
+    Q_RENEW,
+    Q_RENEW.call({
+      keys: { key },
+      args: { token, ttlMs: 1000, graceMs: FENCE_GRACE_MS, fence: seen! + 1 },
+    }),
+  );
+  assert.equal(renewed, 1, "the renewal counts the hold");
+  const cleanUp = Q_RELEASE.call({
+    keys: { key },
+    args: { token, graceMs: FENCE_GRACE_MS, fence: 0, at: at!, seen: seen! },
+  });
+  assert.equal(await runCall(db, Q_RELEASE, cleanUp), 0, "the clean-up frees nothing");
+  const [, holder, end] = String(await db.redis.get(key)).split("|");
+  assert.equal(holder, token);
+  assert.ok(Number(end) > at!, "held past the old end");
 });
 
 Deno.test("a failed acquire with a live lease's token never frees that lease", async () => {
