@@ -429,6 +429,32 @@ Deno.test("a renew moves the end of every hold it counts, so a clean-up named by
   assert.ok(Number(end) > at!, "held past the old end");
 });
 
+Deno.test("a hold a renewal counts is the renewing lease's: an earlier lease's late release frees nothing", async () => {
+  // helper-58: a chosen token's second lease L2 counted, at its renewal, a hold where its commit
+  // had not landed (the floor still the first lease's fence F1), and L1's late release by F1 then
+  // freed it while the renewed L2 was valid.
+  const { dbs } = await fixture();
+  const db = dbs[3]!;
+  const name = keygen("q");
+  const key = `edgelock:qlock:{${name}}`;
+  const token = "chosen-quorum-token-0004";
+  const [first, second] = [1_000_000_000_000_101, 1_000_000_000_000_102];
+  // L1 committed here; L2's acquire extended that hold, and its commit never came.
+  await db.redis.set(key, `${first}|${token}|${Date.now() + 30_000}`, { px: 60_000 });
+  const renew = Q_RENEW.call({
+    keys: { key },
+    args: { token, ttlMs: 1000, graceMs: FENCE_GRACE_MS, fence: second },
+  });
+  assert.equal(await runCall(db, Q_RENEW, renew), 1, "L2's renewal counts the hold");
+  const lateRelease = Q_RELEASE.call({
+    keys: { key },
+    args: { token, graceMs: FENCE_GRACE_MS, fence: first, at: 0, seen: 0 },
+  });
+  assert.equal(await runCall(db, Q_RELEASE, lateRelease), 0, "L1's late release frees nothing");
+  const [floor, holder] = String(await db.redis.get(key)).split("|");
+  assert.deepEqual([Number(floor), holder], [second, token]);
+});
+
 Deno.test("a failed acquire with a live lease's token never frees that lease", async () => {
   const { dbs } = await fixture();
   const name = keygen("q");

@@ -81,10 +81,11 @@ return 1
 );
 
 /**
- * Extends `token`'s hold here to `ttlMs` from now, and past its end by 1 ms at least: a renewal
- * may count a hold that an attempt's acquire made, which that attempt's clean-up or commit, named
- * by the old end, then leaves alone (helper-57). Returns 1, or 0 when it does not hold it or holds
- * it for a later lease (see `heldAt`).
+ * Extends `token`'s hold here to `ttlMs` from now, and past its end by 1 ms at least, and raises
+ * the floor to the lease's fence. A renewal may count a hold that an acquire made where its commit
+ * never went: that attempt's clean-up or commit, named by the old end and floor, then leaves it
+ * alone (helper-57), and so does an earlier lease's late release or renew (helper-58). Returns 1,
+ * or 0 when it does not hold it or holds it for a later lease (see `heldAt`).
  */
 export const Q_RENEW = defineScript(
   "quorum_renew",
@@ -96,7 +97,7 @@ export const Q_RENEW = defineScript(
   `
 local r = read(key)
 if not heldAt(r, token, fence) then return 0 end
-r.leaseEnd = math.max(r.leaseEnd + 1, nowMs + ttlMs)
+r.leaseEnd, r.floor = math.max(r.leaseEnd + 1, nowMs + ttlMs), math.max(r.floor, fence)
 write(key, r, nowMs, graceMs)
 return 1
 `,
