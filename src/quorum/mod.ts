@@ -405,7 +405,8 @@ function grantIn(reply: unknown): Grant | undefined {
  * hold the acquire made, or one it extended that was the call's own (a retry reaching a
  * database before the earlier attempt's clean-up, or the leader asked twice). A hold it extended
  * that is not (a live lease of the token's) is left alone. A clean-up that lands after the hold
- * was extended again, or committed by a lease, finds another end or floor and frees nothing.
+ * was extended again, committed by a lease or counted by a renewal finds another end or floor and
+ * frees nothing.
  */
 class Leftovers {
   // per database: the call's own holds ("<at>/<seen>"), and extensions of holds not yet known
