@@ -340,6 +340,26 @@ Deno.test("the lock scripts' replies say none with nil, never an empty string", 
   assert.deepEqual(empty, []);
 });
 
+Deno.test("a busy look names the wake key to block on only when it is not the waiter's own", async () => {
+  const { backend } = await fixture();
+  const name = keygen();
+  const holder = await takeTicket(backend.redis, name, "holder-token-00000001", 0);
+  assert.equal(holder[0], 1);
+  // The first waiter behind a lease granted with none waiting blocks on its successor key.
+  const first = await takeTicket(backend.redis, name, "waiter-token-00000001", 2000, {
+    wakeId: "wOwnWakeIdFirst1",
+  });
+  assert.deepEqual([first[0], first[3]], [0, 0]);
+  assert.equal(first[7], `f${holder[1]}`, "the successor key's id");
+  // The next one blocks on its own: the reply leaves it out (a text is a thrown JSON.parse).
+  const second = await takeTicket(backend.redis, name, "waiter-token-00000002", 2000, {
+    wakeId: "wOwnWakeIdNext02",
+  });
+  assert.deepEqual([second[0], second[3]], [0, 1]);
+  assert.ok(!second[7], `no wake id: ${JSON.stringify(second)}`);
+  assert.ok(second[8], "the ticket still comes after it");
+});
+
 Deno.test("each script's SHA-1 matches what SCRIPT LOAD returns", async () => {
   const { redis } = await fixture();
   assert.ok(ALL.length >= 14, `${ALL.length} scripts`);

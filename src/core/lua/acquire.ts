@@ -139,7 +139,7 @@ if wakeId ~= '' then
   offer = blockingOffer(0, wake)
 end
 local reply = busy(r, held, holdMs, token, head, offersKey, offer, seen)
-if wake then reply[6], reply[7], reply[8] = 0, false, wake end
+if wake then reply[6], reply[7], reply[8] = 0, false, wake ~= wakeId and wake end
 return reply
 `,
 );

@@ -143,7 +143,7 @@ if permits > free then
     local last = redis.call('XREVRANGE', readersKey, '+', '-', 'COUNT', 1)[1]
     reply[7] = (last and last[1]) or '0-0'
   end
-  if wake then reply[7], reply[8] = reply[7] or false, wake end
+  if wake then reply[7], reply[8] = reply[7] or false, wake ~= wakeId and wake end
   return reply
 end
 local nextHead, first

@@ -29,7 +29,11 @@ export interface Busy {
   firstEndsIn: number;
   /** For a shared waiter that blocks: the readers' bell's last ring, to listen from. */
   bellId?: string;
-  /** For a waiter that blocks: the wake id its offer names, its own or a lease's successor id. */
+  /**
+   * For a waiter that blocks: the wake id its offer names, when it is not the one the look declared
+   * (a lease's successor id); absent, that one (a text in a reply costs an `@upstash/redis` client a
+   * thrown `JSON.parse`).
+   */
   wakeId?: string;
   /** For a waiter that queued: its ticket's end as Redis keeps it (this look's alone), for a leave. */
   ticketEnd?: string;
