@@ -7,7 +7,13 @@ import { QuorumLocks } from "@edgelock/edgelock/quorum";
 import { runScript } from "../src/core/_runner.ts";
 import { FENCE_GRACE_MS } from "../src/core/_validate.ts";
 import { Q_ACQUIRE, Q_COMMIT, Q_RELEASE, Q_RENEW } from "../src/quorum/scripts.ts";
-import type { Script, ScriptCall } from "../src/core/lua/_define.ts";
+import type {
+  CallOf,
+  Contract,
+  ContractScript,
+  Script,
+  ScriptCall,
+} from "../src/core/lua/_define.ts";
 import { type ShiftedRedisServer, startShiftedRedisServer } from "../dev/clock_shift.ts";
 import { acquired, type Backend, keygen, shared, startBackend, until } from "./_backend.ts";
 import type { Lease, RedisLike } from "@edgelock/edgelock";
@@ -34,6 +40,33 @@ const unhold = (db: Backend, name: string) =>
   );
 const runCall = (db: Backend, script: Script, { keys, args }: ScriptCall) =>
   runScript(db.redis, script, keys, args);
+// A quorum script on database `db`, on the record `key`, with its arguments by name.
+const on =
+  (db: Backend, key: string) =>
+  <C extends Contract>(script: ContractScript<C>, args: CallOf<C>["args"]) =>
+    runCall(db, script, script.call({ keys: { key }, args } as CallOf<C>));
+
+// Loads every script on every database `locks` reaches: an EVALSHA before the first load answers
+// NOSCRIPT, which a test that delays a script's replies would take for a late answer.
+const loadScripts = async (locks: QuorumLocks) =>
+  void await locks.release(acquired(await locks.acquire(keygen("q"))));
+
+// Each database's client, its acquires sent through `send` where `slow(i)` says so (asked once per
+// acquire, in the order they are sent).
+async function slowAcquires(
+  plain: RedisLike[],
+  send: (request: () => Promise<unknown>) => Promise<unknown>,
+  slow: (i: number) => boolean,
+): Promise<RedisLike[]> {
+  const acquireSha = await Q_ACQUIRE.sha1();
+  return plain.map((redis, i) => ({
+    evalsha: (sha, keys, args) =>
+      sha === acquireSha && slow(i)
+        ? send(() => redis.evalsha(sha, keys, args))
+        : redis.evalsha(sha, keys, args),
+    eval: (source, keys, args) => redis.eval(source, keys, args),
+  }));
+}
 
 // The broken variant: the commit does nothing, so fences rest on the databases' clocks alone.
 async function withoutCommit(redis: RedisLike): Promise<RedisLike> {
@@ -226,19 +259,11 @@ Deno.test("a majority that answers an acquire after its deadline frees those hol
   const { dbs } = await fixture();
   const name = keygen("q");
   const plain = dbs.map((db) => db.redis as RedisLike);
-  const acquireSha = await Q_ACQUIRE.sha1();
   const { send, landAll } = lateGate();
   // The acquires to databases 0, 1 and 2 land after the deadline: no majority in time.
-  const wrap = (redis: RedisLike, i: number): RedisLike => ({
-    evalsha: (sha, keys, args) =>
-      sha === acquireSha && i <= 2
-        ? send(() => redis.evalsha(sha, keys, args))
-        : redis.evalsha(sha, keys, args),
-    eval: (source, keys, args) => redis.eval(source, keys, args),
-  });
-  const mine = new QuorumLocks(plain.map(wrap), { timeoutMs: 300 });
+  const mine = new QuorumLocks(await slowAcquires(plain, send, (i) => i <= 2), { timeoutMs: 300 });
   const other = new QuorumLocks(plain, { timeoutMs: 300 });
-  await other.release(acquired(await other.acquire(keygen("q")))); // the scripts loaded everywhere
+  await loadScripts(other);
   assert.equal((await mine.acquire(name, { ttlMs: 60_000 })).acquired, false);
   // They grant now, for a minute: the attempt frees them as their answers come.
   const landed = await landAll();
@@ -283,18 +308,11 @@ Deno.test("a slow majority on every attempt of a waiting acquire leaves the name
   const name = keygen("q");
   const plain = dbs.map((db) => db.redis as RedisLike);
   const other = new QuorumLocks(plain, { timeoutMs: 2000 });
-  await other.release(acquired(await other.acquire(keygen("q")))); // the scripts loaded everywhere
-  const acquireSha = await Q_ACQUIRE.sha1();
+  await loadScripts(other);
   const { send, open } = replyGate();
   let slow = 0;
-  const wrap = (redis: RedisLike, i: number): RedisLike => ({
-    evalsha: (sha, keys, args) =>
-      sha === acquireSha && i >= 2
-        ? (slow++, send(() => redis.evalsha(sha, keys, args)))
-        : redis.evalsha(sha, keys, args),
-    eval: (source, keys, args) => redis.eval(source, keys, args),
-  });
-  const mine = new QuorumLocks(plain.map(wrap), { timeoutMs: 200 });
+  const clients = await slowAcquires(plain, send, (i) => i >= 2 && slow++ >= 0);
+  const mine = new QuorumLocks(clients, { timeoutMs: 200 });
   assert.equal((await mine.acquire(name, { ttlMs: 60_000, waitMs: 500 })).acquired, false);
   assert.ok(slow >= 6, `${slow} slow acquires: two attempts at least`);
   await open();
@@ -309,20 +327,14 @@ Deno.test("a retry that asks a slow leader twice frees both holds once they answ
   const name = nameLedBy(0);
   const plain = dbs.map((db) => db.redis as RedisLike);
   const other = new QuorumLocks(plain, { timeoutMs: 2000 });
-  await other.release(acquired(await other.acquire(keygen("q")))); // the scripts loaded everywhere
+  await loadScripts(other);
   for (const db of dbs.slice(2)) await hold(db, name);
   try {
-    const acquireSha = await Q_ACQUIRE.sha1();
     const { send, open } = replyGate();
     let asked = 0;
-    const wrap = (redis: RedisLike, i: number): RedisLike => ({
-      evalsha: (sha, keys, args) =>
-        sha === acquireSha && i === 0 && asked++ >= 1 // slow from the first retry on
-          ? send(() => redis.evalsha(sha, keys, args))
-          : redis.evalsha(sha, keys, args),
-      eval: (source, keys, args) => redis.eval(source, keys, args),
-    });
-    const mine = new QuorumLocks(plain.map(wrap), { timeoutMs: 200 });
+    // slow from the first retry on
+    const clients = await slowAcquires(plain, send, (i) => i === 0 && asked++ >= 1);
+    const mine = new QuorumLocks(clients, { timeoutMs: 200 });
     assert.equal((await mine.acquire(name, { ttlMs: 60_000, waitMs: 1000 })).acquired, false);
     assert.ok(asked >= 3, `the leader asked ${asked} times: first, then twice in a retry`);
     await open();
@@ -362,36 +374,40 @@ Deno.test("a late commit or clean-up never acts on a later hold of the token tha
   const name = keygen("q");
   const key = `edgelock:qlock:{${name}}`;
   const token = "chosen-quorum-token-0002";
-  const on = (script: typeof Q_COMMIT | typeof Q_RELEASE, args: Record<string, unknown>) =>
-    runCall(db, script, script.call({ keys: { key }, args } as never));
+  const run = on(db, key);
   // The earlier attempt's acquire: its hold ends at E, under floor 0.
-  const [ok, seen, , at] = await runCall(
-    db,
+  const [ok, seen, , at] = await run(
     Q_ACQUIRE,
-    Q_ACQUIRE.call({ keys: { key }, args: { token, ttlMs: 30_000, graceMs: FENCE_GRACE_MS } }),
+    { token, ttlMs: 30_000, graceMs: FENCE_GRACE_MS },
   ) as number[];
   assert.equal(ok, 1);
-  const earlier = { token, graceMs: FENCE_GRACE_MS, fence: 1_000_000_000_000_001, at, seen };
+  const earlier = {
+    token,
+    graceMs: FENCE_GRACE_MS,
+    fence: 1_000_000_000_000_001,
+    at: at!,
+    seen: seen!,
+  };
   // A later call of the token holds it now, by a hold that ends in the same millisecond (a shorter
   // TTL after a release, helper-49), and committed its fence there.
   const later = 1_000_000_000_000_002;
   await db.redis.set(key, `${later}|${token}|${at}`, { px: 60_000 });
-  assert.equal(await on(Q_RELEASE, earlier), 0, "the earlier clean-up frees nothing");
-  assert.equal(await on(Q_COMMIT, earlier), 0, "the earlier commit raises nothing");
+  assert.equal(await run(Q_RELEASE, earlier), 0, "the earlier clean-up frees nothing");
+  assert.equal(await run(Q_COMMIT, earlier), 0, "the earlier commit raises nothing");
   assert.equal(await db.redis.get(key), `${later}|${token}|${at}`);
   // Before the later commit, the earlier clean-up may free the hold: the later commit then fails
   // there, so that database never counts for the later lease.
   await db.redis.set(key, `${seen}|${token}|${at}`, { px: 60_000 });
-  assert.equal(await on(Q_RELEASE, earlier), 1);
-  assert.equal(await on(Q_COMMIT, { ...earlier, fence: later }), 0);
+  assert.equal(await run(Q_RELEASE, earlier), 1);
+  assert.equal(await run(Q_COMMIT, { ...earlier, fence: later }), 0);
   // Two attempts that saw the same floors pick the same fence (floor + 1, the clocks behind): a
   // later hold committed with the earlier attempt's very fence is not taken for its own
   // (helper-52), nor counted as its commit (helper-53: the later lease and this attempt were both
   // valid, with one fence). So an attempt's clean-up frees nothing where its commit landed, and a
   // duplicate of its commit answers 0: those holds stay to the TTL.
   await db.redis.set(key, `${earlier.fence}|${token}|${at}`, { px: 60_000 });
-  assert.equal(await on(Q_RELEASE, earlier), 0, "a later hold at the same fence stays");
-  assert.equal(await on(Q_COMMIT, earlier), 0, "and is not taken for this attempt's commit");
+  assert.equal(await run(Q_RELEASE, earlier), 0, "a later hold at the same fence stays");
+  assert.equal(await run(Q_COMMIT, earlier), 0, "and is not taken for this attempt's commit");
   assert.equal(await db.redis.get(key), `${earlier.fence}|${token}|${at}`, "unchanged");
 });
 
@@ -404,26 +420,19 @@ Deno.test("a renew moves the end of every hold it counts, so a clean-up named by
   const name = keygen("q");
   const key = `edgelock:qlock:{${name}}`;
   const token = "chosen-quorum-token-0003";
-  const [ok, seen, , at] = await runCall(
-    db,
+  const run = on(db, key);
+  const [ok, seen, , at] = await run(
     Q_ACQUIRE,
-    Q_ACQUIRE.call({ keys: { key }, args: { token, ttlMs: 30_000, graceMs: FENCE_GRACE_MS } }),
+    { token, ttlMs: 30_000, graceMs: FENCE_GRACE_MS },
   ) as number[];
   assert.equal(ok, 1);
-  const renewed = await runCall(
-    db,
+  const renewed = await run(
     Q_RENEW,
-    Q_RENEW.call({
-      keys: { key },
-      args: { token, ttlMs: 1000, graceMs: FENCE_GRACE_MS, fence: seen! + 1 },
-    }),
+    { token, ttlMs: 1000, graceMs: FENCE_GRACE_MS, fence: seen! + 1 },
   );
   assert.equal(renewed, 1, "the renewal counts the hold");
-  const cleanUp = Q_RELEASE.call({
-    keys: { key },
-    args: { token, graceMs: FENCE_GRACE_MS, fence: 0, at: at!, seen: seen! },
-  });
-  assert.equal(await runCall(db, Q_RELEASE, cleanUp), 0, "the clean-up frees nothing");
+  const cleanUp = { token, graceMs: FENCE_GRACE_MS, fence: 0, at: at!, seen: seen! };
+  assert.equal(await run(Q_RELEASE, cleanUp), 0, "the clean-up frees nothing");
   const [, holder, end] = String(await db.redis.get(key)).split("|");
   assert.equal(holder, token);
   assert.ok(Number(end) > at!, "held past the old end");
@@ -441,16 +450,11 @@ Deno.test("a hold a renewal counts is the renewing lease's: an earlier lease's l
   const [first, second] = [1_000_000_000_000_101, 1_000_000_000_000_102];
   // L1 committed here; L2's acquire extended that hold, and its commit never came.
   await db.redis.set(key, `${first}|${token}|${Date.now() + 30_000}`, { px: 60_000 });
-  const renew = Q_RENEW.call({
-    keys: { key },
-    args: { token, ttlMs: 1000, graceMs: FENCE_GRACE_MS, fence: second },
-  });
-  assert.equal(await runCall(db, Q_RENEW, renew), 1, "L2's renewal counts the hold");
-  const lateRelease = Q_RELEASE.call({
-    keys: { key },
-    args: { token, graceMs: FENCE_GRACE_MS, fence: first, at: 0, seen: 0 },
-  });
-  assert.equal(await runCall(db, Q_RELEASE, lateRelease), 0, "L1's late release frees nothing");
+  const run = on(db, key);
+  const renew = { token, ttlMs: 1000, graceMs: FENCE_GRACE_MS, fence: second };
+  assert.equal(await run(Q_RENEW, renew), 1, "L2's renewal counts the hold");
+  const lateRelease = { token, graceMs: FENCE_GRACE_MS, fence: first, at: 0, seen: 0 };
+  assert.equal(await run(Q_RELEASE, lateRelease), 0, "L1's late release frees nothing");
   const [floor, holder] = String(await db.redis.get(key)).split("|");
   assert.deepEqual([Number(floor), holder], [second, token]);
 });
