@@ -58,6 +58,9 @@ async function hold(ms: number): Promise<number> {
 }
 const median = (values: number[]) =>
   [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
+/** Of several runs of one case, the one with the median `by`. */
+const medianRun = <T>(runs: T[], by: (run: T) => number) =>
+  [...runs].sort((a, b) => by(a) - by(b))[Math.floor(runs.length / 2)]!;
 
 const server = await startRedisServer();
 const token = crypto.randomUUID();
@@ -482,8 +485,7 @@ try {
       }
       const run: Record<string, Awaited<ReturnType<typeof contend>>> = {};
       for (const [label, waiting] of cases) {
-        const sorted = runs.get(label)!.sort((a, b) => a.perSec - b.perSec);
-        run[label] = sorted[Math.floor(sorted.length / 2)]!;
+        run[label] = medianRun(runs.get(label)!, (r) => r.perSec);
         const c = run[label]!;
         const caseBound = bound * (waiting.capacity ?? 1);
         contention.push(
@@ -587,10 +589,7 @@ try {
       c16Runs.set(label, [...c16Runs.get(label) ?? [], await measure(cycles[label]!, 2000, 16)]);
     }
   }
-  for (const label of c16Cases) {
-    const sorted = c16Runs.get(label)!.sort((a, b) => a.opsPerSec - b.opsPerSec);
-    c16[label] = sorted[Math.floor(sorted.length / 2)]!;
-  }
+  for (const label of c16Cases) c16[label] = medianRun(c16Runs.get(label)!, (r) => r.opsPerSec);
   const lib = c16.library!;
   const floor = c16.floor!;
   const bare = c16["library, stats off"]!;
