@@ -600,6 +600,11 @@ Deno.test("a misconfigured client's error names the cause, and never a key", asy
     log: () => {},
   });
   const service = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, app.fetch);
+  // A server that closes every connection it accepts, as a proxy restarting would.
+  const closer = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const closing = (async () => {
+    for await (const connection of closer) connection.close();
+  })();
   try {
     const port = await freePort();
     const cases: [string, string, RegExp][] = [
@@ -607,6 +612,11 @@ Deno.test("a misconfigured client's error names the cause, and never a key", asy
         `http://127.0.0.1:${port}`,
         "backend_unavailable",
         new RegExp(`^Nothing accepts connections at http://127\\.0\\.0\\.1:${port} \\(refused\\)`),
+      ],
+      [
+        `http://127.0.0.1:${closer.addr.port}`,
+        "backend_unavailable",
+        /cannot be reached \(.*closed.*\): if this lasts, check UPSTASH_REDIS_REST_URL/,
       ],
       [
         `http://127.0.0.1:${service.addr.port}`,
@@ -627,7 +637,8 @@ Deno.test("a misconfigured client's error names the cause, and never a key", asy
       assert.match(error.message, message);
       const printed = Deno.inspect(error);
       assert.doesNotMatch(printed, /edgelock:|evalsha|command was|[0-9a-f]{40}/, printed);
-      if (code === "backend_unavailable") assert.match(printed, /ECONNREFUSED|refused/i);
+      if (code === "backend_unavailable") assert.match(printed, /ECONNREFUSED|refused|closed/i);
+      assert.equal("retryAfterMs" in error, code === "backend_unavailable");
     }
     // A key of the wrong type (something else writes under the prefix) is no outage, and what
     // prints names neither keys nor the SHA-1.
@@ -691,5 +702,7 @@ Deno.test("a misconfigured client's error names the cause, and never a key", asy
     }
   } finally {
     await service.shutdown();
+    closer.close();
+    await closing;
   }
 });

@@ -334,7 +334,8 @@ function unavailable(script: Script, failure: unknown): EdgelockError {
 // A failure as `unavailable` says, unless a look at the client's URL names the cause: a host that
 // does not resolve, TLS to a plain HTTP server, a server that is not an Upstash REST endpoint (a
 // reply without `result`, e.g. the edgelock service's own URL) are `config_error`, which no retry
-// helps; nothing listening stays `backend_unavailable` (a restart looks the same), named. The
+// helps; nothing listening, or a connection reset, stays `backend_unavailable` (a restart looks
+// the same), named. The
 // look is one POST without the token, at most a second (two for an https:// URL).
 async function explained(
   redis: RedisLike,
@@ -386,8 +387,14 @@ async function diagnose(url: string): Promise<Diagnosis | undefined> {
   } catch (error) {
     const found = connectFailure(error, url, fix);
     if (found === undefined) {
+      // A connection reset or closed: a proxy restarting looks the same as a port that is not
+      // HTTP, so it stays an outage (a retry may help), named with the fix should it last.
       const text = failureText(error).slice(0, 200);
-      return { message: `${origin} cannot be reached (${text}): ${fix}`, retry: false };
+      return {
+        message: `${origin} cannot be reached (${text}): if this lasts, ${fix}`,
+        retry: true,
+        cause: redacted(error),
+      };
     }
     if (found !== "timeout") return found;
     // TLS to a plain HTTP server may hang rather than fail: does it answer plain HTTP?
