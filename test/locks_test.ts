@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { EdgelockError, type Lease, LockManager, LockOps, Locks } from "@edgelock/edgelock";
 import { Redis } from "@upstash/redis";
 import { freePort } from "../dev/redis_server.ts";
-import { FENCE_GRACE_MS } from "../src/core/_validate.ts";
+import { base64url, FENCE_GRACE_MS } from "../src/core/_validate.ts";
 import { redacted } from "../src/core/_failure.ts";
 import { RELEASE_MEMORY_MS, RELEASED_MARKS, TRIM_EVERY } from "../src/core/lua/lib.ts";
 import { acquired, holderOf, keygen, shared, startBackend, until } from "./_backend.ts";
@@ -704,5 +704,19 @@ Deno.test("a misconfigured client's error names the cause, and never a key", asy
     await service.shutdown();
     closer.close();
     await closing;
+  }
+});
+
+Deno.test("a generated token is its 16 random bytes in base64url, as btoa spells them", () => {
+  const cases = [
+    new Uint8Array(16),
+    new Uint8Array(16).fill(255),
+    Uint8Array.from({ length: 16 }, (_, i) => i * 17),
+  ];
+  for (let i = 0; i < 200; i++) cases.push(crypto.getRandomValues(new Uint8Array(16)));
+  for (const bytes of cases) {
+    const expected = btoa(String.fromCharCode(...bytes)).replace(/\+/g, "-").replace(/\//g, "_")
+      .replace(/=+$/, "");
+    assert.equal(base64url(bytes), expected, String(bytes));
   }
 });

@@ -207,11 +207,23 @@ export function checkSignal(signal: unknown): AbortSignal | undefined {
 
 /** A new owner token: 128 random bits, base64url (22 characters). */
 export function newToken(): string {
-  const bytes = crypto.getRandomValues(new Uint8Array(16));
-  return btoa(String.fromCharCode(...bytes)).replace(/\+/g, "-").replace(/\//g, "_").replace(
-    /=+$/,
-    "",
-  );
+  return base64url(crypto.getRandomValues(new Uint8Array(16)));
+}
+
+const BASE64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+/**
+ * 16 bytes as base64url without padding, as `btoa` and two replaces give, in half the time: each
+ * acquire makes a token and a wake id.
+ */
+export function base64url(bytes: Uint8Array): string {
+  const digit = (n: number) => BASE64URL[n & 63]!;
+  let text = "";
+  for (let i = 0; i < 15; i += 3) {
+    const n = (bytes[i]! << 16) | (bytes[i + 1]! << 8) | bytes[i + 2]!;
+    text += digit(n >> 18) + digit(n >> 12) + digit(n >> 6) + digit(n);
+  }
+  return text + digit(bytes[15]! >> 2) + digit(bytes[15]! << 4);
 }
 
 // The mode and, for a semaphore, its limit and this caller's permits (limit 0: not a semaphore).
