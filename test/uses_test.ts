@@ -421,6 +421,54 @@ Deno.test("1,000 deliveries of 100 webhook ids, shuffled and concurrent, process
   assert.ok([...processed.values()].every((n) => n === 1), JSON.stringify([...processed]));
 });
 
+Deno.test("a webhook handler slower than its lease keeps the id: a redelivery meanwhile gets 409", async () => {
+  const { records } = await fixture();
+  const namespace = keygen("slowhooks").replaceAll("-", "");
+  let runs = 0;
+  let entered!: () => void;
+  const inHandler = new Promise<void>((resolve) => entered = resolve);
+  let finish!: () => void;
+  const finished = new Promise<void>((resolve) => finish = resolve);
+  const app = new Hono();
+  app.post(
+    "/hook",
+    webhookDedupe({ records, secrets: [SECRET], namespace, leaseMs: 1000 }),
+    async (c) => {
+      if (++runs > 1) return c.text("again"); // a second run while the first goes on
+      entered();
+      await finished;
+      return c.text("ok");
+    },
+  );
+  const id = `msg_${crypto.randomUUID().slice(0, 8)}`;
+  const deliver = async () => {
+    const body = JSON.stringify({ id });
+    const timestamp = Math.floor(Date.now() / 1000);
+    return await app.request("/hook", {
+      method: "POST",
+      headers: {
+        "webhook-id": id,
+        "webhook-timestamp": String(timestamp),
+        "webhook-signature": await sign(id, timestamp, body),
+      },
+      body,
+    });
+  };
+  const first = deliver();
+  try {
+    await inHandler;
+    await sleep(3000); // three leases: the claim lives only because it is renewed
+    const meanwhile = await deliver();
+    assert.equal(meanwhile.status, 409, await meanwhile.text());
+  } finally {
+    finish();
+  }
+  assert.equal((await first).status, 200);
+  const after = await deliver();
+  assert.deepEqual(await after.json(), { duplicate: true });
+  assert.equal(runs, 1);
+});
+
 Deno.test("a bad or stale webhook signature gets 401 and claims nothing", async () => {
   const { records } = await fixture();
   const namespace = "hooks-sig";

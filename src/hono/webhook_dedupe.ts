@@ -8,7 +8,8 @@ import {
   unavailable,
 } from "./_problem.ts";
 import { dedupe, type DedupeOptions } from "../uses/dedupe.ts";
-import { checkOptions } from "../core/_validate.ts";
+import { checkOptions, DEFAULT_LEASE_MS } from "../core/_validate.ts";
+import { hold } from "../core/with_lock.ts";
 import type { RecordStore } from "../uses/records.ts";
 
 /** Options for {@linkcode webhookDedupe}. */
@@ -44,8 +45,9 @@ const WEBHOOK_OPTIONS = [
  * Hono middleware for webhook endpoints: verifies a Standard Webhooks (Svix-style) signature
  * (`webhook-id`, `webhook-timestamp`, `webhook-signature`, HMAC-SHA256), then lets exactly one
  * delivery of each `webhook-id` through. Duplicates already processed get 200; a delivery while
- * another is in flight gets 409 with `Retry-After`. A 2xx from the handler marks the id done;
- * anything else, or a thrown error, releases it for the provider's retry.
+ * another is in flight gets 409 with `Retry-After` (the claim is renewed while the handler runs,
+ * every third of `leaseMs`). A 2xx from the handler marks the id done; anything else, or a thrown
+ * error, releases it for the provider's retry.
  */
 
 export function webhookDedupe(given: WebhookDedupeOptions): MiddlewareHandler {
@@ -86,6 +88,8 @@ export function webhookDedupe(given: WebhookDedupeOptions): MiddlewareHandler {
       return problem(401, "unauthorized", "The webhook signature does not match");
     }
     let claim;
+    // The claim is surely held until leaseMs after its request was sent.
+    const claimedAt = performance.now();
     try {
       claim = await dedupe(store, { ...options, id });
     } catch (error) {
@@ -99,12 +103,27 @@ export function webhookDedupe(given: WebhookDedupeOptions): MiddlewareHandler {
         headers: { "retry-after": String(Math.max(1, Math.ceil(claim.retryAfterMs / 1000))) },
       });
     }
-    try {
-      await next();
-    } catch (error) {
+    // The claim is renewed while the handler runs, so a redelivery while it is slow gets 409.
+    // A claim lost meanwhile (another delivery's now) is neither marked nor freed below: both
+    // act only for the claim's own token.
+    let threw = false;
+    await hold({
+      what: "webhook claim",
+      ttlMs: options.leaseMs ?? DEFAULT_LEASE_MS,
+      grantedAt: claimedAt,
+      renew: claim.renew,
+    }, async () => {
+      try {
+        await next();
+      } catch (error) {
+        threw = true;
+        throw error;
+      }
+    }).catch(async (error) => {
+      if (!threw) return;
       await claim.release().catch(() => false);
       throw error;
-    }
+    });
     // The handler's reply stands even if Redis fails now: an unmarked id frees when its lease
     // ends, and a redelivery after that is processed again (at least once, never lost).
     if (c.res.status >= 200 && c.res.status < 300 && !c.error) {

@@ -25,6 +25,11 @@ export type DedupeResult =
     fence: number;
     /** Marks the id processed, for the retention. `false` if the claim was lost meanwhile. */
     done(): Promise<boolean>;
+    /**
+     * Extends the claim to `leaseMs` from now, for work that may outlast it: `false` if it was
+     * lost meanwhile (another delivery may be processing the id now).
+     */
+    renew(): Promise<boolean>;
     /** Gives the id back, so the provider's retry can process it. */
     release(): Promise<boolean>;
   }
@@ -71,6 +76,7 @@ export async function dedupe(records: RecordStore, options: DedupeOptions): Prom
       token,
       fence,
       done: () => records.complete("dedupe", id, token),
+      renew: async () => (await records.renew("dedupe", id, token, leaseMs)).renewed,
       release: () => records.release("dedupe", id, token),
     };
   }
