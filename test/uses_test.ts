@@ -259,6 +259,34 @@ Deno.test("a reply body too large to store replays marked as omitted, never as a
   assert.equal(await omitted.text(), "");
 });
 
+Deno.test("a kept header too long for the store is left out of the replay, and the handler runs once", async () => {
+  const { records } = await fixture();
+  let runs = 0;
+  const app = new Hono();
+  app.post("/orders", idempotency({ records, scope: () => "long-header" }), (c) => {
+    runs++;
+    // e.g. a Location with a long signed query: alone past the store's 48 KiB
+    return c.text("made", 201, {
+      "content-language": "en",
+      location: `/orders/1?sig=${"x".repeat(50_000)}`,
+    });
+  });
+  const key = crypto.randomUUID();
+  const call = () =>
+    app.request("/orders", { method: "POST", headers: { "idempotency-key": key } });
+  const first = await call();
+  assert.equal(first.status, 201);
+  assert.equal(await first.text(), "made");
+  const replay = await call();
+  assert.equal(replay.status, 201);
+  assert.equal(replay.headers.get("idempotent-replayed"), "true");
+  assert.equal(replay.headers.get("idempotent-body"), "omitted");
+  assert.equal(replay.headers.get("content-language"), "en", "the headers that fit are kept");
+  assert.equal(replay.headers.get("location"), null);
+  assert.equal(await replay.text(), "");
+  assert.equal(runs, 1);
+});
+
 Deno.test("a 5xx or a thrown error releases the claim so a retry runs again", async () => {
   const { records } = await fixture();
   let runs = 0;

@@ -294,18 +294,27 @@ async function release(records: RecordStore, id: string, token: string): Promise
   await records.release("idempotency", id, token).catch(() => false);
 }
 
-// The reply as stored: its status, the kept headers and the body.
+// The reply as stored: its status, the kept headers and the body. Kept whole when all of it fits
+// the store; else marked omitted, without its body, and with the kept headers that fit, in the
+// allow-list's order (one too long for the store, a signed `Location` say, is left out rather
+// than the reply left unstored, which would run the handler again).
 async function toStored(res: Response, kept: readonly string[]): Promise<StoredResponse> {
-  const stored: StoredResponse = { status: res.status, headers: {} };
+  const fits = (value: StoredResponse) =>
+    new TextEncoder().encode(JSON.stringify(value)).length <= MAX_RESPONSE_BYTES;
+  const headers: Record<string, string> = {};
   for (const name of kept) {
     const value = res.headers.get(name);
-    if (value !== null) stored.headers[name] = value;
+    if (value !== null) headers[name] = value;
   }
   const body = toBase64(new Uint8Array(await res.clone().arrayBuffer()));
-  // Kept whole when status, headers and the base64 body fit the store, else marked omitted.
-  const whole = { ...stored, body };
-  const fits = new TextEncoder().encode(JSON.stringify(whole)).length <= MAX_RESPONSE_BYTES;
-  return fits ? whole : { ...stored, omitted: true };
+  const whole = { status: res.status, headers, body };
+  if (fits(whole)) return whole;
+  const stored: StoredResponse = { status: res.status, headers: {}, omitted: true };
+  for (const [name, value] of Object.entries(headers)) {
+    stored.headers[name] = value;
+    if (!fits(stored)) delete stored.headers[name];
+  }
+  return stored;
 }
 
 function replay(stored: StoredResponse | undefined): Response {
