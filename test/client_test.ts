@@ -328,3 +328,27 @@ Deno.test("an option the client or a helper does not take is a TypeError naming 
     message: "unknown fields: ttl (did you mean ttlMs?), wait (did you mean waitMs?), colour",
   }]);
 });
+
+Deno.test("a cron trigger whose start reply is lost runs the tick once, through the client's retry", async () => {
+  const { app } = await fixture();
+  let lost = 0;
+  const client = createClient({
+    baseUrl: "http://edgelock.test",
+    apiKey: SECRET,
+    fetch: async (input, init) => {
+      const request = new Request(input, init);
+      const response = await app.fetch(request);
+      // The first start reaches the service; its reply does not reach the client.
+      if (request.url.endsWith("/start") && lost++ === 0) throw new TypeError("connection reset");
+      return response;
+    },
+  });
+  const job = keygen("nightly");
+  let runs = 0;
+  const first = await cronGuard(client.jobs, job, { atMostMs: 60_000, tick: 1 }, () => runs++);
+  assert.ok(first.ran, JSON.stringify(first));
+  const second = await cronGuard(client.jobs, job, { atMostMs: 60_000, tick: 1 }, () => runs++);
+  assert.deepEqual(second.ran ? "ran" : second.reason, "tick_done");
+  assert.equal(runs, 1);
+  assert.equal(lost, 3, "the lost start, its retry, and the second trigger's start");
+});

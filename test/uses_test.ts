@@ -583,6 +583,29 @@ Deno.test("5 concurrent triggers of one tick run the job exactly once", async ()
   assert.equal(runs, 1);
 });
 
+Deno.test("a start retried with its run's token is that run again; any other token still skips", async () => {
+  const { jobs } = await fixture();
+  const tick = Date.now();
+  const token = "a-trigger-own-token-0001";
+  const other = "another-trigger-token-01";
+  for (const options of [{ atMostMs: 5000, tick }, { atMostMs: 5000 }]) {
+    const job = keygen("job");
+    const first = await jobs.start(job, { ...options, token });
+    assert.ok(first.run, JSON.stringify(first));
+    // The first start's reply was lost: its retry is told to run, with the same fence.
+    const retry = await jobs.start(job, { ...options, token });
+    assert.ok(retry.run, JSON.stringify(retry));
+    assert.equal(retry.fence, first.fence);
+    const rival = await jobs.start(job, { ...options, token: other });
+    assert.ok(!rival.run);
+    assert.equal(rival.reason, "tick" in options ? "tick_done" : "running");
+    assert.ok(await jobs.finish(job, token));
+    const late = await jobs.start(job, { ...options, token });
+    if ("tick" in options) assert.ok(!late.run, "a finished tick is not run again by its token");
+    else assert.ok(late.run && late.fence > first.fence, "a free job starts a new run");
+  }
+});
+
 Deno.test("a Date tick names the same tick as its epoch ms; a bad tick is refused by name", async () => {
   const { jobs } = await fixture();
   const job = keygen("job");

@@ -27,7 +27,11 @@ export interface StartJobOptions {
   tick?: string | number | Date;
   /** How long a tick is remembered, ms. @default 7 days */
   tickRetentionMs?: number;
-  /** This run's owner token. @default random */
+  /**
+   * This run's owner token. A start retried with it while its run is unfinished (the first
+   * start's reply was lost) is that run again, so each trigger needs a token of its own.
+   * @default random
+   */
   token?: string;
 }
 

@@ -178,7 +178,9 @@ return {2, nowMs, pttl, record[3] or ''}
 /**
  * Start a run. Returns `{1, fence, atMostMs, nowMs}` when this caller should run the job,
  * `{0, reason, retryAfterMs, nowMs}` when not: 1 running elsewhere, 2 too soon after the
- * last start, 3 this tick already ran.
+ * last start, 3 this tick already ran. A start retried with the token of a run still unfinished
+ * (with a tick, the run that took it: its marker holds the run's fence) is that run again, its
+ * safety net extended as by EXTEND_JOB: the first start's reply was lost, not its run.
  */
 export const START_JOB = defineScript(
   "start_job",
@@ -195,13 +197,18 @@ export const START_JOB = defineScript(
   },
   [NOW, FENCE_LUA, STATS_LUA],
   `
+local job = redis.call('HMGET', jobKey, 'token', 'finished', 'fence', 'notBefore')
+if job[1] == token and job[2] == '0' and tonumber(job[3]) and tonumber(job[4]) and
+  (not hasTick or redis.call('GET', tickKey) == job[3]) then
+  keepFor(jobKey, fenceKey, job[3], math.max(atMostMs, tonumber(job[4]) - nowMs), graceMs)
+  return {1, tonumber(job[3]), atMostMs, nowMs}
+end
 if hasTick and redis.call('EXISTS', tickKey) == 1 then
   count(statsKey, nowMs, 'cron.tick_done')
   ttlOrSet(tickKey, tickKeepMs)
   -- when the job may start again: with a later tick, once no run holds it
   return {0, 3, math.max(0, redis.call('PTTL', jobKey)), nowMs}
 end
-local job = redis.call('HMGET', jobKey, 'token', 'finished')
 if job[1] then
   local reason = 2
   if job[2] ~= '1' then reason = 1 end
