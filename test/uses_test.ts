@@ -215,6 +215,10 @@ Deno.test("idempotency() answers 422 to any payload difference: query, bytes, bi
       { body: '{"amount":9007199254740992}' },
     ],
     ["Content-Type", { type: "application/json" }, { type: "text/plain" }],
+    ["JSON's spacing, sent as text", { type: "text/plain", body: "42" }, {
+      type: "text/plain",
+      body: " 42\n",
+    }],
   ];
   for (const [what, first, second] of pairs) {
     const key = crypto.randomUUID();
@@ -227,6 +231,30 @@ Deno.test("idempotency() answers 422 to any payload difference: query, bytes, bi
     assert.equal((await jsonOf(res)).code, "fingerprint_mismatch");
   }
   assert.equal(runs, pairs.length);
+});
+
+Deno.test("idempotency() keeps a record per method, path and key, whatever spaces they hold", async () => {
+  const { records } = await fixture();
+  const app = new Hono();
+  let runs = 0;
+  app.post("/echo/*", idempotency({ records, scope: () => "spaces" }), (c) => {
+    runs++;
+    return c.json({ path: c.req.path }, 201);
+  });
+  const key = crypto.randomUUID().slice(0, 8);
+  // "POST /echo/a" with the key "b <key>" and "POST /echo/a b" with "<key>" spell one string.
+  const first = await app.request("/echo/a", {
+    method: "POST",
+    headers: { "idempotency-key": `"b ${key}"` },
+  });
+  assert.equal(first.status, 201);
+  const second = await app.request("/echo/a%20b", {
+    method: "POST",
+    headers: { "idempotency-key": key },
+  });
+  assert.equal(second.status, 201, "a request of its own, neither a replay nor a mismatch");
+  assert.equal(second.headers.get("idempotent-replayed"), null);
+  assert.equal(runs, 2);
 });
 
 Deno.test("a reply body too large to store replays marked as omitted, never as an empty real body", async () => {

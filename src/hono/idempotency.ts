@@ -198,7 +198,8 @@ async function identify(
   const fingerprint = await fingerprintOf(c, fingerprintHeaders);
   const id = recordId(
     await safeName(scoped, "scope"),
-    `#${await sha256Hex(`${c.req.method} ${c.req.path} ${key}`)}`,
+    // JSON, so no path or key (both may hold spaces) can spell another's pair
+    `#${await sha256Hex(JSON.stringify([c.req.method, c.req.path, key]))}`,
   );
   return { id, fingerprint };
 }
@@ -359,7 +360,8 @@ async function fingerprintOf(c: Context, fingerprintHeaders: readonly string[]):
     ...fingerprintHeaders.map((h) => `${h.toLowerCase()}:${c.req.header(h) ?? ""}`),
   ].map((part) => JSON.stringify(part)).join("\n");
   const bytes = new Uint8Array(await c.req.arrayBuffer());
-  const json = canonicalJson(bytes);
+  // By meaning only a body sent as JSON: `42` and ` 42` as text/plain are two payloads.
+  const json = /json/i.test(c.req.header("content-type") ?? "") ? canonicalJson(bytes) : undefined;
   const body = json === undefined ? bytes : new TextEncoder().encode(json);
   const prefix = new TextEncoder().encode(`${head}\n${json === undefined ? "raw" : "json"}\n`);
   const all = new Uint8Array(prefix.length + body.length);
