@@ -525,6 +525,49 @@ Deno.test("a webhook handler slower than its lease keeps the id: a redelivery me
   assert.equal(runs, 1);
 });
 
+Deno.test("webhook signatures are checked over the raw body, each endpoint with its own secrets", async () => {
+  const { records } = await fixture();
+  let runs = 0;
+  const endpoint = (secrets: string[]) => {
+    const app = new Hono();
+    const namespace = keygen("sig").replaceAll("-", "");
+    app.post("/hook", webhookDedupe({ records, secrets, namespace }), (c) => {
+      runs++;
+      return c.text("ok");
+    });
+    return app;
+  };
+  const deliver = async (app: Hono, body: BodyInit, signedAs: string, secret: string) => {
+    const id = `msg_${crypto.randomUUID().slice(0, 8)}`;
+    const timestamp = Math.floor(Date.now() / 1000);
+    const res = await app.request("/hook", {
+      method: "POST",
+      headers: {
+        "webhook-id": id,
+        "webhook-timestamp": String(timestamp),
+        "webhook-signature": await sign(id, timestamp, signedAs, secret),
+      },
+      body,
+    });
+    await res.body?.cancel();
+    return res.status;
+  };
+  // Two secrets, "abc" and "def"; and one, "abcdef", whose base64 holds a newline that atob skips.
+  const two = endpoint(["whsec_YWJj", "ZGVm"]);
+  const one = endpoint(["whsec_YWJj\nZGVm"]);
+  assert.equal(await deliver(two, "{}", "{}", "whsec_YWJj"), 200);
+  assert.equal(
+    await deliver(one, "{}", "{}", "whsec_YWJj"),
+    401,
+    "not the other endpoint's secret",
+  );
+  assert.equal(await deliver(one, "{}", "{}", "whsec_YWJjZGVm"), 200);
+  // Bytes that are not UTF-8 pass only a signature over those bytes, not over their decoding.
+  const bytes = new Uint8Array([0x7b, 0xfe, 0x7d]);
+  assert.equal(await deliver(two, bytes, "{\ufffd}", "whsec_YWJj"), 401);
+  assert.equal(runs, 2);
+});
+
 Deno.test("a bad or stale webhook signature gets 401 and claims nothing", async () => {
   const { records } = await fixture();
   const namespace = "hooks-sig";
