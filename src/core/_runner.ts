@@ -326,7 +326,8 @@ function unavailable(script: Script, failure: unknown): EdgelockError {
   }
   return new EdgelockError(
     "backend_unavailable",
-    `Redis did not run the ${script.name} script: ${reason}`,
+    // Not "did not run": the request may have reached Redis, its reply lost on the way back.
+    `The ${script.name} script failed or its reply was lost: ${reason}`,
     { cause, retryAfterMs: 1000 },
   );
 }
