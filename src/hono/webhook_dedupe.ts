@@ -189,7 +189,11 @@ function decodeSecret(secret: unknown, index: number): Uint8Array<ArrayBuffer> {
   return bytes;
 }
 
-async function verify(keys: CryptoKey[], data: Uint8Array<ArrayBuffer>, header: string): Promise<boolean> {
+async function verify(
+  keys: CryptoKey[],
+  data: Uint8Array<ArrayBuffer>,
+  header: string,
+): Promise<boolean> {
   for (const entry of header.split(" ")) {
     const [version, signature] = entry.split(",");
     if (version !== "v1" || !signature) continue;
