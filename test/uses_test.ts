@@ -123,7 +123,10 @@ Deno.test("idempotency() rejects missing and malformed keys, and scopes keys per
   const pay = (headers: Record<string, string>) =>
     app.request("/pay", { method: "POST", headers, body: "{}" });
   assert.equal((await pay({})).status, 400);
-  for (const bad of ['"a", "b"', "a, b", "", "x".repeat(256), '"unterminated', "spa ce"]) {
+  // '"a, b"' is how the headers '"a' and 'b"' arrive: a repeated key, joined.
+  for (
+    const bad of ['"a", "b"', "a, b", '"a, b"', "", "x".repeat(256), '"unterminated', "spa ce"]
+  ) {
     const res = await pay({ "idempotency-key": bad });
     assert.equal(res.status, 400, JSON.stringify(bad));
     assert.equal(res.headers.get("content-type"), "application/problem+json");

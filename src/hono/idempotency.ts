@@ -176,7 +176,7 @@ function keyOf(header: string | undefined, required: boolean): string | Response
   return parseKey(header) ?? problem(
     400,
     "invalid_request",
-    "Idempotency-Key must be one string of 1–255 printable ASCII characters",
+    'Idempotency-Key must be one string of 1–255 printable ASCII characters, without ", "',
   );
 }
 
@@ -336,7 +336,8 @@ export function parseKey(header: string): string | undefined {
   let key: string;
   if (value.startsWith('"')) {
     const match = /^"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"$/.exec(value);
-    if (!match) return undefined;
+    // ", " is how a repeated header's values are joined: `"a` and `b"` would read as one key
+    if (!match || match[1]!.includes(", ")) return undefined;
     key = match[1]!.replace(/\\(["\\])/g, "$1");
   } else {
     if (!/^[\x21\x23-\x2b\x2d-\x7e]+$/.test(value)) return undefined; // no spaces, commas, quotes
@@ -347,9 +348,9 @@ export function parseKey(header: string): string | undefined {
 
 /**
  * What makes two requests "the same payload": method, path with query string, Content-Type, the
- * chosen headers and the body. A UTF-8 JSON body compares by meaning (key order and spacing do
- * not matter; numbers by their exact text, so integers beyond 2^53 still differ); any other
- * body byte for byte.
+ * chosen headers and the body. A UTF-8 JSON body sent as JSON compares by meaning (key order and
+ * spacing do not matter; numbers by their exact text, so integers beyond 2^53 still differ); any
+ * other body byte for byte.
  */
 async function fingerprintOf(c: Context, fingerprintHeaders: readonly string[]): Promise<string> {
   const url = new URL(c.req.url);
