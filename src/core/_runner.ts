@@ -336,8 +336,7 @@ function unavailable(script: Script, failure: unknown): EdgelockError {
 // does not resolve, TLS to a plain HTTP server, a server that is not an Upstash REST endpoint (a
 // reply without `result`, e.g. the edgelock service's own URL) are `config_error`, which no retry
 // helps; nothing listening, or a connection reset, stays `backend_unavailable` (a restart looks
-// the same), named. The
-// look is one POST without the token, at most a second (two for an https:// URL).
+// the same), named. The look is one POST without the token, at most a second (two for https).
 async function explained(
   redis: RedisLike,
   script: Script,
