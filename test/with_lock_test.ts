@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { createApp } from "@edgelock/edgelock/service";
 import { createClient } from "@edgelock/edgelock/client";
 import { EdgelockError, Locks, withLock } from "@edgelock/edgelock";
+import { hold } from "../src/core/with_lock.ts";
 import { holderOf, keygen, shared, startBackend } from "./_backend.ts";
 
 const lockKey = (name: string) => `edgelock:lock:{${name}}`;
@@ -176,4 +177,51 @@ Deno.test("a nested reentrant withLock with a shorter TTL never lets another tok
 Deno.test("withLock() rejects a missing routine with a TypeError", async () => {
   const { locks } = await fixture();
   await assert.rejects(locks.withLock(keygen(), {}, undefined as never), TypeError);
+});
+
+Deno.test("a routine that runs on after its signal aborted keeps its lease renewed while it is its own", async () => {
+  let renewals = 0;
+  let stalled!: () => void;
+  const unstall = new Promise<void>((resolve) => stalled = resolve);
+  let renewedAfterAbort!: () => void;
+  const renewedAgain = new Promise<void>((resolve) => renewedAfterAbort = resolve);
+  let signal!: AbortSignal;
+  const outcome = hold({
+    what: "a lease",
+    ttlMs: 300,
+    grantedAt: performance.now(),
+    renew: async () => {
+      renewals++;
+      // The second renewal hangs, as against a paused Redis, until the watchdog aborts the
+      // routine's signal; then the backend answers: the lease is still this token's.
+      if (renewals === 2) await unstall;
+      if (renewals === 3) renewedAfterAbort();
+      return true;
+    },
+  }, async (given) => {
+    signal = given;
+    given.addEventListener("abort", () => stalled(), { once: true });
+    // A handler that cannot stop (a middleware's): it runs until the lease was renewed again.
+    await renewedAgain;
+  });
+  await assert.rejects(outcome, { code: "lock_lost", message: /could not be renewed in time/ });
+  assert.ok(signal.aborted);
+  assert.ok(renewals >= 3, `renewed ${renewals} times`);
+});
+
+Deno.test("a signal aborted while the lease was acquired aborts the routine at once", async () => {
+  const controller = new AbortController();
+  controller.abort(new Error("the caller gave up"));
+  let seen: boolean | undefined;
+  const outcome = hold({
+    what: "a lease",
+    ttlMs: 10_000,
+    grantedAt: performance.now(),
+    renew: () => Promise.resolve(true),
+    signal: controller.signal,
+  }, (signal) => {
+    seen = signal.aborted;
+  });
+  await assert.rejects(outcome, { message: "the caller gave up" });
+  assert.equal(seen, true);
 });

@@ -121,7 +121,9 @@ export interface HoldOptions {
 /**
  * Runs `fn` while renewing a lease every third of its TTL, and aborts `fn`'s signal a fifth of
  * the TTL before the lease could expire unrenewed (or at once when it was lost). Rejects with
- * `lock_lost` when the lease was lost, even if `fn` returned; `fn`'s own error wins.
+ * `lock_lost` when the lease was lost, even if `fn` returned; `fn`'s own error wins. Renewals go
+ * on after the signal aborted for lack of one, until the lease is another's or `fn` ends: a
+ * routine that cannot stop (a middleware's handler) keeps its lease while it is still its own.
  */
 export async function hold<T>(
   { what, ttlMs, grantedAt, renew, signal: outer }: HoldOptions,
@@ -130,7 +132,9 @@ export async function hold<T>(
   const lost = new AbortController();
   const stop = new AbortController();
   const onOuterAbort = () => lost.abort(outer?.reason);
-  outer?.addEventListener("abort", onOuterAbort, { once: true });
+  // A signal aborted already (while the lease was being acquired) fires no event.
+  if (outer?.aborted) onOuterAbort();
+  else outer?.addEventListener("abort", onOuterAbort, { once: true });
 
   // The lease is surely valid until `ttlMs` after the request that granted it was sent.
   let watchdog: ReturnType<typeof setTimeout> | undefined;
@@ -142,9 +146,10 @@ export async function hold<T>(
   };
   arm(grantedAt);
 
+  let taken = false; // another token holds it now: renewing can never succeed again
   const keepAlive = (async () => {
     let wait = ttlMs / 3;
-    while (!stop.signal.aborted && !lost.signal.aborted) {
+    while (!stop.signal.aborted && !taken) {
       try {
         await sleep(wait, stop.signal);
       } catch {
@@ -155,10 +160,11 @@ export async function hold<T>(
         const renewed = await renew();
         if (stop.signal.aborted) return;
         if (!renewed) {
+          taken = true;
           lost.abort(new EdgelockError("lock_lost", `Lost ${what}: another token holds it now`));
           return;
         }
-        arm(sentAt);
+        if (!lost.signal.aborted) arm(sentAt);
         wait = ttlMs / 3;
       } catch {
         wait = ttlMs / 12; // the backend failed; try again soon, the watchdog guards the deadline
