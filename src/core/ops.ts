@@ -7,6 +7,7 @@ import {
   LIST_PAGE_DEFAULT,
   MAX_BATCH,
   NAME_PREFIX_PATTERN,
+  newHoldId,
 } from "./_validate.ts";
 import { inspectCall, toInfo } from "./locks.ts";
 import type { Script, ScriptCall } from "./lua/_define.ts";
@@ -109,7 +110,11 @@ export class LockOps {
     checkOptions(options, ["by", "reason", "id"], "break()");
     const by = checkText(options?.by, "by", 1, 64);
     const reason = checkText(options?.reason ?? "", "reason", 0, 200);
-    const breakId = options.id === undefined ? "" : checkHoldId(options.id, "The break id");
+    // An id of the call's own when none is given: a request the client sends again (its reply
+    // lost) takes effect once, and ends no lease granted in between.
+    const breakId = options.id === undefined
+      ? newHoldId()
+      : checkHoldId(options.id, "The break id");
     const { keys, fenceWindowMs } = this.#context;
     const { lockKey, holdersKey, marksKey, breaksKey } = keys.lock(name);
     const call = BREAK.call({

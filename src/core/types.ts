@@ -176,7 +176,8 @@ export interface BreakOptions {
   reason?: string;
   /**
    * This break's id, 8–32 characters of `A-Z a-z 0-9 _ -`: a retry with the same id answers the
-   * same and ends no lease granted since. @default none (a repeated break is a new break)
+   * same and ends no lease granted since. @default a new one per call (a request the Redis
+   * client sends again takes effect once; another call is another break)
    */
   id?: string;
 }
