@@ -4,6 +4,7 @@ import { Redis } from "@upstash/redis";
 import { freePort } from "../dev/redis_server.ts";
 import { base64url, FENCE_GRACE_MS } from "../src/core/_validate.ts";
 import { redacted } from "../src/core/_failure.ts";
+import { closedOrNotHttp } from "../src/core/_runner.ts";
 import { RELEASE_MEMORY_MS, RELEASED_MARKS, TRIM_EVERY } from "../src/core/lua/lib.ts";
 import { acquired, holderOf, keygen, shared, startBackend, until } from "./_backend.ts";
 import { createApp } from "../src/service/mod.ts";
@@ -600,7 +601,7 @@ Deno.test("a misconfigured client's error names the cause, and never a key", asy
     log: () => {},
   });
   const service = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, app.fetch);
-  // A server that closes every connection it accepts, as a proxy restarting would.
+  // A server that closes every connection it accepts, as Redis's own port does an HTTP request's.
   const closer = Deno.listen({ hostname: "127.0.0.1", port: 0 });
   const closing = (async () => {
     for await (const connection of closer) connection.close();
@@ -615,9 +616,10 @@ Deno.test("a misconfigured client's error names the cause, and never a key", asy
       ],
       [
         `http://127.0.0.1:${closer.addr.port}`,
-        "backend_unavailable",
-        /cannot be reached \(.*closed.*\): if this lasts, check UPSTASH_REDIS_REST_URL/,
+        "config_error",
+        /closes every connection \(.*closed.*\): is it Redis's TCP port\? check UPSTASH_REDIS_REST_URL/,
       ],
+
       [
         `http://127.0.0.1:${service.addr.port}`,
         "config_error",
@@ -637,7 +639,7 @@ Deno.test("a misconfigured client's error names the cause, and never a key", asy
       assert.match(error.message, message);
       const printed = Deno.inspect(error);
       assert.doesNotMatch(printed, /edgelock:|evalsha|command was|[0-9a-f]{40}/, printed);
-      if (code === "backend_unavailable") assert.match(printed, /ECONNREFUSED|refused|closed/i);
+      if (code === "backend_unavailable") assert.match(printed, /ECONNREFUSED|refused/i);
       assert.equal("retryAfterMs" in error, code === "backend_unavailable");
     }
     // A key of the wrong type (something else writes under the prefix) is no outage, and what
@@ -747,4 +749,28 @@ Deno.test("a break the Redis client sends twice ends one lease, not the one gran
   assert.ok(info.held && info.fence === victim.fence, `the new lease is still held: ${info.held}`);
   assert.equal(await locks.release(victim), true);
   assert.equal((await new LockOps(redis).audit()).filter((e) => e.name === name).length, 1);
+});
+
+Deno.test("a closed connection is an outage unless every look finds the port closing it", async () => {
+  const closed = new TypeError("error sending request: connection closed before message completed");
+  const url = "http://127.0.0.1:9";
+  const fix = "check the URL";
+  const answers = (...outcomes: boolean[]) => () =>
+    outcomes.shift() ? Promise.resolve(new Response("{}")) : Promise.reject(closed);
+  const restarting = await closedOrNotHttp(closed, url, answers(false, true), fix);
+  assert.equal(restarting.retry, true, "a proxy restarting: closed once more, then answering");
+  assert.match(
+    restarting.message,
+    /cannot be reached \(.*closed.*\): if this lasts, check the URL/,
+  );
+  const redisPort = await closedOrNotHttp(closed, url, answers(false, false), fix);
+  assert.equal(redisPort.retry, false, "every look closed: not an outage");
+  assert.match(
+    redisPort.message,
+    /closes every connection .*: is it Redis's TCP port\? check the URL/,
+  );
+  const tls = new TypeError("client error (SendRequest): invalid HTTP version parsed");
+  const notHttp = await closedOrNotHttp(tls, url, answers(true), fix);
+  assert.equal(notHttp.retry, false);
+  assert.match(notHttp.message, /answers, but not in HTTP/);
 });

@@ -1,6 +1,7 @@
 import { EdgelockError } from "./errors.ts";
 import { connectFailure, type Diagnosis, failureText, redacted } from "./_failure.ts";
 import type { Script, ScriptCall } from "./lua/_define.ts";
+import { sleep } from "./_backoff.ts";
 
 export type { ScriptCall };
 
@@ -386,16 +387,7 @@ async function diagnose(url: string): Promise<Diagnosis | undefined> {
     };
   } catch (error) {
     const found = connectFailure(error, url, fix);
-    if (found === undefined) {
-      // A connection reset or closed: a proxy restarting looks the same as a port that is not
-      // HTTP, so it stays an outage (a retry may help), named with the fix should it last.
-      const text = failureText(error).slice(0, 200);
-      return {
-        message: `${origin} cannot be reached (${text}): if this lasts, ${fix}`,
-        retry: true,
-        cause: redacted(error),
-      };
-    }
+    if (found === undefined) return await closedOrNotHttp(error, url, () => post(url), fix);
     if (found !== "timeout") return found;
     // TLS to a plain HTTP server may hang rather than fail: does it answer plain HTTP?
     if (protocol !== "https:") return undefined;
@@ -404,6 +396,40 @@ async function diagnose(url: string): Promise<Diagnosis | undefined> {
       ? { message: `${origin} answers plain HTTP, not TLS: use http:// (${fix})`, retry: false }
       : undefined;
   }
+}
+
+// A look that failed in no way `connectFailure` names. Something answered, but not in HTTP (TLS
+// addressed with http://): config_error. Or the connection was closed or reset: once, a proxy
+// restarting looks the same, an outage that may pass; a port that closes every connection
+// (Redis's own, which hangs up on an HTTP request) does it on two more looks 100 ms apart.
+export async function closedOrNotHttp(
+  error: unknown,
+  url: string,
+  look: () => Promise<Response>,
+  fix: string,
+): Promise<Diagnosis> {
+  const { origin } = new URL(url);
+  const text = failureText(error).slice(0, 200);
+  const cause = redacted(error);
+  if (/invalid HTTP|HTTP version|invalid status/i.test(text)) {
+    return { message: `${origin} answers, but not in HTTP (${text}): ${fix}`, retry: false, cause };
+  }
+  for (let again = 0; again < 2; again++) {
+    await sleep(100);
+    const failure = await look().then((response) => response.body?.cancel(), (e) => e ?? "");
+    if (failure === undefined || connectFailure(failure, url, fix) !== undefined) {
+      return {
+        message: `${origin} cannot be reached (${text}): if this lasts, ${fix}`,
+        retry: true,
+        cause,
+      };
+    }
+  }
+  return {
+    message: `${origin} closes every connection (${text}): is it Redis's TCP port? ${fix}`,
+    retry: false,
+    cause,
+  };
 }
 
 /** Checks that a script reply is an array of `count` numbers, then optional strings. */
