@@ -318,6 +318,44 @@ Deno.test("a kept header too long for the store is left out of the replay, and t
   assert.equal(runs, 1);
 });
 
+Deno.test("idempotency() refuses a header name it could not read, when it is built", async () => {
+  const { records } = await fixture();
+  assert.throws(
+    () => idempotency({ records, scope: () => "u", replayHeaders: ["content-type", "x bad"] }),
+    { name: "TypeError", message: 'replayHeaders holds "x bad", which is no header name' },
+  );
+  assert.throws(
+    () => idempotency({ records, scope: () => "u", fingerprintHeaders: ["x:y"] }),
+    { name: "TypeError", message: 'fingerprintHeaders holds "x:y", which is no header name' },
+  );
+});
+
+Deno.test("a reply whose body fails as it is read is stored as omitted: the handler runs once", async () => {
+  const { records } = await fixture();
+  let runs = 0;
+  const app = new Hono();
+  app.post("/stream", idempotency({ records, scope: () => "broken-stream" }), () => {
+    runs++;
+    const body = new ReadableStream({
+      pull(controller) {
+        controller.error(new Error("the upstream went away"));
+      },
+    });
+    return new Response(body, { status: 201 });
+  });
+  const key = crypto.randomUUID();
+  const call = () =>
+    app.request("/stream", { method: "POST", headers: { "idempotency-key": key } });
+  const first = await call();
+  assert.equal(first.status, 201);
+  await first.body?.cancel().catch(() => {}); // the stream failed already
+  const replay = await call();
+  assert.equal(replay.status, 201);
+  assert.equal(replay.headers.get("idempotent-body"), "omitted");
+  await replay.body?.cancel();
+  assert.equal(runs, 1);
+});
+
 Deno.test("a 5xx or a thrown error releases the claim so a retry runs again", async () => {
   const { records } = await fixture();
   let runs = 0;

@@ -153,6 +153,8 @@ function checkOptions(options: IdempotencyOptions): Settings {
   checkDuration(leaseMs, "leaseMs", 0);
   checkDuration(retentionMs, "retentionMs", 0);
   checkDuration(waitMs, "waitMs", 0);
+  checkHeaderNames(fingerprintHeaders, "fingerprintHeaders");
+  checkHeaderNames(replayHeaders, "replayHeaders");
   const kept = replayHeaders.map((h) => h.toLowerCase()).filter((h) => h !== "set-cookie");
   return {
     records: storeFactory(records, "idempotency"),
@@ -164,6 +166,17 @@ function checkOptions(options: IdempotencyOptions): Settings {
     waitMs,
     kept,
   };
+}
+
+// Header names, checked when the middleware is built: `Headers` throws on a bad one, and would
+// after the handler ran, leaving its reply unstored.
+function checkHeaderNames(names: unknown, option: string): void {
+  if (!Array.isArray(names)) throw new TypeError(`${option} must be an array of header names`);
+  for (const name of names) {
+    if (typeof name !== "string" || !/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(name)) {
+      throw new TypeError(`${option} holds ${JSON.stringify(name)}, which is no header name`);
+    }
+  }
 }
 
 // The Idempotency-Key: the key, a 400 when it is missing but required or malformed, or
@@ -257,7 +270,14 @@ async function runFirst(
     await release(records, id, token);
     return;
   }
-  await records.complete("idempotency", id, token, await toStored(res, kept));
+  // A body that fails as it is read (a stream that errors) is stored as omitted, not left
+  // unstored: the handler ran, and a retry must not run it again.
+  const stored = await toStored(res, kept).catch(() => ({
+    status: res.status,
+    headers: {},
+    omitted: true as const,
+  }));
+  await records.complete("idempotency", id, token, stored);
 }
 
 // Runs the handler while the claim is renewed; a thrown error releases the claim and goes on.
