@@ -95,6 +95,9 @@ Deno.test("ifAvailable calls back with null when the lock is held, and with the 
   const holding = manager.request(name, () => held.opened);
   await heldWith(new Locks(backend.redis), name);
   assert.equal(await manager.request(name, { ifAvailable: true }, (lock) => lock), null);
+  // While it is told "not available", the request is neither held nor pending.
+  const seen = await manager.request(name, { ifAvailable: true }, () => manager.query());
+  assert.deepEqual(seen.pending, []);
   held.open();
   await holding;
   const fence = await manager.request(name, { ifAvailable: true }, (lock) => lock?.fence);

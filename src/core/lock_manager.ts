@@ -170,7 +170,11 @@ export class LockManager {
         await this.#ops.break(name, { by: this.#clientId, reason: "stolen: LockManager steal" });
       }
       const granted = await this.#acquire(name, mode, token, ifAvailable, signal);
-      if (!granted) return await callback(null);
+      if (!granted) {
+        // Neither held nor pending, as in the Web Locks API, while it is told "not available".
+        this.#requests.delete(token);
+        return await callback(null);
+      }
       request.granted = true;
       return await this.#hold(granted.lease, granted.at, mode, callback);
     } finally {
