@@ -774,3 +774,27 @@ Deno.test("a closed connection is an outage unless every look finds the port clo
   assert.equal(notHttp.retry, false);
   assert.match(notHttp.message, /answers, but not in HTTP/);
 });
+
+Deno.test("a break given the fence it inspected leaves a lease granted since alone", async () => {
+  const { redis, locks } = await fixture();
+  const ops = new LockOps(redis);
+  const name = keygen();
+  const stuck = acquired(await locks.acquire(name, { ttlMs: 200 }));
+  const seen = await locks.inspect(name);
+  assert.ok(seen.held && seen.fence === stuck.fence);
+  // The stuck lease runs out before the operator acts, and another caller takes the name.
+  let next: Lease | undefined;
+  await until("the stuck lease ran out and another took the name", async () => {
+    const again = await locks.acquire(name, { ttlMs: 60_000 });
+    if (again.acquired) next = again.lease;
+    return next !== undefined;
+  });
+  assert.ok(next);
+  assert.deepEqual(await ops.break(name, { by: "ops", fence: seen.fence }), { broken: false });
+  assert.ok((await locks.inspect(name)).held, "the new lease is left alone");
+  assert.deepEqual(await ops.break(name, { by: "ops", fence: next.fence }), {
+    broken: true,
+    fence: next.fence,
+  });
+  await assert.rejects(ops.break(name, { by: "ops", fence: 1.5 }), RangeError);
+});

@@ -193,7 +193,10 @@ Deno.test("the typed client reads the same list, stats and audit, and breaks wit
     fetch: (input, init) => Promise.resolve(app.fetch(new Request(input, init))),
   });
   await assert.rejects(client.break("client:1"), { code: "forbidden" });
-  assert.deepEqual(await operator.break("client:1", { reason: "test" }), {
+  // Another lease's fence (one granted since the operator looked, say) breaks nothing.
+  const other = held.lease.fence + 1;
+  assert.deepEqual(await operator.break("client:1", { fence: other }), { broken: false });
+  assert.deepEqual(await operator.break("client:1", { reason: "test", fence: held.lease.fence }), {
     broken: true,
     fence: held.lease.fence,
   });

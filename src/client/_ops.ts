@@ -1,5 +1,5 @@
 // The operator's calls over HTTP: list, stats, audit and break, for the chosen tenant.
-import { checkLockName, checkOptions, newHoldId } from "../core/_validate.ts";
+import { checkFence, checkLockName, checkOptions, newHoldId } from "../core/_validate.ts";
 import type { AuditEntry } from "../core/types.ts";
 import type { EdgelockClient } from "./types.ts";
 import { type Http, lockPath } from "./_http.ts";
@@ -37,9 +37,13 @@ export function createOps(http: Http, tenant?: string): OpsCalls {
     },
     async break(name, opts = {}) {
       checkLockName(name);
-      checkOptions(opts, ["reason"], "break()");
+      checkOptions(opts, ["reason", "fence"], "break()");
       // A break id chosen now: a retry of this break answers the same and ends nothing more.
-      const body = { ...(opts.reason !== undefined && { reason: opts.reason }), id: newHoldId() };
+      const body = {
+        ...(opts.reason !== undefined && { reason: opts.reason }),
+        ...(opts.fence !== undefined && { fence: checkFence(opts.fence) }),
+        id: newHoldId(),
+      };
       return await http.ok("POST", opsPath(lockPath(name, "break")), body);
     },
   };

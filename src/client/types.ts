@@ -43,6 +43,9 @@ export interface EdgelockClient extends LockClient {
   stats(): Promise<Stats & { tenant: string }>;
   /** The tenant's latest breaks, newest first (`GET /v1/audit`). */
   audit(options?: { limit?: number }): Promise<AuditEntry[]>;
-  /** Ends a held lease now; needs an operator's key (`POST /v1/locks/{name}/break`). */
-  break(name: string, options?: { reason?: string }): Promise<BreakResult>;
+  /**
+   * Ends a held lease now (only the lease of `fence`, when given); needs an operator's key
+   * (`POST /v1/locks/{name}/break`).
+   */
+  break(name: string, options?: { reason?: string; fence?: number }): Promise<BreakResult>;
 }

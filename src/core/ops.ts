@@ -1,6 +1,7 @@
 import { LockContext, type LockOpsOptions } from "./_context.ts";
 import type { RedisLike } from "./_runner.ts";
 import {
+  checkFence,
   checkHoldId,
   checkLockName,
   checkOptions,
@@ -107,7 +108,8 @@ export class LockOps {
    */
   async break(name: string, options: BreakOptions): Promise<BreakResult> {
     checkLockName(name);
-    checkOptions(options, ["by", "reason", "id"], "break()");
+    checkOptions(options, ["by", "reason", "id", "fence"], "break()");
+    const fence = checkFence(options.fence);
     const by = checkText(options?.by, "by", 1, 64);
     const reason = checkText(options?.reason ?? "", "reason", 0, 200);
     // An id of the call's own when none is given: a request the client sends again (its reply
@@ -126,7 +128,7 @@ export class LockOps {
         auditKey: keys.audit(name),
         ...keys.statsKeys(name),
       },
-      args: { graceMs: fenceWindowMs, name, by, reason, breakId },
+      args: { graceMs: fenceWindowMs, name, by, reason, breakId, fence: fence?.toString() ?? "" },
     });
     return await this.#context.observe(name, "break", async () => {
       const broken = decodeBreak(BREAK, await this.#context.run(BREAK, call));

@@ -180,6 +180,12 @@ export interface BreakOptions {
    * client sends again takes effect once; another call is another break)
    */
   id?: string;
+  /**
+   * The fence of the lease to break, as `inspect` showed it: a lease granted since (the stuck one
+   * ran out, and another caller took the name) is left alone, `{ broken: false }`.
+   * @default whichever lease holds the name
+   */
+  fence?: number;
 }
 
 /** The outcome of `break`: the fence of the lease that was ended, or not held. */

@@ -17,7 +17,8 @@ export const AUDIT_LENGTH = 1000;
  * Break a held lock (an operator's act): the lease ends now (every holder's, when shared), its
  * fence stays the floor, so the holder's renew and release fail and the next grant gets a higher
  * fence; waiters keep their places. Recorded in the audit stream. Returns `{1, fence, nowMs}`, or
- * `{0, nowMs}` when it was not held. A break with an id is remembered for RELEASE_MEMORY_MS: a
+ * `{0, nowMs}` when it was not held (or, with `fence`, held by a lease of another fence: one
+ * granted since the caller looked). A break with an id is remembered for RELEASE_MEMORY_MS: a
  * retry answers the same and breaks nothing more (never a lease granted since). Breaks by id have
  * a hash of their own, apart from the release marks, which every release trims by fence: id ->
  * `<fence broken, 0 for none>|<seq>`, `#` the last seq; past RELEASED_MARKS ids the oldest goes
@@ -37,6 +38,7 @@ export const BREAK = defineScript(
       by: "string",
       reason: "string",
       breakId: "string", // '' for none
+      fence: "string", // the lease to break, '' for whichever holds it
     },
   },
   [NOW, RECORD_LUA, STATS_LUA, INDEX_LUA],
@@ -76,7 +78,7 @@ local function remember(fence)
   redis.call('PEXPIRE', breaksKey, ${RELEASE_MEMORY_MS})
 end
 local r = readRecord(lockKey)
-if not r or not (r.token or r.shared) or nowMs >= r.leaseEnd then
+if not r or not (r.token or r.shared) or nowMs >= r.leaseEnd or (fence ~= '' and r.fence ~= fence) then
   remember(0)
   return {0, nowMs}
 end

@@ -115,6 +115,10 @@ const BreakBody = doc(
     id: z.optional(holdId(
       "This break's id: a retry with it answers the same and ends nothing more",
     )),
+    fence: z.optional(doc(z.number().check(z.int(), z.minimum(1)), {
+      description:
+        "The fence of the lease to break, as inspect showed it: a lease granted since is left alone",
+    })),
   }),
   { id: "BreakRequest" },
 );
@@ -261,10 +265,10 @@ export function opsRoutes(app: Hono<AppEnv>, { stats }: { stats: boolean }): voi
       ),
       ...denied,
     },
-  }, async (c, { params: { name }, body: { reason = "", id } }) => {
+  }, async (c, { params: { name }, body: { reason = "", id, fence } }) => {
     const operator = c.get("operator")!; // the route's check below let only operators in
     tenantOf(c);
-    return c.json(await c.get("ops").break(name, { by: operator, reason, id }), 200);
+    return c.json(await c.get("ops").break(name, { by: operator, reason, id, fence }), 200);
   });
 
   route(app, {
