@@ -123,16 +123,20 @@ import { cli } from "../bridge/_cli.ts";
  * an outage, and helper-61's findings in the uses (a webhook claim renewed while its handler
  * runs, a cron start retried by its own token run again, stored replies that keep the headers
  * that fit, signatures over raw bytes): the core 33.45 KB, the uses 11.55 KB, the hono entry
- * 8.55 KB, the client 7.3 KB, the quorum 8.75 KB, the service 75.65 KB. */
+ * 8.55 KB, the client 7.3 KB, the quorum 8.75 KB, the service 75.65 KB. Then helper-62's and
+ * helper-63's: a lease renewed on after its signal aborted, a break id per call and a break by
+ * fence, a port that closes every connection told apart from a reset, header names checked at
+ * build: the core 33.65 KB, the uses 11.7 KB, the hono entry 8.7 KB, the client 7.35 KB, the
+ * quorum 8.9 KB, the service 75.95 KB. */
 export const BUDGETS = {
-  ".": 33_450,
-  "./uses": 11_550,
-  "./hono": 8_550,
-  "./client": 7_300,
+  ".": 33_650,
+  "./uses": 11_700,
+  "./hono": 8_700,
+  "./client": 7_350,
   "./otel": 9_500,
   "./tcp": 1_000,
-  "./quorum": 8_750,
-  "./service": 75_650,
+  "./quorum": 8_900,
+  "./service": 75_950,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {
