@@ -356,6 +356,36 @@ Deno.test("a reply whose body fails as it is read is stored as omitted: the hand
   assert.equal(runs, 1);
 });
 
+Deno.test("a reply streamed for longer than the lease keeps the claim: a retry meanwhile gets 409", async () => {
+  const { records } = await fixture();
+  let runs = 0;
+  const app = new Hono();
+  app.post("/export", idempotency({ records, scope: () => "slow-stream", leaseMs: 1000 }), () => {
+    runs++;
+    let sent = 0;
+    const body = new ReadableStream<Uint8Array>({
+      async pull(controller) {
+        await sleep(500);
+        if (sent++ < 6) controller.enqueue(new TextEncoder().encode("row\n"));
+        else controller.close();
+      },
+    });
+    return new Response(body, { status: 201, headers: { "content-type": "text/csv" } });
+  });
+  const key = crypto.randomUUID();
+  const call = () =>
+    app.request("/export", { method: "POST", headers: { "idempotency-key": key } });
+  const first = call();
+  await sleep(2000); // two leases into the stream
+  const meanwhile = await call();
+  assert.equal(meanwhile.status, 409, await meanwhile.text());
+  assert.equal(await (await first).text(), "row\n".repeat(6));
+  const replay = await call();
+  assert.equal(replay.headers.get("idempotent-replayed"), "true");
+  assert.equal(await replay.text(), "row\n".repeat(6));
+  assert.equal(runs, 1);
+});
+
 Deno.test("a 5xx or a thrown error releases the claim so a retry runs again", async () => {
   const { records } = await fixture();
   let runs = 0;

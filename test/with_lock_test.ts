@@ -179,7 +179,7 @@ Deno.test("withLock() rejects a missing routine with a TypeError", async () => {
   await assert.rejects(locks.withLock(keygen(), {}, undefined as never), TypeError);
 });
 
-Deno.test("a routine that runs on after its signal aborted keeps its lease renewed while it is its own", async () => {
+Deno.test("a middleware's claim, renewAfterAbort, stays renewed while its handler runs on after the abort", async () => {
   let renewals = 0;
   let stalled!: () => void;
   const unstall = new Promise<void>((resolve) => stalled = resolve);
@@ -190,6 +190,7 @@ Deno.test("a routine that runs on after its signal aborted keeps its lease renew
     what: "a lease",
     ttlMs: 300,
     grantedAt: performance.now(),
+    renewAfterAbort: true,
     renew: async () => {
       renewals++;
       // The second renewal hangs, as against a paused Redis, until the watchdog aborts the
@@ -224,4 +225,28 @@ Deno.test("a signal aborted while the lease was acquired aborts the routine at o
   });
   await assert.rejects(outcome, { message: "the caller gave up" });
   assert.equal(seen, true);
+});
+
+Deno.test("withLock stops renewing once its signal aborted: a renewal by token could take a later lease", async () => {
+  // A token may be reused (a retry, a chosen token): once the lease may have lapsed, a renewal by
+  // token could renew that token's next lease and hand it to this routine, which then frees it.
+  let renewals = 0;
+  let stalled!: () => void;
+  const unstall = new Promise<void>((resolve) => stalled = resolve);
+  const outcome = hold({
+    what: "a lease",
+    ttlMs: 300,
+    grantedAt: performance.now(),
+    renew: async () => {
+      renewals++;
+      if (renewals === 2) await unstall;
+      return true;
+    },
+  }, async (signal) => {
+    await new Promise((resolve) => signal.addEventListener("abort", resolve, { once: true }));
+    stalled();
+    await new Promise((resolve) => setTimeout(resolve, 900)); // three TTLs after the abort
+  });
+  await assert.rejects(outcome, { code: "lock_lost" });
+  assert.equal(renewals, 2, "no renewal after the abort");
 });

@@ -116,17 +116,24 @@ export interface HoldOptions {
   renew(): Promise<boolean>;
   /** Aborts the routine's signal too. */
   signal?: AbortSignal;
+  /**
+   * Renew on after the signal aborted for lack of a renewal, while the routine runs, until the
+   * lease is another's: for a routine that cannot stop (a middleware's handler) whose lease no
+   * other call shares a token with (a claim's). Never for a lease whose token a caller may reuse:
+   * a renewal by token could then take over that token's next lease. @default false
+   */
+  renewAfterAbort?: boolean;
 }
 
 /**
  * Runs `fn` while renewing a lease every third of its TTL, and aborts `fn`'s signal a fifth of
  * the TTL before the lease could expire unrenewed (or at once when it was lost). Rejects with
- * `lock_lost` when the lease was lost, even if `fn` returned; `fn`'s own error wins. Renewals go
- * on after the signal aborted for lack of one, until the lease is another's or `fn` ends: a
- * routine that cannot stop (a middleware's handler) keeps its lease while it is still its own.
+ * `lock_lost` when the lease was lost, even if `fn` returned; `fn`'s own error wins. With
+ * `renewAfterAbort`, renewals go on (every third of the TTL) after the signal aborted for lack of
+ * one, until the lease is another's or `fn` ends.
  */
 export async function hold<T>(
-  { what, ttlMs, grantedAt, renew, signal: outer }: HoldOptions,
+  { what, ttlMs, grantedAt, renew, signal: outer, renewAfterAbort = false }: HoldOptions,
   fn: (signal: AbortSignal) => Promise<T> | T,
 ): Promise<T> {
   const lost = new AbortController();
@@ -149,7 +156,7 @@ export async function hold<T>(
   let taken = false; // another token holds it now: renewing can never succeed again
   const keepAlive = (async () => {
     let wait = ttlMs / 3;
-    while (!stop.signal.aborted && !taken) {
+    while (!stop.signal.aborted && !taken && (renewAfterAbort || !lost.signal.aborted)) {
       try {
         await sleep(wait, stop.signal);
       } catch {
@@ -167,7 +174,9 @@ export async function hold<T>(
         if (!lost.signal.aborted) arm(sentAt);
         wait = ttlMs / 3;
       } catch {
-        wait = ttlMs / 12; // the backend failed; try again soon, the watchdog guards the deadline
+        // The backend failed: try again soon while the watchdog guards the deadline, and at the
+        // usual pace once it has fired.
+        wait = lost.signal.aborted ? ttlMs / 3 : ttlMs / 12;
       }
     }
   })();

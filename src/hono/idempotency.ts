@@ -264,25 +264,27 @@ async function runFirst(
   token: string,
 ) {
   const { records, kept } = settings;
-  await runHeld(next, settings, id, token);
-  const res = c.res;
-  if (c.error || res.status >= 500 || TRANSIENT.has(res.status)) {
-    await release(records, id, token);
-    return;
-  }
-  // A body that fails as it is read (a stream that errors) is stored as omitted, not left
-  // unstored: the handler ran, and a retry must not run it again.
-  const stored = await toStored(res, kept).catch(() => ({
-    status: res.status,
-    headers: {},
-    omitted: true as const,
-  }));
-  await records.complete("idempotency", id, token, stored);
+  // The reply is read for the store under the claim too: one streamed for longer than leaseMs
+  // keeps it, where a lapsed claim would let a retry run the handler again.
+  let stored: StoredResponse | undefined;
+  await runHeld(
+    async () => {
+      await next();
+      const res = c.res;
+      if (c.error || res.status >= 500 || TRANSIENT.has(res.status)) return;
+      stored = await toStored(res, kept);
+    },
+    settings,
+    id,
+    token,
+  );
+  if (stored === undefined) await release(records, id, token);
+  else await records.complete("idempotency", id, token, stored);
 }
 
 // Runs the handler while the claim is renewed; a thrown error releases the claim and goes on.
 async function runHeld(
-  next: () => Promise<void>,
+  run: () => Promise<void>,
   { records, leaseMs }: Settings<RecordStore>,
   id: string,
   token: string,
@@ -294,9 +296,11 @@ async function runHeld(
     ttlMs: leaseMs,
     grantedAt,
     renew: async () => (await records.renew("idempotency", id, token, leaseMs)).renewed,
+    // The handler cannot be stopped, and the claim's token is its own (made for the claim).
+    renewAfterAbort: true,
   }, async () => {
     try {
-      await next();
+      await run();
     } catch (error) {
       threw = true;
       throw error;
@@ -318,7 +322,8 @@ async function release(records: RecordStore, id: string, token: string): Promise
 // The reply as stored: its status, the kept headers and the body. Kept whole when all of it fits
 // the store; else marked omitted, without its body, and with the kept headers that fit, in the
 // allow-list's order (one too long for the store, a signed `Location` say, is left out rather
-// than the reply left unstored, which would run the handler again).
+// than the reply left unstored, which would run the handler again). So is a body that fails as
+// it is read (a stream that errors, a body used already).
 async function toStored(res: Response, kept: readonly string[]): Promise<StoredResponse> {
   const fits = (value: StoredResponse) =>
     new TextEncoder().encode(JSON.stringify(value)).length <= MAX_RESPONSE_BYTES;
@@ -327,9 +332,12 @@ async function toStored(res: Response, kept: readonly string[]): Promise<StoredR
     const value = res.headers.get(name);
     if (value !== null) headers[name] = value;
   }
-  const body = toBase64(new Uint8Array(await res.clone().arrayBuffer()));
+  const body = await Promise.resolve().then(() => res.clone().arrayBuffer()).then(
+    (bytes) => toBase64(new Uint8Array(bytes)),
+    () => undefined,
+  );
   const whole = { status: res.status, headers, body };
-  if (fits(whole)) return whole;
+  if (body !== undefined && fits(whole)) return whole;
   const stored: StoredResponse = { status: res.status, headers: {}, omitted: true };
   for (const [name, value] of Object.entries(headers)) {
     stored.headers[name] = value;

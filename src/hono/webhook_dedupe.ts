@@ -117,6 +117,8 @@ export function webhookDedupe(given: WebhookDedupeOptions): MiddlewareHandler {
       ttlMs: options.leaseMs ?? DEFAULT_LEASE_MS,
       grantedAt: claimedAt,
       renew: claim.renew,
+      // The handler cannot be stopped, and the claim's token is its own (made for the claim).
+      renewAfterAbort: true,
     }, async () => {
       try {
         await next();
