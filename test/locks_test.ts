@@ -798,3 +798,19 @@ Deno.test("a break given the fence it inspected leaves a lease granted since alo
   });
   await assert.rejects(ops.break(name, { by: "ops", fence: 1.5 }), RangeError);
 });
+
+Deno.test("a break by fence of a shared name ends its leases only while a holder of that fence holds", async () => {
+  const { redis, locks } = await fixture();
+  const ops = new LockOps(redis);
+  const name = keygen();
+  const a = acquired(await locks.acquire(name, { mode: "shared", ttlMs: 60_000 }));
+  const b = acquired(await locks.acquire(name, { mode: "shared", ttlMs: 60_000 }));
+  assert.equal(await locks.release(b), true);
+  // b is gone: its fence names no holder, though the record still shows it as the latest.
+  assert.deepEqual(await ops.break(name, { by: "ops", fence: b.fence }), { broken: false });
+  assert.ok((await locks.inspect(name)).held, "a's lease is left alone");
+  const broken = await ops.break(name, { by: "ops", fence: a.fence });
+  assert.equal(broken.broken, true);
+  assert.equal((await locks.inspect(name)).held, false);
+  assert.equal(await locks.release(a), false, "a's lease was broken");
+});

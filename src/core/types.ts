@@ -182,7 +182,8 @@ export interface BreakOptions {
   id?: string;
   /**
    * The fence of the lease to break, as `inspect` showed it: a lease granted since (the stuck one
-   * ran out, and another caller took the name) is left alone, `{ broken: false }`.
+   * ran out, and another caller took the name) is left alone, `{ broken: false }`. A shared or
+   * semaphore name is broken (every holder's lease) only while a holder of that fence holds it.
    * @default whichever lease holds the name
    */
   fence?: number;

@@ -1,6 +1,7 @@
 import { defineScript } from "./_define.ts";
 import { STATS_KEYS } from "./contracts.ts";
 import {
+  HOLDERS_LUA,
   INDEX_LUA,
   NOW,
   RECORD_LUA,
@@ -17,8 +18,9 @@ export const AUDIT_LENGTH = 1000;
  * Break a held lock (an operator's act): the lease ends now (every holder's, when shared), its
  * fence stays the floor, so the holder's renew and release fail and the next grant gets a higher
  * fence; waiters keep their places. Recorded in the audit stream. Returns `{1, fence, nowMs}`, or
- * `{0, nowMs}` when it was not held (or, with `fence`, held by a lease of another fence: one
- * granted since the caller looked). A break with an id is remembered for RELEASE_MEMORY_MS: a
+ * `{0, nowMs}` when it was not held (or, with `fence`, held by no lease of that fence: one granted
+ * since the caller looked holds it; a shared or semaphore name is broken, every holder's lease,
+ * while a holder of that fence is among them). A break with an id is remembered for RELEASE_MEMORY_MS: a
  * retry answers the same and breaks nothing more (never a lease granted since). Breaks by id have
  * a hash of their own, apart from the release marks, which every release trims by fence: id ->
  * `<fence broken, 0 for none>|<seq>`, `#` the last seq; past RELEASED_MARKS ids the oldest goes
@@ -41,7 +43,7 @@ export const BREAK = defineScript(
       fence: "string", // the lease to break, '' for whichever holds it
     },
   },
-  [NOW, RECORD_LUA, STATS_LUA, INDEX_LUA],
+  [NOW, RECORD_LUA, HOLDERS_LUA, STATS_LUA, INDEX_LUA],
   `
 -- a retry: the same answer (a fence, or 0 for not held), nothing more
 if breakId ~= '' then
@@ -77,8 +79,17 @@ local function remember(fence)
   end
   redis.call('PEXPIRE', breaksKey, ${RELEASE_MEMORY_MS})
 end
+-- whether the lease of \`fence\` holds the name ('' for any)
+local function heldByFence(r)
+  if fence == '' then return true end
+  if not r.shared then return r.fence == fence end
+  for _, h in pairs(readHolders(holdersKey, nowMs, false)) do
+    if h.fence == fence then return true end
+  end
+  return false
+end
 local r = readRecord(lockKey)
-if not r or not (r.token or r.shared) or nowMs >= r.leaseEnd or (fence ~= '' and r.fence ~= fence) then
+if not r or not (r.token or r.shared) or nowMs >= r.leaseEnd or not heldByFence(r) then
   remember(0)
   return {0, nowMs}
 end
