@@ -1,7 +1,6 @@
 import { EdgelockError } from "./errors.ts";
 import { connectFailure, type Diagnosis, failureText, redacted } from "./_failure.ts";
 import type { Script, ScriptCall } from "./lua/_define.ts";
-import { sleep } from "./_backoff.ts";
 
 export type { ScriptCall };
 
@@ -387,7 +386,7 @@ async function diagnose(url: string): Promise<Diagnosis | undefined> {
     };
   } catch (error) {
     const found = connectFailure(error, url, fix);
-    if (found === undefined) return await closedOrNotHttp(error, url, () => post(url), fix);
+    if (found === undefined) return closedOrNotHttp(error, url, fix);
     if (found !== "timeout") return found;
     // TLS to a plain HTTP server may hang rather than fail: does it answer plain HTTP?
     if (protocol !== "https:") return undefined;
@@ -399,35 +398,21 @@ async function diagnose(url: string): Promise<Diagnosis | undefined> {
 }
 
 // A look that failed in no way `connectFailure` names. Something answered, but not in HTTP (TLS
-// addressed with http://): config_error. Or the connection was closed or reset: once, a proxy
-// restarting looks the same, an outage that may pass; a port that closes every connection
-// (Redis's own, which hangs up on an HTTP request) does it on two more looks 100 ms apart.
-export async function closedOrNotHttp(
-  error: unknown,
-  url: string,
-  look: () => Promise<Response>,
-  fix: string,
-): Promise<Diagnosis> {
+// addressed with http://): config_error. A connection closed or reset is an outage, named with
+// what it would be should it last: a proxy restarting, a load balancer without a live backend and
+// Redis's own TCP port (which hangs up on an HTTP request) all look the same, and looking again
+// would only make each failing call slower (helper-64: a 400 ms outage told as config_error).
+export function closedOrNotHttp(error: unknown, url: string, fix: string): Diagnosis {
   const { origin } = new URL(url);
   const text = failureText(error).slice(0, 200);
   const cause = redacted(error);
   if (/invalid HTTP|HTTP version|invalid status/i.test(text)) {
     return { message: `${origin} answers, but not in HTTP (${text}): ${fix}`, retry: false, cause };
   }
-  for (let again = 0; again < 2; again++) {
-    await sleep(100);
-    const failure = await look().then((response) => response.body?.cancel(), (e) => e ?? "");
-    if (failure === undefined || connectFailure(failure, url, fix) !== undefined) {
-      return {
-        message: `${origin} cannot be reached (${text}): if this lasts, ${fix}`,
-        retry: true,
-        cause,
-      };
-    }
-  }
   return {
-    message: `${origin} closes every connection (${text}): is it Redis's TCP port? ${fix}`,
-    retry: false,
+    message:
+      `${origin} closed the connection (${text}): if this lasts, is it Redis's TCP port? ${fix}`,
+    retry: true,
     cause,
   };
 }
