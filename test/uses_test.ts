@@ -356,7 +356,7 @@ Deno.test("a reply whose body fails as it is read is stored as omitted: the hand
   assert.equal(runs, 1);
 });
 
-Deno.test("a reply streamed for longer than the lease keeps the claim: a retry meanwhile gets 409", async () => {
+Deno.test("a reply still streaming after the lease is stored as omitted: the handler runs once", async () => {
   const { records } = await fixture();
   let runs = 0;
   const app = new Hono();
@@ -375,15 +375,49 @@ Deno.test("a reply streamed for longer than the lease keeps the claim: a retry m
   const key = crypto.randomUUID();
   const call = () =>
     app.request("/export", { method: "POST", headers: { "idempotency-key": key } });
-  const first = call();
-  await sleep(2000); // two leases into the stream
-  const meanwhile = await call();
-  assert.equal(meanwhile.status, 409, await meanwhile.text());
-  assert.equal(await (await first).text(), "row\n".repeat(6));
-  const replay = await call();
-  assert.equal(replay.headers.get("idempotent-replayed"), "true");
-  assert.equal(await replay.text(), "row\n".repeat(6));
+  const first = await call();
+  assert.equal(first.status, 201);
+  const retry = await call(); // the first is still streaming: its record was kept without it
+  assert.equal(retry.status, 201);
+  assert.equal(retry.headers.get("idempotent-body"), "omitted");
+  await retry.body?.cancel();
+  assert.equal(await first.text(), "row\n".repeat(6), "the first caller gets the whole stream");
   assert.equal(runs, 1);
+});
+
+Deno.test("server-sent events are stored as omitted at once, never read to their end", async () => {
+  const { records } = await fixture();
+  let runs = 0;
+  let ticking: ReturnType<typeof setInterval> | undefined;
+  const app = new Hono();
+  app.post("/events", idempotency({ records, scope: () => "sse" }), () => {
+    runs++;
+    const body = new ReadableStream<Uint8Array>({
+      start(controller) {
+        ticking = setInterval(
+          () => controller.enqueue(new TextEncoder().encode("data: x\n\n")),
+          20,
+        );
+      },
+      cancel() {
+        clearInterval(ticking);
+      },
+    });
+    return new Response(body, { headers: { "content-type": "text/event-stream" } });
+  });
+  const key = crypto.randomUUID();
+  const call = () =>
+    app.request("/events", { method: "POST", headers: { "idempotency-key": key } });
+  const first = await call(); // answers at once, though its stream never ends
+  try {
+    const replay = await call();
+    assert.equal(replay.headers.get("idempotent-body"), "omitted");
+    await replay.body?.cancel();
+    assert.equal(runs, 1);
+  } finally {
+    await first.body?.cancel();
+    clearInterval(ticking);
+  }
 });
 
 Deno.test("a 5xx or a thrown error releases the claim so a retry runs again", async () => {

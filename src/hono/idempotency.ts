@@ -272,7 +272,7 @@ async function runFirst(
       await next();
       const res = c.res;
       if (c.error || res.status >= 500 || TRANSIENT.has(res.status)) return;
-      stored = await toStored(res, kept);
+      stored = await toStored(res, kept, settings.leaseMs);
     },
     settings,
     id,
@@ -323,8 +323,12 @@ async function release(records: RecordStore, id: string, token: string): Promise
 // the store; else marked omitted, without its body, and with the kept headers that fit, in the
 // allow-list's order (one too long for the store, a signed `Location` say, is left out rather
 // than the reply left unstored, which would run the handler again). So is a body that fails as
-// it is read (a stream that errors, a body used already).
-async function toStored(res: Response, kept: readonly string[]): Promise<StoredResponse> {
+// it is read (a stream that errors, a body used already), or that `bodyOf` stops reading.
+async function toStored(
+  res: Response,
+  kept: readonly string[],
+  withinMs: number,
+): Promise<StoredResponse> {
   const fits = (value: StoredResponse) =>
     new TextEncoder().encode(JSON.stringify(value)).length <= MAX_RESPONSE_BYTES;
   const headers: Record<string, string> = {};
@@ -332,10 +336,8 @@ async function toStored(res: Response, kept: readonly string[]): Promise<StoredR
     const value = res.headers.get(name);
     if (value !== null) headers[name] = value;
   }
-  const body = await Promise.resolve().then(() => res.clone().arrayBuffer()).then(
-    (bytes) => toBase64(new Uint8Array(bytes)),
-    () => undefined,
-  );
+  const bytes = await bodyOf(res, withinMs);
+  const body = bytes && toBase64(bytes);
   const whole = { status: res.status, headers, body };
   if (body !== undefined && fits(whole)) return whole;
   const stored: StoredResponse = { status: res.status, headers: {}, omitted: true };
@@ -344,6 +346,46 @@ async function toStored(res: Response, kept: readonly string[]): Promise<StoredR
     if (!fits(stored)) delete stored.headers[name];
   }
   return stored;
+}
+
+// The body, read from a copy for the store: at most the store's size and for at most `withinMs`
+// (the claim's lease), else undefined, as for a body that fails. A stream that goes on (server-
+// sent events, a slow export) would otherwise hold the reply back, and the claim, for ever.
+async function bodyOf(res: Response, withinMs: number): Promise<Uint8Array | undefined> {
+  if (/^text\/event-stream/i.test(res.headers.get("content-type") ?? "")) return undefined;
+  let reader: ReadableStreamDefaultReader<Uint8Array>;
+  try {
+    const body = res.clone().body;
+    if (body === null) return new Uint8Array();
+    reader = body.getReader();
+  } catch {
+    return undefined; // a body used already
+  }
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const late = new Promise<"late">((resolve) =>
+    timer = setTimeout(() => resolve("late"), withinMs)
+  );
+  try {
+    for (;;) {
+      const next = await Promise.race([reader.read(), late]);
+      if (next === "late") return undefined;
+      if (next.done) break;
+      size += next.value.length;
+      if (size > MAX_RESPONSE_BYTES) return undefined;
+      chunks.push(next.value);
+    }
+  } catch {
+    return undefined;
+  } finally {
+    clearTimeout(timer);
+    reader.cancel().catch(() => {}); // the copy only: the reply's own stream goes on
+  }
+  const all = new Uint8Array(size);
+  let at = 0;
+  for (const chunk of chunks) all.set(chunk, (at += chunk.length) - chunk.length);
+  return all;
 }
 
 function replay(stored: StoredResponse | undefined): Response {
