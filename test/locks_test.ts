@@ -615,6 +615,11 @@ Deno.test("a misconfigured client's error names the cause, and never a key", asy
         new RegExp(`^Nothing accepts connections at http://127\\.0\\.0\\.1:${port} \\(refused\\)`),
       ],
       [
+        "http://127.0.0.1:6666", // the fetch spec's bad ports: no request is ever sent there
+        "config_error",
+        /127\.0\.0\.1:6666 is on a port fetch refuses to reach/,
+      ],
+      [
         `http://127.0.0.1:${closer.addr.port}`,
         "backend_unavailable",
         /closed the connection \(.*closed.*\): if this lasts, is it Redis's TCP port\? check UPSTASH_REDIS_REST_URL/,

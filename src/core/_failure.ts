@@ -55,6 +55,11 @@ export function connectFailure(
   if (/refused/i.test(text)) {
     return found(`Nothing accepts connections at ${origin} (refused): ${fix}`, true);
   }
+  if (/Requests to port \d+ are blocked/i.test(text)) {
+    return found(
+      `${origin} is on a port fetch refuses to reach (the fetch spec's bad ports): ${fix}`,
+    );
+  }
   if (/ENOTFOUND|EAI_AGAIN|dns error|getaddrinfo|not known/i.test(text)) {
     return found(`The host of ${origin} does not resolve: ${fix}`);
   }

@@ -196,7 +196,7 @@ function showLocks() {
         const reason = prompt("Break " + lock.name + "? Its holder loses the lease.\\nWhy (kept in the audit):", "");
         if (reason === null) return;
         try {
-          await api(scoped("/v1/locks/" + encodeURIComponent(lock.name) + "/break"), { method: "POST", body: JSON.stringify({ reason: reason.trim().slice(0, 200), fence: lock.fence }) });
+          await api(scoped("/v1/locks/" + encodeURIComponent(lock.name) + "/break"), { method: "POST", body: JSON.stringify({ reason: reason.trim().slice(0, 200), ...(lock.mode === "shared" || lock.mode === "semaphore" ? {} : { fence: lock.fence }) }) });
         } catch (e) { $("status").textContent = e.message; }
         refresh();
       };
