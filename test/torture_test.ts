@@ -31,18 +31,20 @@ Deno.test("a short torture run on a Redis Cluster, a primary stopped mid-run, ha
 });
 
 // Each broken variant removes one check from one script; the checker names the rule it broke.
-const CAUGHT_AS: Record<(typeof BROKEN_RULES)[number], Violation["rule"]> = {
-  release: "overlap",
-  shared: "overlap",
-  limit: "over_limit",
-  multi: "partial_grant",
-  fence: "fence_order",
-  reentry: "overlap",
-  hold: "overlap",
-  handoff: "overlap",
-  handoff_all: "overlap",
-  successor: "overlap",
-  permits: "over_limit", // by test/handoff_test.ts, not here
+const CAUGHT_AS: Record<(typeof BROKEN_RULES)[number], Violation["rule"][]> = {
+  release: ["overlap"],
+  shared: ["overlap"],
+  limit: ["over_limit"],
+  multi: ["partial_grant"],
+  fence: ["fence_order"],
+  reentry: ["overlap"],
+  hold: ["overlap"],
+  handoff: ["overlap"],
+  handoff_all: ["overlap"],
+  // The head's grant taken by another waiter: two tokens hold one lease, so one fence (a run
+  // whose two holders' spans fall within the checker's slack shows only that).
+  successor: ["overlap", "fence_order"],
+  permits: ["over_limit"], // by test/handoff_test.ts, not here
 };
 // The permits break needs a waiter at the head whose permits do not fit, which a short run meets
 // too rarely to be certain: test/handoff_test.ts catches it deterministically.
@@ -51,7 +53,8 @@ for (const broken of BROKEN_RULES.filter((rule) => rule !== "permits")) {
   // multi break was missed once so): up to four runs, until one catches it.
   Deno.test(`the checker catches the broken ${broken} variant`, async () => {
     const seen = new Set<string>();
-    for (let run = 0; run < 4 && !seen.has(CAUGHT_AS[broken]); run++) {
+    const caught = () => CAUGHT_AS[broken].some((rule) => seen.has(rule));
+    for (let run = 0; run < 4 && !caught(); run++) {
       const report = await runTorture({
         clients: 24,
         names: 4,
@@ -62,7 +65,7 @@ for (const broken of BROKEN_RULES.filter((rule) => rule !== "permits")) {
       });
       for (const violation of report.violations) seen.add(violation.rule);
     }
-    assert.ok(seen.has(CAUGHT_AS[broken]), `caught as ${[...seen]}`);
+    assert.ok(caught(), `caught as ${[...seen]}`);
   });
 }
 
