@@ -420,6 +420,51 @@ Deno.test("server-sent events are stored as omitted at once, never read to their
   }
 });
 
+Deno.test("a reply replays with its encoding, and a body of no bytes is never stored as whole", async () => {
+  const { records } = await fixture();
+  let runs = 0;
+  const app = new Hono();
+  const middleware = idempotency({ records, scope: () => "bytes" });
+  app.post("/gzip", middleware, async () => {
+    runs++;
+    const gzipped = new Response(
+      new Blob([JSON.stringify({ order: "o-1" })]).stream().pipeThrough(
+        new CompressionStream("gzip"),
+      ),
+    );
+    return new Response(await gzipped.arrayBuffer(), {
+      status: 201,
+      headers: { "content-type": "application/json", "content-encoding": "gzip" },
+    });
+  });
+  // A handler's bug: a string enqueued where bytes go (workerd sends any ArrayBuffer or view).
+  app.post("/text", middleware, () => {
+    runs++;
+    const body = new ReadableStream({
+      start(controller) {
+        controller.enqueue("not bytes");
+        controller.close();
+      },
+    });
+    return new Response(body as ReadableStream<Uint8Array>, { status: 201 });
+  });
+  const call = (path: string, key: string) =>
+    app.request(path, { method: "POST", headers: { "idempotency-key": key } });
+  const key = crypto.randomUUID();
+  const first = await call("/gzip", key);
+  const firstBytes = new Uint8Array(await first.arrayBuffer());
+  const replay = await call("/gzip", key);
+  assert.equal(replay.headers.get("idempotent-replayed"), "true");
+  assert.equal(replay.headers.get("content-encoding"), "gzip");
+  assert.deepEqual(new Uint8Array(await replay.arrayBuffer()), firstBytes);
+  const other = crypto.randomUUID();
+  await (await call("/text", other)).arrayBuffer().catch(() => {}); // the caller's read fails
+  const stored = await call("/text", other);
+  assert.equal(stored.headers.get("idempotent-body"), "omitted");
+  await stored.body?.cancel();
+  assert.equal(runs, 2);
+});
+
 Deno.test("a 5xx or a thrown error releases the claim so a retry runs again", async () => {
   const { records } = await fixture();
   let runs = 0;

@@ -310,7 +310,8 @@ async function runHeld(
       await release(records, id, token);
       throw error;
     }
-    // The claim was lost while the handler ran: its reply goes out, but is not stored.
+    // The claim was lost while the handler ran: its reply goes out, and the store refuses it
+    // (complete acts only for the claim's own token).
   });
 }
 
@@ -332,7 +333,9 @@ async function toStored(
   const fits = (value: StoredResponse) =>
     new TextEncoder().encode(JSON.stringify(value)).length <= MAX_RESPONSE_BYTES;
   const headers: Record<string, string> = {};
-  for (const name of kept) {
+  // A body stored as sent (compress() inside the middleware, a gzipped file) replays with its
+  // encoding, allow-listed or not.
+  for (const name of [...kept, "content-encoding"]) {
     const value = res.headers.get(name);
     if (value !== null) headers[name] = value;
   }
@@ -353,7 +356,7 @@ async function toStored(
 // sent events, a slow export) would otherwise hold the reply back, and the claim, for ever.
 async function bodyOf(res: Response, withinMs: number): Promise<Uint8Array | undefined> {
   if (/^text\/event-stream/i.test(res.headers.get("content-type") ?? "")) return undefined;
-  let reader: ReadableStreamDefaultReader<Uint8Array>;
+  let reader: ReadableStreamDefaultReader<unknown>;
   try {
     const body = res.clone().body;
     if (body === null) return new Uint8Array();
@@ -372,9 +375,18 @@ async function bodyOf(res: Response, withinMs: number): Promise<Uint8Array | und
       const next = await Promise.race([reader.read(), late]);
       if (next === "late") return undefined;
       if (next.done) break;
-      size += next.value.length;
+      // Bytes as a runtime sends them (workerd: any ArrayBuffer or view); anything else (a
+      // string a handler enqueued) is no body the caller got either: not stored.
+      const { value } = next;
+      const chunk = value instanceof ArrayBuffer
+        ? new Uint8Array(value)
+        : ArrayBuffer.isView(value)
+        ? new Uint8Array(value.buffer, value.byteOffset, value.byteLength)
+        : undefined;
+      if (chunk === undefined) return undefined;
+      size += chunk.length;
       if (size > MAX_RESPONSE_BYTES) return undefined;
-      chunks.push(next.value);
+      chunks.push(chunk);
     }
   } catch {
     return undefined;
@@ -393,7 +405,9 @@ function replay(stored: StoredResponse | undefined): Response {
   headers.set("idempotent-replayed", "true");
   if (stored?.omitted) {
     // Never an empty body that looks like the real one: say it was not kept.
-    for (const name of ["content-type", "content-length", "etag"]) headers.delete(name);
+    for (const name of ["content-type", "content-length", "content-encoding", "etag"]) {
+      headers.delete(name);
+    }
     headers.set("idempotent-body", "omitted");
   }
   const body = stored?.body ? Uint8Array.from(atob(stored.body), (ch) => ch.charCodeAt(0)) : null;
