@@ -20,8 +20,9 @@ export const AUDIT_LENGTH = 1000;
  * fence; waiters keep their places. Recorded in the audit stream. Returns `{1, fence, nowMs}`, or
  * `{0, nowMs}` when it was not held (or, with `fence`, held by no lease of that fence: one granted
  * since the caller looked holds it; a shared or semaphore name is broken, every holder's lease,
- * while a holder of that fence is among them). A break with an id is remembered for RELEASE_MEMORY_MS: a
- * retry answers the same and breaks nothing more (never a lease granted since). Breaks by id have
+ * while a holder of that fence is among them). A break with an id is remembered for
+ * RELEASE_MEMORY_MS: a retry answers the same and breaks nothing more (never a lease granted
+ * since). Breaks by id have
  * a hash of their own, apart from the release marks, which every release trims by fence: id ->
  * `<fence broken, 0 for none>|<seq>`, `#` the last seq; past RELEASED_MARKS ids the oldest goes
  * (by seq, not by fence or clock, which a step back would reorder), a field without one first,
