@@ -307,3 +307,43 @@ Deno.test("wrangler dev runs the [build] command and serves the Worker against t
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("idempotency() in workerd stores the bytes its caller got, whatever view a stream sent", async () => {
+  const { backend } = await fixture();
+  const dir = await Deno.makeTempDir({ prefix: "edgelock-idempotent-" });
+  const bundled = await new Deno.Command(Deno.execPath(), {
+    args: ["bundle", "--platform=browser", "-o", `${dir}/worker.js`, "test/_idempotent_worker.ts"],
+    stdout: "null",
+    stderr: "piped",
+  }).output();
+  assert.ok(bundled.success, new TextDecoder().decode(bundled.stderr));
+  const mf = new Miniflare({
+    modules: true,
+    script: await Deno.readTextFile(`${dir}/worker.js`),
+    compatibilityDate: "2026-08-01",
+    bindings: {
+      UPSTASH_REDIS_REST_URL: backend.bridge.url,
+      UPSTASH_REDIS_REST_TOKEN: backend.token,
+    },
+  });
+  try {
+    for (const view of ["buffer", "u16"]) {
+      const key = crypto.randomUUID();
+      const call = () =>
+        mf.dispatchFetch(`http://worker.test/${view}`, {
+          method: "POST",
+          headers: { "idempotency-key": key },
+        });
+      const first = new Uint8Array(await (await call()).arrayBuffer());
+      assert.ok(first.length > 0, view);
+      const replay = await call();
+      assert.equal(replay.headers.get("idempotent-replayed"), "true", view);
+      assert.equal(replay.headers.get("idempotent-body"), null, `${view}: stored whole`);
+      assert.deepEqual(new Uint8Array(await replay.arrayBuffer()), first, view);
+    }
+    assert.equal(await (await mf.dispatchFetch("http://worker.test/runs")).text(), "2");
+  } finally {
+    await mf.dispose();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
