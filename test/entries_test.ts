@@ -45,8 +45,10 @@ Deno.test("the client acquires, renews, inspects and releases", async () => {
 Deno.test("withLock() through the service renews across several TTLs", async () => {
   const { locks } = await fixture();
   const name = keygen();
-  const fences = await locks.withLock(name, { ttlMs: 600 }, async (lease, signal) => {
-    await new Promise((resolve) => setTimeout(resolve, 2000)); // over three TTLs
+  // A renewal every 500 ms, each with 700 ms to come back before the signal would abort: room for
+  // a loaded machine, where a 600 ms TTL left 280 ms and once aborted.
+  const fences = await locks.withLock(name, { ttlMs: 1500 }, async (lease, signal) => {
+    await new Promise((resolve) => setTimeout(resolve, 5000)); // over three TTLs
     assert.equal(signal.aborted, false);
     const info = await locks.inspect(name);
     assert.ok(info.held);
