@@ -16,7 +16,7 @@ import {
   unavailable,
 } from "./_problem.ts";
 import { MAX_RESPONSE_BYTES, recordId, type RecordStore, safeName } from "../uses/records.ts";
-import { hold } from "../core/with_lock.ts";
+import { runClaimed } from "./_claim.ts";
 
 /** Options for {@linkcode idempotency}. */
 export interface IdempotencyOptions {
@@ -267,52 +267,20 @@ async function runFirst(
   // The reply is read for the store under the claim too: one streamed for longer than leaseMs
   // keeps it, where a lapsed claim would let a retry run the handler again.
   let stored: StoredResponse | undefined;
-  await runHeld(
-    async () => {
-      await next();
-      const res = c.res;
-      if (c.error || res.status >= 500 || TRANSIENT.has(res.status)) return;
-      stored = await toStored(res, kept, settings.leaseMs);
-    },
-    settings,
-    id,
-    token,
-  );
+  await runClaimed({
+    what: "idempotency claim",
+    leaseMs: settings.leaseMs,
+    grantedAt: performance.now(),
+    renew: async () => (await records.renew("idempotency", id, token, settings.leaseMs)).renewed,
+    release: () => release(records, id, token),
+  }, async () => {
+    await next();
+    const res = c.res;
+    if (c.error || res.status >= 500 || TRANSIENT.has(res.status)) return;
+    stored = await toStored(res, kept, settings.leaseMs);
+  });
   if (stored === undefined) await release(records, id, token);
   else await records.complete("idempotency", id, token, stored);
-}
-
-// Runs the handler while the claim is renewed; a thrown error releases the claim and goes on.
-async function runHeld(
-  run: () => Promise<void>,
-  { records, leaseMs }: Settings<RecordStore>,
-  id: string,
-  token: string,
-) {
-  const grantedAt = performance.now();
-  let threw = false;
-  await hold({
-    what: "idempotency claim",
-    ttlMs: leaseMs,
-    grantedAt,
-    renew: async () => (await records.renew("idempotency", id, token, leaseMs)).renewed,
-    // The handler cannot be stopped, and the claim's token is its own (made for the claim).
-    renewAfterAbort: true,
-  }, async () => {
-    try {
-      await run();
-    } catch (error) {
-      threw = true;
-      throw error;
-    }
-  }).catch(async (error) => {
-    if (threw) {
-      await release(records, id, token);
-      throw error;
-    }
-    // The claim was lost while the handler ran: its reply goes out, and the store refuses it
-    // (complete acts only for the claim's own token).
-  });
 }
 
 // Frees the claim so a retry may redo the work; a failure to free it only delays that retry.

@@ -9,7 +9,7 @@ import {
 } from "./_problem.ts";
 import { dedupe, type DedupeOptions } from "../uses/dedupe.ts";
 import { checkOptions, DEFAULT_LEASE_MS } from "../core/_validate.ts";
-import { hold } from "../core/with_lock.ts";
+import { runClaimed } from "./_claim.ts";
 import type { RecordStore } from "../uses/records.ts";
 
 /** Options for {@linkcode webhookDedupe}. */
@@ -111,26 +111,13 @@ export function webhookDedupe(given: WebhookDedupeOptions): MiddlewareHandler {
     // The claim is renewed while the handler runs, so a redelivery while it is slow gets 409.
     // A claim lost meanwhile (another delivery's now) is neither marked nor freed below: both
     // act only for the claim's own token.
-    let threw = false;
-    await hold({
+    await runClaimed({
       what: "webhook claim",
-      ttlMs: options.leaseMs ?? DEFAULT_LEASE_MS,
+      leaseMs: options.leaseMs ?? DEFAULT_LEASE_MS,
       grantedAt: claimedAt,
       renew: claim.renew,
-      // The handler cannot be stopped, and the claim's token is its own (made for the claim).
-      renewAfterAbort: true,
-    }, async () => {
-      try {
-        await next();
-      } catch (error) {
-        threw = true;
-        throw error;
-      }
-    }).catch(async (error) => {
-      if (!threw) return;
-      await claim.release().catch(() => false);
-      throw error;
-    });
+      release: claim.release,
+    }, next);
     // The handler's reply stands even if Redis fails now: an unmarked id frees when its lease
     // ends, and a redelivery after that is processed again (at least once, never lost).
     if (c.res.status >= 200 && c.res.status < 300 && !c.error) {
