@@ -149,6 +149,13 @@ Deno.test("only an operator breaks a lock: the holder then loses it, and the aud
   const byTenant = await call(`/v1/locks/${name}/break`, { body: {} });
   assert.equal(byTenant.status, 403);
   assert.equal(byTenant.body.code, "forbidden");
+  // A fence that is no lease's is refused before anything is broken, named, never a 5xx.
+  for (const fence of [0, -1, 1.5, "7", 2 ** 60]) {
+    const bad = await call(`/v1/locks/${name}/break?tenant=a`, { secret: OPS, body: { fence } });
+    assert.equal(bad.status, 400, `${fence}: ${bad.text}`);
+    assert.equal(bad.res.headers.get("content-type"), "application/problem+json");
+    assert.deepEqual((bad.body.errors as Json[]).map((e) => e.path), ["fence"], bad.text);
+  }
   const broken = await call(`/v1/locks/${name}/break?tenant=a`, {
     secret: OPS,
     body: { reason: "holder crashed" },
