@@ -200,6 +200,11 @@ Deno.test("a lease whose fence is not a fence is a RangeError, as in the library
   }
   const info = await client.inspect(name);
   assert.ok(info.held && info.fence === second.lease.fence, "the second lease stands");
+  // The first lease itself, fence and all, is lost: a renewal goes by the fence it is sent.
+  assert.deepEqual(await client.renew(first.lease, { ttlMs: 120_000 }), { renewed: false });
+  assert.deepEqual(await client.renewMany([first.lease]), [{ renewed: false }]);
+  const kept = await client.inspect(name);
+  assert.ok(kept.held && kept.ttlMs! <= 60_000, "the second lease keeps its own end");
   assert.equal(await client.release(second.lease), true);
 });
 

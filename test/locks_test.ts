@@ -297,6 +297,28 @@ Deno.test("renew() keeps millisecond precision, also with under 500 ms left", as
   assert.ok(Math.abs(short.lease.ttlMs - shortLeft) < 50, `told ${short.lease.ttlMs}`);
 });
 
+Deno.test("renew() extends only the lease it names: not a later lease of the same token", async () => {
+  const { locks, leaseLeft } = await fixture();
+  const name = keygen();
+  const token = "one-token-for-two-leases";
+  const first = acquired(await locks.acquire(name, { token, ttlMs: 2000 }));
+  assert.equal(await locks.release(first), true);
+  const second = acquired(await locks.acquire(name, { token, ttlMs: 2000 }));
+  assert.ok(second.fence > first.fence);
+  // A late renewal of the first lease (a watchdog that did not hear of its release, a retry)
+  // must not tell its holder that the first lease goes on, nor lengthen the second.
+  assert.deepEqual(await locks.renew(first, { ttlMs: 60_000 }), { renewed: false });
+  assert.deepEqual(await locks.renewMany([first], { ttlMs: 60_000 }), [{ renewed: false }]);
+  assert.ok((await leaseLeft(name)) <= 2000, "the second lease keeps its own end");
+  const renewed = await locks.renew(second, { ttlMs: 3000 });
+  assert.ok(renewed.renewed && renewed.lease.fence === second.fence);
+  // Without a fence a renewal goes by token, as before: the lease that token holds now.
+  const { fence: _, ...byToken } = second;
+  const loose = await locks.renew(byToken, { ttlMs: 3000 });
+  assert.ok(loose.renewed && loose.lease.fence === second.fence);
+  assert.equal(await locks.release(second), true);
+});
+
 Deno.test("inspect() shows fence, TTL and meta but never the token", async () => {
   const { backend, locks } = await fixture();
   const name = keygen();

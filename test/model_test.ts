@@ -42,7 +42,7 @@ type Cmd =
   | { kind: "vanish"; who: number; ticketMs: number }
   | { kind: "block"; who: number; ticketMs: number }
   | { kind: "leave"; who: number } // a waiter's call leaves the queue (it looked last)
-  | { kind: "renew"; who: number; ttlMs: number }
+  | { kind: "renew"; who: number; ttlMs: number; fence: "none" | "last" | "earlier" }
   | { kind: "reenter"; who: number; ttlMs: number; hold: number }
   | { kind: "release"; who: number; withFence: boolean; hold: number | null }
   | { kind: "inspect" }
@@ -74,7 +74,15 @@ const command: fc.Arbitrary<Cmd> = fc.oneof(
     }),
   },
   { weight: 2, arbitrary: fc.record({ kind: fc.constant("leave" as const), who }) },
-  { weight: 3, arbitrary: fc.record({ kind: fc.constant("renew" as const), who, ttlMs }) },
+  {
+    weight: 3,
+    arbitrary: fc.record({
+      kind: fc.constant("renew" as const),
+      who,
+      ttlMs,
+      fence: fc.constantFrom("none" as const, "last" as const, "earlier" as const),
+    }),
+  },
   {
     weight: 3,
     arbitrary: fc.record({ kind: fc.constant("reenter" as const), who, ttlMs, hold }),
@@ -138,6 +146,7 @@ class Model {
     if (this.live().length === 0) this.queue = [];
   }
   lastFence = new Map<string, number>(); // what each client knows of its last lease
+  earlierFence = new Map<string, number>(); // … and of the one before it (a stale lease object)
   maxFence = 0;
   horizon = -Infinity; // the latest deadline that has passed: the clock never steps back before it
 
@@ -295,6 +304,8 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
     // Lost floor and a clock behind the last fence: the README's stated exception. The chain of
     // strictly increasing fences starts again from this one.
     model.maxFence = guaranteed ? Math.max(model.maxFence, lease.fence) : lease.fence;
+    const last = model.lastFence.get(token);
+    if (last !== undefined && last !== lease.fence) model.earlierFence.set(token, last);
     model.lastFence.set(token, lease.fence);
   };
 
@@ -406,8 +417,15 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
       }
       case "renew": {
         const token = tokens[cmd.who]!;
-        const result = await ctx.locks.renew({ name, token }, { ttlMs: cmd.ttlMs });
-        const holds = model.holder?.token === token;
+        // With a fence the token was told: only that lease, never a later one of it.
+        const fence = cmd.fence === "none"
+          ? undefined
+          : (cmd.fence === "last" ? model.lastFence : model.earlierFence).get(token);
+        const result = await ctx.locks.renew({ name, token, ...(fence && { fence }) }, {
+          ttlMs: cmd.ttlMs,
+        });
+        const holds = model.holder?.token === token &&
+          (fence === undefined || fence === model.holder.fence);
         if (result.renewed !== holds) fail(`renew: ${result.renewed}, the model says ${holds}`);
         if (result.renewed) {
           if (result.lease.fence !== model.holder!.fence) fail("renew changed the fence");

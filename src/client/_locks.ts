@@ -78,10 +78,12 @@ function renewing(http: Http): Pick<LockClient, "renew" | "renewMany"> {
   return {
     async renew(lease, opts = {}) {
       checkLockName(lease?.name);
-      checkFence(lease.fence); // unsent (a renew goes by token), but refused as the library does
+      // With the fence only that lease is renewed, never a later lease of the same token.
+      const fence = checkFence(lease.fence);
       checkOptions(opts, ["ttlMs"], "renew()");
       const body = {
         token: checkToken(lease.token),
+        ...(fence !== undefined && { fence }),
         ttlMs: renewTtl(opts.ttlMs, lease.ttlMs),
       };
       const { status, data } = await http.call("POST", lockPath(lease.name, "renew"), body);
@@ -102,8 +104,8 @@ function renewing(http: Http): Pick<LockClient, "renew" | "renewMany"> {
         ttlMs: checkDuration(opts.ttlMs, "ttlMs", DEFAULT_TTL_MS),
         leases: leases.map((lease) => {
           const name = checkLockName(lease?.name);
-          checkFence(lease.fence);
-          return { name, token: checkToken(lease.token) };
+          const fence = checkFence(lease.fence);
+          return { name, token: checkToken(lease.token), ...(fence !== undefined && { fence }) };
         }),
       };
       const { status, data } = await http.call("POST", "v1/locks/renew", body);

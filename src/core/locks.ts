@@ -322,11 +322,18 @@ export class Locks implements LockClient {
     return refs.map((ref, i) => this.#renewed(ref, replies[i], started));
   }
 
-  #renewCall({ name, token }: LeaseRef, ttlMs: number) {
+  // With the lease's fence, only that lease is renewed: never a later lease of the same token.
+  #renewCall({ name, token, fence }: LeaseRef, ttlMs: number) {
     const { lockKey, holdersKey } = this.#context.keys.lock(name);
     return RENEW.call({
       keys: { lockKey, holdersKey, ...this.#context.keys.statsKeys(name) },
-      args: { token, ttlMs, graceMs: this.#context.fenceWindowMs, name },
+      args: {
+        token,
+        ttlMs,
+        graceMs: this.#context.fenceWindowMs,
+        name,
+        fence: fence?.toString() ?? "",
+      },
     });
   }
 

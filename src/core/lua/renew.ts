@@ -4,13 +4,19 @@ import { HOLDERS_LUA, INDEX_LUA, NOW, RECORD_LUA, STATS_LUA } from "./lib.ts";
 
 /**
  * Renew, any kind of lease. Returns `{1, fence, ttlMs, nowMs, holdCount}`, or `{0, nowMs}` when
- * the token no longer holds it.
+ * the token no longer holds it, or (given the lease's fence) holds another lease since.
  */
 export const RENEW = defineScript(
   "renew",
   {
     keys: ["lockKey", "holdersKey", ...STATS_KEYS],
-    args: { token: "string", ttlMs: "number", graceMs: "number", name: "string" },
+    args: {
+      token: "string",
+      ttlMs: "number",
+      graceMs: "number",
+      name: "string",
+      fence: "string", // the lease's fence, or '' when the caller does not know it
+    },
   },
   [NOW, RECORD_LUA, HOLDERS_LUA, STATS_LUA, INDEX_LUA],
   `
@@ -20,7 +26,7 @@ if r and r.shared and nowMs < r.leaseEnd then
   h = readHolder(redis.call('HGET', holdersKey, token))
   if h then h.token = token end
 end
-if not r or not h or h.token ~= token or nowMs >= h.leaseEnd then
+if not r or not h or h.token ~= token or nowMs >= h.leaseEnd or (fence ~= '' and h.fence ~= fence) then
   count(statsKey, nowMs, 'renew.lost')
   return {0, nowMs}
 end

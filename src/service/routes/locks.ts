@@ -72,9 +72,15 @@ const Next = (description: string) =>
   z.optional(
     doc(z.string().check(z.regex(HINT, "must be the lease's next, unchanged")), { description }),
   );
+// A lease's fence, sent back: the call then means exactly that lease.
+const Fence = (description: string) =>
+  z.optional(doc(z.number().check(z.int(), z.minimum(1)), { description }));
 const RenewBody = doc(
   z.strictObject({
     token: Token,
+    fence: Fence(
+      "The lease's fence: only that lease is renewed, never a later lease of the same token",
+    ),
     ttlMs: duration("ttlMs", "New lease length from now, ms"),
     next: Next("The lease's next, unchanged: the renewed lease keeps it"),
   }),
@@ -83,13 +89,9 @@ const RenewBody = doc(
 const ReleaseBody = doc(
   z.strictObject({
     token: Token,
-    fence: z.optional(doc(
-      z.number().check(z.int(), z.minimum(1)),
-      {
-        description:
-          "The lease's fence: a retry answers true for exactly this lease, and the release can hand over in place",
-      },
-    )),
+    fence: Fence(
+      "The lease's fence: a retry answers true for exactly this lease, and the release can hand over in place",
+    ),
     hold: z.optional(holdId(
       "A reentrant lease's hold to end (the lease's hold): a retry then ends it once",
     )),
@@ -139,7 +141,14 @@ const LockInfoSchema = doc(
 const RenewManyBody = doc(
   z.strictObject({
     ttlMs: z.optional(duration("ttlMs", "New lease length from now, ms (default 10000)")),
-    leases: z.array(z.strictObject({ name: LockName, token: Token, next: Next("As for one") }))
+    leases: z.array(
+      z.strictObject({
+        name: LockName,
+        token: Token,
+        fence: Fence("As for one"),
+        next: Next("As for one"),
+      }),
+    )
       .check(
         z.minLength(1),
         z.maxLength(1000),
@@ -204,12 +213,14 @@ export function lockRoutes(app: Hono<AppEnv>): void {
     ...post("locks", "renewLock", "/v1/locks/{name}/renew", NameParams, RenewBody),
     summary: "Extend a lease held by this token; the fence stays the same",
     responses: { 200: json(LeaseSchema, "Renewed"), 409: problemDoc("lock_lost"), ...common },
-  }, async (c, { params: { name }, body: { token, ttlMs, next } }) => {
-    const result = await c.var.locks.renew({ name, token, next }, { ttlMs });
+  }, async (c, { params: { name }, body: { token, fence, ttlMs, next } }) => {
+    const result = await c.var.locks.renew({ name, token, fence, next }, { ttlMs });
     if (!result.renewed) {
       throw new EdgelockError(
         "lock_lost",
-        `Cannot renew lock "${name}": the token does not hold it`,
+        `Cannot renew lock "${name}": the token does not hold it${
+          fence === undefined ? "" : " (or holds a later lease)"
+        }`,
       );
     }
     return c.json(leaseBody(result.lease), 200);
