@@ -533,7 +533,7 @@ Deno.test("a waiter leaving the queue finds a hand-off that beat it", async () =
       wakeKey: handedKey,
       holdersKey: `${lockKey}:holders`,
     },
-    args: { member: token, outcome: "", wakeId, lookedAt: 0, ticketEnd: "" },
+    args: { member: token, outcome: "", wakeId, ticketEnd: "", seenFence: 0, hold: "" },
   });
   const reply = await runScript(redis, LEAVE_QUEUE, leave.keys, leave.args) as number[];
   assert.equal(reply[0], 2, "the leave reports the lease");
@@ -552,27 +552,26 @@ Deno.test("a reader leaving the queue finds the lease a ring granted it since it
     name,
   );
   const writer = acquired(await locks.acquire(name, { ttlMs: 10_000 }));
-  const leave = (token: string, wakeId: string, lookedAt: number) =>
+  const leave = (token: string, wakeId: string, seenFence: number) =>
     LEAVE_QUEUE.call({
       keys: { queueKey, ticketsKey, offersKey, lockKey, wakeKey: wakeKey(wakeId), holdersKey },
-      args: { member: `${token}~s`, outcome: "", wakeId, lookedAt, ticketEnd: "" },
+      args: { member: `${token}~s`, outcome: "", wakeId, ticketEnd: "", seenFence, hold: "" },
     });
   const run = async (call: { keys: string[]; args: (string | number)[] }, script: Script) =>
     await runScript(redis, script, call.keys, call.args) as number[];
   const [one, two] = ["reader-one-000000001", "reader-two-000000002"];
-  const [seconds] = await redis.time();
-  const lookedAt = Number(seconds) * 1000 - 1000; // the server's clock, before the looks
   assert.equal((await run(readerLook(name, one, "wReaderOne0001"), ACQUIRE_SHARED))[0], 0);
   assert.equal((await run(readerLook(name, two, "wReaderTwo0002"), ACQUIRE_SHARED))[0], 0);
   await locks.release(writer); // the ring grants both
   const ring = await redis.xrange(readersKey, "-", "+");
   assert.equal(Object.keys(ring).length, 1, "one ring");
-  const reply = await run(leave(one, "wReaderOne0001", lookedAt), LEAVE_QUEUE);
+  // Each look saw the writer's fence, the name's last.
+  const reply = await run(leave(one, "wReaderOne0001", writer.fence), LEAVE_QUEUE);
   assert.equal(reply[0], 2, "the leave reports the lease");
   assert.ok(reply[1]! > writer.fence);
   assert.ok(reply[2]! > 2_000 && reply[2]! <= 3_000, `with its TTL left: ${reply[2]}`);
-  // A lease granted before the leaver's last look is not its grant.
-  assert.equal(await run(leave(two, "wReaderTwo0002", lookedAt + 60_000), LEAVE_QUEUE), 0);
+  // A lease granted before the leaver's last look (whose fence it saw) is not its grant.
+  assert.equal(await run(leave(two, "wReaderTwo0002", reply[1]! + 1), LEAVE_QUEUE), 0);
   for (const token of [one, two]) {
     assert.equal(await locks.release({ name, token, mode: "shared" } as never), true);
   }
@@ -1170,7 +1169,7 @@ Deno.test("a reader that leaves as it is granted on its wake key keeps that leas
     const look = readerLook(name, token, wakeId, { ttlMs: 30_000, ticketMs: 5_000 });
     const busy = await runScript(redis, ACQUIRE_SHARED, look.keys, look.args) as number[];
     assert.equal(busy[0], 0);
-    const lookedAt = busy[2]!;
+    const seenFence = busy[9]!;
     // The writer's acquire again with its token (a retry): its grant now names the reader.
     const written = acquired(await locks.acquire(name, { token: handed.token, ttlMs: 60_000 }));
     await server.shift(-10_000); // the grant's fence is now below the look's time
@@ -1178,7 +1177,14 @@ Deno.test("a reader that leaves as it is granted on its wake key keeps that leas
     assert.equal(await redis.xlen(wakeKey(wakeId)), 1, "granted on its wake key");
     const leave = LEAVE_QUEUE.call({
       keys: { queueKey, ticketsKey, offersKey, lockKey, wakeKey: wakeKey(wakeId), holdersKey },
-      args: { member: `${token}~s`, outcome: "timeout", wakeId, lookedAt, ticketEnd: "" },
+      args: {
+        member: `${token}~s`,
+        outcome: "timeout",
+        wakeId,
+        ticketEnd: "",
+        seenFence,
+        hold: "",
+      },
     });
     const left = await runScript(redis, LEAVE_QUEUE, leave.keys, leave.args) as number[];
     assert.equal(left[0], 2, `the leave returns the lease: ${JSON.stringify(left)}`);
@@ -1187,6 +1193,81 @@ Deno.test("a reader that leaves as it is granted on its wake key keeps that leas
   } finally {
     await backend.stop();
   }
+});
+
+// \`redis\`, with \`before\` run once, just before the first leave of the queue is sent.
+function beforeLeave(redis: Redis, before: () => Promise<void>): Redis {
+  const shas = Promise.all([LEAVE_QUEUE.sha1(), LEAVE_QUEUE.keyLocked.sha1()]);
+  let fired = false;
+  return new Proxy(redis, {
+    get(target, property, receiver) {
+      const value = Reflect.get(target, property, receiver);
+      if (property !== "evalsha" && property !== "eval") return value;
+      return async (first: string, keys: string[], args: unknown[]) => {
+        const leave = (await shas).includes(first) || first === LEAVE_QUEUE.source;
+        if (leave && !fired) {
+          fired = true;
+          await before();
+        }
+        return (value as typeof target.evalsha).call(target, first, keys, args);
+      };
+    },
+  });
+}
+
+Deno.test("a reader that times out as a ring grants it keeps the lease, after a clock step back too", async () => {
+  const server = await startShiftedRedisServer();
+  const backend = await startBackend([], server);
+  try {
+    const locks = new Locks(backend.redis);
+    const name = keygen("h");
+    // Granted with no one waiting: its grant names no waiter, so its release grants in a ring.
+    const writer = acquired(await locks.acquire(name, { ttlMs: 60_000 }));
+    // Between the reader's last look and its leave, the clock steps back and the writer releases:
+    // the ring's fence is the writer's and one, below the server's time at the look.
+    const reader = new Locks(beforeLeave(backend.redis, async () => {
+      await server.shift(-10_000);
+      assert.equal(await locks.release(writer), true);
+    }));
+    const result = await reader.acquire(name, { mode: "shared", ttlMs: 30_000, waitMs: 1_000 });
+    const info = await locks.inspect(name);
+    assert.ok(result.acquired, `told busy, while the name is ${JSON.stringify(info)}`);
+    assert.ok(info.held && info.fence === result.lease.fence);
+    assert.equal(await locks.release(result.lease), true);
+    assert.equal((await locks.inspect(name)).held, false, "nothing left behind");
+  } finally {
+    await backend.stop();
+  }
+});
+
+Deno.test("a reentrant reader that times out never takes the lease another hold of its token was granted", async () => {
+  const { backend } = await fixture();
+  const locks = new Locks(backend.redis);
+  const name = keygen("h");
+  const token = "two-holds-reader-0001";
+  const writer = acquired(await locks.acquire(name, { ttlMs: 60_000 }));
+  // Hold one gives up; before its leave, the writer releases and the ring grants the token's
+  // place, whose offer is hold two's (its look came last).
+  const one = new Locks(beforeLeave(backend.redis, async () => {
+    assert.equal(await locks.release(writer), true);
+  })).acquire(name, { mode: "shared", token, reentrant: true, hold: "holdOne0", waitMs: 800 });
+  await queued(backend.redis, name, 1);
+  const two = locks.acquire(name, {
+    mode: "shared",
+    token,
+    reentrant: true,
+    hold: "holdTwo0",
+    ttlMs: 30_000,
+    waitMs: 20_000,
+  });
+  const [first, second] = await Promise.all([one, two]);
+  const granted = acquired(second);
+  assert.equal(granted.hold, "holdTwo0");
+  assert.equal(first.acquired, false, "hold one was never counted: it is not told it holds");
+  // Hold two's release ends the lease: a writer may take the name, and no reader believes it holds.
+  assert.equal(await locks.release(granted), true);
+  const next = acquired(await locks.acquire(name, { ttlMs: 5_000 }));
+  assert.equal(await locks.release(next), true);
 });
 
 Deno.test("a reader behind a queued writer hears a ring not meant for it and listens on", async () => {

@@ -404,7 +404,14 @@ async function runSequence(ctx: Ctx, cmds: Cmd[]) {
         const ticketEnd = ticket > 0 ? String(ticket) : "";
         const { keys: leaveKeys, args } = LEAVE_QUEUE.call({
           keys: { ...keysOf(name), wakeKey: keysOf(name).wakeKey("") },
-          args: { member: token, outcome: "timeout", wakeId: "", lookedAt: 0, ticketEnd },
+          args: {
+            member: token,
+            outcome: "timeout",
+            wakeId: "",
+            ticketEnd,
+            seenFence: 0,
+            hold: "",
+          },
         });
         const left = await runScript(ctx.redis, LEAVE_QUEUE, leaveKeys, args);
         const mine = model.queue.find((q) => q.token === token);

@@ -57,7 +57,7 @@ Deno.test("places left are taken back in arrival order, and end with a grant tha
       const leave = async (i: number, ticketEnd: string) => {
         const { keys, args } = LEAVE_QUEUE.call({
           keys: { ...k, wakeKey: k.wakeKey("") },
-          args: { member: tokens[i]!, outcome: "", wakeId: "", lookedAt: 0, ticketEnd },
+          args: { member: tokens[i]!, outcome: "", wakeId: "", ticketEnd, seenFence: 0, hold: "" },
         });
         return await runScript(redis, LEAVE_QUEUE, keys, args);
       };

@@ -333,7 +333,7 @@ async function leave(
   const k = keysOf(name);
   const { keys, args } = LEAVE_QUEUE.call({
     keys: { ...k, wakeKey: k.wakeKey(wakeId) },
-    args: { member: token, outcome: "timeout", wakeId, lookedAt: 0, ticketEnd },
+    args: { member: token, outcome: "timeout", wakeId, ticketEnd, seenFence: 0, hold: "" },
   });
   return await runScript(redis, LEAVE_QUEUE, keys, args);
 }

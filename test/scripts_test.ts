@@ -254,7 +254,7 @@ Deno.test("a waiter leaving finds the lease handed to it in an H record or an X 
         wakeKey,
         holdersKey: `${key}:holders`,
       },
-      args: { member: token, outcome: "", wakeId, lookedAt: 0, ticketEnd: "" },
+      args: { member: token, outcome: "", wakeId, ticketEnd: "", seenFence: 0, hold: "" },
     });
     const reply = await redis.eval(scripts.LEAVE_QUEUE.source, keys, args) as number[];
     assert.equal(reply[0], 2, `${record(fence)}: ${JSON.stringify(reply)}`);
@@ -629,7 +629,7 @@ Deno.test("a script's call puts named keys and arguments where its generated hea
     () =>
       scripts.LEAVE_QUEUE.call({
         keys: { queueKey: "q" } as never,
-        args: { member: "m", outcome: "", wakeId: "", lookedAt: 0, ticketEnd: "" },
+        args: { member: "m", outcome: "", wakeId: "", ticketEnd: "", seenFence: 0, hold: "" },
       }),
     /The leave_queue script's call lacks the key ticketsKey/,
   );

@@ -211,8 +211,9 @@ for (const mode of ["an exclusive lock", "a semaphore of one permit"] as const) 
                 member: member(c),
                 outcome: "",
                 wakeId: c.wake,
-                lookedAt: c.lookedAt,
                 ticketEnd: c.ticketEnd,
+                seenFence: 0, // a reader's only
+                hold: c.hold,
               },
             });
             log.push(`${i} leave ${c.wake}: ${JSON.stringify(reply)}`);

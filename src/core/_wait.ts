@@ -57,7 +57,7 @@ export interface Attempt<T extends Lease | Lease[]> {
    * a release that declared it puts its grant), and the lease a grant gives; none for other
    * waiters.
    */
-  bell?: Attempt<T>["wake"] & { own: string };
+  bell?: Attempt<T>["wake"] & { own: string; hold: string };
 }
 
 /** A hand-off's grant: the fence (each name's in `fences`, when it told them), lease left, server time, hint. */
@@ -112,7 +112,7 @@ export async function waitFor<T extends Lease | Lease[]>(
   };
   let queued = false;
   let rtt = 0; // this wait's last round trip, ms
-  let lookedAt = 0; // the server's time at the last look, ms
+  let seenFence = 0; // a reader's: the name's last fence at its last look
   let ticketEnd = ""; // the end of the last ticket a look took, as Redis keeps it
   // Where a hand-off comes: the waiter's own wake key, or the one a look gave it (see `wakeFor`).
   let wake = attempt.wake;
@@ -121,8 +121,9 @@ export async function waitFor<T extends Lease | Lease[]>(
     if (!queued) return undefined;
     const handed = wake ?? attempt.bell;
     const grant = await leaveQueues(context, names, attempt.members, why, handed, {
-      lookedAt,
+      seenFence,
       ticketEnd,
+      hold: attempt.bell?.hold ?? "",
     });
     if (!grant) return undefined;
     const lease = handed!.lease(grant);
@@ -160,7 +161,7 @@ export async function waitFor<T extends Lease | Lease[]>(
     const call = attempt.call({ ticketMs, waitedMs, waiting: waitMs > 0, wakeId });
     const reply = attempt.decode(await context.run(attempt.script, call));
     rtt = performance.now() - sentAt;
-    if (reply.status === "busy") lookedAt = reply.now;
+    if (reply.status === "busy") seenFence = reply.seenFence ?? 0;
     if (reply.status === "busy" && ticketMs > 0 && reply.position >= 0) {
       ticketEnd = reply.ticketEnd ?? "";
     }
@@ -286,7 +287,8 @@ export function parseGrant(message: string): Grant | undefined {
 // Best effort: a ticket left behind lapses by itself within BLOCK_MS plus its margin. `outcome`
 // ('timeout', 'aborted' or '') is counted in the stats, once. Returns the grant of a hand-off
 // that reached the caller's first name before it left; `last` says which ticket the caller's last
-// look took (another call with the token may have looked since). A waiter that timed out may have
+// look took (another call with the token may have looked since), and for a reader the name's last
+// fence at that look and the call's reentrant hold ('' for none). A waiter that timed out may have
 // stood between the lock and those behind it (a writer ahead of readers that fit, a head whose
 // holder is gone): once its leave is done (never before: a hand-over could find it still at the
 // head and grant it), each name is handed over, as a release would. Not after an abort: aborts come
@@ -297,7 +299,7 @@ async function leaveQueues(
   members: string[],
   outcome: string,
   wake: { id: string } | undefined,
-  last: { lookedAt: number; ticketEnd: string },
+  last: { seenFence: number; ticketEnd: string; hold: string },
 ): Promise<Grant | undefined> {
   const calls = names.map((name, i) => {
     const { lockKey, queueKey, ticketsKey, offersKey, holdersKey } = context.keys.lock(name);

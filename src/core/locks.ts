@@ -192,7 +192,7 @@ export class Locks implements LockClient {
       // A semaphore's waiter is handed its permits; a reader its lease on its wake key or in a ring.
       ...(limit > 0
         ? { wake: wake(kind) }
-        : { bell: { ...wake(kind), key: readersKey, own: wakeKey } }),
+        : { bell: { ...wake(kind), key: readersKey, own: wakeKey, hold } }),
     };
   }
 

@@ -139,9 +139,11 @@ if permits > free then
   end
   reply[6] = soonest
   -- A shared waiter listens on the readers' bell (and its wake key) from the bell's last ring.
+  -- With the name's last fence: a lease of its token with a higher one was granted since this look.
   if wakeId ~= '' and limit == 0 and readersKey and reply[4] >= 0 then
     local last = redis.call('XREVRANGE', readersKey, '+', '-', 'COUNT', 1)[1]
     reply[7] = (last and last[1]) or '0-0'
+    reply[9], reply[10] = reply[9] or false, (r and tonumber(r.fence)) or 0
   end
   if wake then reply[7], reply[8] = reply[7] or false, wake ~= wakeId and wake end
   return reply

@@ -11,8 +11,8 @@ import { NOW, STATS_LUA } from "./lib.ts";
  * ends it. A waiter that blocked (`wakeId` its wake key's id) drops its offer and its wake key too,
  * and may find that a release handed it the lock (or, a semaphore's waiter `<token>~<permits>`,
  * its permits) first (the receipt the hand-off left on that wake key names the lease; a reader's,
- * `<token>~s`, is a lease of its token granted since its last look): then
- * `{2, fence, ttlMs, nowMs}`, its lease (the caller's to keep or free).
+ * `<token>~s`, is a lease of its token granted since its last look that counts the call's hold):
+ * then `{2, fence, ttlMs, nowMs}`, its lease (the caller's to keep or free).
  */
 export const LEAVE_QUEUE = defineScript(
   "leave_queue",
@@ -30,8 +30,9 @@ export const LEAVE_QUEUE = defineScript(
       member: "string",
       outcome: "string",
       wakeId: "string",
-      lookedAt: "number", // the server's time at the waiter's last look, ms (0: none)
       ticketEnd: "string", // the end of the ticket the waiter's last look took ('': none)
+      seenFence: "number", // a reader's: the name's last fence at its last look (0: none)
+      hold: "string", // a reader's reentrant hold id, or ''
     },
   },
   [NOW, STATS_LUA],
@@ -75,14 +76,18 @@ if not (offer and string.match(offer, '^m?%d+|%d+|([%w_-]+)|') == wakeId) then
 end
 if reader then
   -- A reader is granted on its wake key, or in a ring of the bell, which keeps only its last
-  -- rings: its receipt is a live lease of its token granted there, or since its last look
-  -- (\`lookedAt\`, the server's ms then; a clock stepped back since can make it miss, the wake
-  -- key's grant does not). Another call with the token shares that holder entry anyway (a
-  -- reader's acquire again with it is a retry).
-  leaseEnd, fence = string.match(redis.call('HGET', holdersKey, reader) or '', '^(%d+)|(%d+)|')
+  -- rings: its receipt is a live lease of its token granted there, or since its last look (a fence
+  -- above \`seenFence\`: fences only grow, whatever the clock does), that counts this call's hold
+  -- (another reentrant hold's look may have left the offer the ring granted). Another call with
+  -- the token and no hold id shares a plain hold anyway (a reader's acquire again is a retry).
+  local holds
+  leaseEnd, fence, holds = string.match(redis.call('HGET', holdersKey, reader) or '',
+    '^(%d+)|(%d+)|%d+|(%d[%w_,%-]*)|')
   local grant = type(sent) == 'table' and not sent.err and sent[1] and sent[1][2]
   local granted = grant and grant[1] == 'grant' and string.match(grant[2] or '', '^(%d+):')
-  if fence and (tonumber(fence) >= lookedAt * 1000 or granted == fence) then
+  local counted = holds and ((hold == '' and tonumber(string.match(holds, '^%d+')) > 0) or
+    (hold ~= '' and string.find(holds .. ',', ',' .. hold .. ',', 1, true) ~= nil))
+  if counted and (tonumber(fence) > seenFence or granted == fence) then
     receipt = 'r' .. fence
   end
   token = fence and member

@@ -37,6 +37,8 @@ export interface Busy {
   wakeId?: string;
   /** For a waiter that queued: its ticket's end as Redis keeps it (this look's alone), for a leave. */
   ticketEnd?: string;
+  /** For a reader that blocks: the name's last fence at this look, for a leave (see LEAVE_QUEUE). */
+  seenFence?: number;
 }
 
 /**
@@ -93,6 +95,10 @@ function decodeNotGranted(script: Script, reply: unknown): Busy | Mismatch {
   const ticket = (reply as unknown[])[8];
   const text = typeof ticket === "number" ? String(ticket) : ticket;
   const ticketEnd = typeof text === "string" && /^\d+(?:\.\d+)?$/.test(text) ? text : undefined;
+  const seen = (reply as unknown[])[9];
+  const seenFence = Number.isSafeInteger(seen) && (seen as number) >= 0
+    ? seen as number
+    : undefined;
   return {
     status: "busy",
     retryAfterMs,
@@ -103,6 +109,7 @@ function decodeNotGranted(script: Script, reply: unknown): Busy | Mismatch {
     ...(bellId && { bellId }),
     ...(wakeId && { wakeId }),
     ...(ticketEnd && { ticketEnd }),
+    ...(seenFence !== undefined && { seenFence }),
   };
 }
 
