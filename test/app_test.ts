@@ -218,6 +218,36 @@ Deno.test("renew keeps the fence; a foreign token gets 409 lock_lost", async () 
   assertProblem(lost, 409, "lock_lost");
 });
 
+Deno.test("a renewal's reply tells the lease's kind as the acquire's did: mode, limit, permits, holds", async () => {
+  const { call, acquire } = await fixture();
+  const kinds: Json[] = [
+    { mode: "shared" },
+    { limit: 3, permits: 2 },
+    { reentrant: true, hold: "the-hold-01" },
+    {},
+  ];
+  for (const kind of kinds) {
+    const name = keygen();
+    const { body: lease } = await acquire(name, { ttlMs: 5000, ...kind });
+    const told = { mode: lease.mode, limit: lease.limit, permits: lease.permits };
+    const renewed = await call(`/v1/locks/${name}/renew`, {
+      body: { token: lease.token, fence: lease.fence, ttlMs: 5000 },
+    });
+    assert.equal(renewed.status, 200, JSON.stringify(renewed.body));
+    assert.deepEqual(
+      { mode: renewed.body.mode, limit: renewed.body.limit, permits: renewed.body.permits },
+      told,
+    );
+    assert.equal(renewed.body.holdCount, lease.holdCount);
+    const many = await call("/v1/locks/renew", {
+      body: { leases: [{ name, token: lease.token, fence: lease.fence }] },
+    });
+    const [result] = many.body.results as Json[];
+    assert.equal(result!.mode, lease.mode);
+    assert.equal(result!.holdCount, lease.holdCount);
+  }
+});
+
 Deno.test("release answers released true, also when retried; false for another token", async () => {
   const { call, acquire } = await fixture();
   const name = keygen();

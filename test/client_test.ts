@@ -180,6 +180,26 @@ Deno.test("a busy acquire through the client says when the lease ends", async ()
   assert.ok(Math.abs(busy.lockExpiresAt! - held.lease.expiresAt) <= 5);
 });
 
+Deno.test("the client checks a renewal's lease as the library does, before any request", async () => {
+  const { client, backend } = await fixture();
+  const locks = new Locks(backend.redis);
+  const before = backend.requests();
+  const bad: [unknown, RegExp][] = [
+    [{ name: "n", token: "a-token-0000000001", hold: 5 }, /hold id must be a string/],
+    [{ name: "n", token: "a-token-0000000001", hold: "x" }, /hold id must be 8–32/],
+    [{ name: "n", token: "a-token-0000000001", next: "!!" }, /next/],
+  ];
+  for (const [lease, message] of bad) {
+    for (const renew of [client.renew, locks.renew.bind(locks)]) {
+      await assert.rejects(renew(lease as Lease), message);
+    }
+    await assert.rejects(client.renewMany([lease as Lease]), message);
+  }
+  await assert.rejects(client.renewMany(new Array(2)), TypeError);
+  await assert.rejects(client.acquire("n", { meta: new Date() as never }), TypeError);
+  assert.equal(backend.requests(), before, "nothing was sent");
+});
+
 Deno.test("a lease whose fence is not a fence is a RangeError, as in the library, and ends nothing", async () => {
   const { client, backend } = await fixture();
   const name = keygen();

@@ -531,6 +531,18 @@ Deno.test("a paused Redis fails each call with backend_unavailable after timeout
 Deno.test("invalid arguments are rejected with precise messages", async () => {
   const { redis, locks } = await fixture();
   const name = keygen();
+  // meta is stored as JSON: what does not serialize to an object is refused, not stored as text.
+  for (const meta of [new Date(), { toJSON: () => 42 }]) {
+    await assert.rejects(locks.acquire(name, { meta: meta as never }), {
+      name: "TypeError",
+      message: "meta must be a plain JSON object",
+    });
+  }
+  // A hole in a batch is a lease that is not one, before any request.
+  await assert.rejects(
+    locks.renewMany(new Array(2)),
+    { name: "TypeError", message: "Expected a lease returned by acquire or renew" },
+  );
   await assert.rejects(locks.acquire(""), { name: "RangeError", message: /lock name ""/ });
   await assert.rejects(locks.acquire("a b"), /must be 1–200 characters/);
   await assert.rejects(locks.acquire("x".repeat(201)), RangeError);

@@ -85,7 +85,9 @@ function renewing(http: Http): Pick<LockClient, "renew" | "renewMany"> {
         token: checkToken(lease.token),
         ...(fence !== undefined && { fence }),
         ttlMs: renewTtl(opts.ttlMs, lease.ttlMs),
+        ...(lease.next !== undefined && { next: checkNext(lease.next) }),
       };
+      if (lease.hold !== undefined) checkHoldId(lease.hold); // unsent, but refused as the library does
       const { status, data } = await http.call("POST", lockPath(lease.name, "renew"), body);
       if (status === 200) {
         const renewed = toLease(data);
@@ -102,10 +104,16 @@ function renewing(http: Http): Pick<LockClient, "renew" | "renewMany"> {
       }
       const body = {
         ttlMs: checkDuration(opts.ttlMs, "ttlMs", DEFAULT_TTL_MS),
-        leases: leases.map((lease) => {
+        leases: Array.from(leases, (lease) => {
           const name = checkLockName(lease?.name);
           const fence = checkFence(lease.fence);
-          return { name, token: checkToken(lease.token), ...(fence !== undefined && { fence }) };
+          if (lease.hold !== undefined) checkHoldId(lease.hold);
+          return {
+            name,
+            token: checkToken(lease.token),
+            ...(fence !== undefined && { fence }),
+            ...(lease.next !== undefined && { next: checkNext(lease.next) }),
+          };
         }),
       };
       const { status, data } = await http.call("POST", "v1/locks/renew", body);

@@ -193,7 +193,11 @@ export function checkMeta(meta: unknown): string {
   if (typeof meta !== "object" || meta === null || Array.isArray(meta)) {
     throw new TypeError("meta must be a plain JSON object");
   }
+  // What is stored is the JSON: a Date or a toJSON() that is no object would not read back as one.
   const text = JSON.stringify(meta);
+  if (typeof text !== "string" || !text.startsWith("{")) {
+    throw new TypeError("meta must be a plain JSON object");
+  }
   if (new TextEncoder().encode(text).length > MAX_META_BYTES) {
     throw new RangeError(`meta must be at most ${MAX_META_BYTES} bytes as JSON`);
   }

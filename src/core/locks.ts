@@ -312,7 +312,7 @@ export class Locks implements LockClient {
     }
     checkOptions(options, ["ttlMs"], "renewMany()");
     const ttlMs = checkDuration(options.ttlMs, "ttlMs", DEFAULT_TTL_MS);
-    const refs = leases.map(checkLease);
+    const refs = Array.from(leases, checkLease); // a hole is a TypeError, not skipped
     const started = performance.now();
     const replies = await this.#context.observe(
       refs[0]!.name,
@@ -337,17 +337,20 @@ export class Locks implements LockClient {
     });
   }
 
-  // A renewed lease keeps what the acquire told of it: mode, limit, permits, hold count, and who
-  // waited, when it is the same lease.
+  // A renewed lease tells its kind as Redis keeps it (mode, limit, permits; the hold count of a
+  // reentrant one), and keeps the hold and who waited that the acquire told, when it is the same
+  // lease.
   #renewed(ref: LeaseRef, reply: unknown, started: number): RenewResult {
     const decoded = decodeRenew(RENEW, reply);
     let result: RenewResult = { renewed: false };
     if (decoded.status !== "lost") {
-      const kind = leaseKind(ref as Partial<Lease>, decoded.fence);
+      const { next, hold, holdCount } = leaseKind(ref as Partial<Lease>, decoded.fence);
       const lease = {
         ...toLease(ref.name, ref.token, decoded),
-        ...kind,
-        ...(kind.holdCount !== undefined && { holdCount: decoded.holdCount }),
+        ...decoded.kind,
+        ...((decoded.reentrant || holdCount !== undefined) && { holdCount: decoded.holdCount }),
+        ...(hold !== undefined && { hold }),
+        ...(next !== undefined && { next }),
       };
       result = { renewed: true, lease };
     }

@@ -3,8 +3,10 @@ import { STATS_KEYS } from "./contracts.ts";
 import { HOLDERS_LUA, INDEX_LUA, NOW, RECORD_LUA, STATS_LUA } from "./lib.ts";
 
 /**
- * Renew, any kind of lease. Returns `{1, fence, ttlMs, nowMs, holdCount}`, or `{0, nowMs}` when
- * the token no longer holds it, or (given the lease's fence) holds another lease since.
+ * Renew, any kind of lease. Returns `{1, fence, ttlMs, nowMs, holdCount, limit, permits,
+ * reentrant}` (`limit` -1 for an exclusive lease, 0 a shared one, else a semaphore's, with this
+ * lease's `permits`; `reentrant` 1 when its holds have ids), or `{0, nowMs}` when the token no
+ * longer holds it, or (given the lease's fence) holds another lease since.
  */
 export const RENEW = defineScript(
   "renew",
@@ -43,6 +45,7 @@ else
 end
 indexPut(namesKey, endsKey, name, r.leaseEnd, nowMs)
 count(statsKey, nowMs, 'renew.renewed')
-return {1, tonumber(h.fence), h.leaseEnd - nowMs, nowMs, holdCount(h.holds)}
+return {1, tonumber(h.fence), h.leaseEnd - nowMs, nowMs, holdCount(h.holds),
+  (r.shared and r.limit) or -1, h.permits or 1, (#h.holds.ids > 0 and 1) or 0}
 `,
 );

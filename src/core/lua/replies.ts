@@ -2,6 +2,7 @@
 import { integers } from "../_runner.ts";
 import type { Script } from "./_define.ts";
 import { HINT } from "../_validate.ts";
+import type { Lease } from "../types.ts";
 
 /**
  * An acquire's grant: the fence, the lease left and the server time, ms; its hold count; and the
@@ -113,11 +114,30 @@ function decodeNotGranted(script: Script, reply: unknown): Busy | Mismatch {
   };
 }
 
-/** A renewal: the lease as the acquire's grant, or lost. */
-export function decodeRenew(script: Script, reply: unknown): Granted | { status: "lost" } {
+/** A renewal: the lease as the acquire's grant and what kind of lease it is, or lost. */
+export function decodeRenew(
+  script: Script,
+  reply: unknown,
+): Granted & { kind: Pick<Lease, "mode" | "limit" | "permits">; reentrant: boolean } | {
+  status: "lost";
+} {
   if (integers(script, reply, 1)[0] !== 1) return { status: "lost" };
-  const [, fence, ttlMs, now, holdCount] = integers(script, reply, 5) as Tuple5;
-  return { status: "granted", fence, ttlMs, now, holdCount, next: "" };
+  const [, fence, ttlMs, now, holdCount, limit, permits, reentrant] = integers(script, reply, 8);
+  const kind: Pick<Lease, "mode" | "limit" | "permits"> = limit! < 0
+    ? {}
+    : limit === 0
+    ? { mode: "shared" }
+    : { mode: "semaphore", limit: limit!, permits: permits! };
+  return {
+    status: "granted",
+    fence: fence!,
+    ttlMs: ttlMs!,
+    now: now!,
+    holdCount: holdCount!,
+    next: "",
+    kind,
+    reentrant: reentrant === 1,
+  };
 }
 
 /**
