@@ -136,16 +136,18 @@ import { cli } from "../bridge/_cli.ts";
  * that keeps only a lease granted since its look by fence (not by the clock) and counting its own
  * hold (helper-68): the core 33.95 KB, the service 76.3 KB. A renewal's reply telling the
  * lease's kind, and meta, renewMany's holes and the client's renewals checked as the library does
- * (helper-67): the core 34.1 KB, the client 7.5 KB, the service 76.45 KB. */
+ * (helper-67): the core 34.1 KB, the client 7.5 KB, the service 76.45 KB. An acquire with a token
+ * made for the call refusing a copy of itself that lands after the release (helper-67): the core
+ * 34.4 KB, the service 76.9 KB. */
 export const BUDGETS = {
-  ".": 34_100,
+  ".": 34_400,
   "./uses": 11_700,
   "./hono": 9_000,
   "./client": 7_500,
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 8_900,
-  "./service": 76_450,
+  "./service": 76_900,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

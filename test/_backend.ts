@@ -164,6 +164,7 @@ function lookArgs(
     graceMs,
     ticketMs,
     maxWaiters,
+    fresh: false,
     name,
     waitedMs: 0,
     waiting,

@@ -180,6 +180,47 @@ Deno.test("a busy acquire through the client says when the lease ends", async ()
   assert.ok(Math.abs(busy.lockExpiresAt! - held.lease.expiresAt) <= 5);
 });
 
+Deno.test("a retried acquire's first attempt that lands after the release is refused, not granted", async () => {
+  const { app, backend } = await fixture();
+  // The first attempt fails at the client (a reset, a proxy's 503) but is still on its way.
+  const late: Request[] = [];
+  const client = createClient({
+    baseUrl: "http://edgelock.test",
+    apiKey: SECRET,
+    fetch: (input, init) => {
+      const request = new Request(input, init);
+      if (late.length === 0 && request.url.endsWith("/acquire")) {
+        late.push(request.clone());
+        return Promise.reject(new TypeError("connection reset"));
+      }
+      return Promise.resolve(app.fetch(request));
+    },
+  });
+  const locks = new Locks(backend.redis, { prefix: "edgelock:t" });
+  for (const options of [{}, { reentrant: true }, { mode: "shared" as const }]) {
+    const name = keygen();
+    late.length = 0;
+    const held = await client.acquire(name, { ttlMs: 60_000, ...options });
+    assert.ok(held.acquired, "the retry was granted");
+    assert.equal(await client.release(held.lease), true);
+    const copy = await app.fetch(late[0]!);
+    assert.equal(copy.status, 409, await copy.clone().text());
+    assert.equal((await copy.json()).code, "lock_lost");
+    assert.equal((await client.inspect(name)).held, false, "no lease left behind");
+    const next = await locks.acquire(name, { ttlMs: 1000 });
+    assert.ok(next.acquired, "the name is free for the next caller");
+    await locks.release(next.lease);
+  }
+  // A token the caller chose may be used again: that acquire is granted, as before.
+  const name = keygen();
+  const token = "chosen-token-again-0001";
+  const first = await client.acquire(name, { token });
+  assert.ok(first.acquired && await client.release(first.lease));
+  const again = await client.acquire(name, { token });
+  assert.ok(again.acquired && again.lease.fence > first.lease.fence);
+  assert.equal(await client.release(again.lease), true);
+});
+
 Deno.test("the client checks a renewal's lease as the library does, before any request", async () => {
   const { client, backend } = await fixture();
   const locks = new Locks(backend.redis);

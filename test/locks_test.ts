@@ -319,6 +319,58 @@ Deno.test("renew() extends only the lease it names: not a later lease of the sam
   assert.equal(await locks.release(second), true);
 });
 
+Deno.test("a late copy of a first look, after its call's lease was released, is refused", async () => {
+  const { backend, locks } = await fixture();
+  // Every acquire script call, kept to be sent again once the call is over.
+  const sent: [string, string[], unknown[]][] = [];
+  const copying = new Proxy(backend.redis, {
+    get(target, property, receiver) {
+      const value = Reflect.get(target, property, receiver);
+      if (property !== "evalsha") return value;
+      return (sha: string, keys: string[], args: unknown[]) => {
+        sent.push([sha, keys, args]);
+        return target.evalsha(sha, keys, args as string[]);
+      };
+    },
+  });
+  const mine = new Locks(copying);
+  const cases = [
+    () => mine.acquire(keygen(), { ttlMs: 60_000 }),
+    () => mine.acquire(keygen(), { ttlMs: 60_000, mode: "shared" }),
+    () => mine.acquire(keygen(), { ttlMs: 60_000, limit: 2 }),
+    () => mine.acquire(keygen(), { ttlMs: 60_000, reentrant: true }),
+  ];
+  for (const acquire of cases) {
+    sent.length = 0;
+    const lease = acquired(await acquire());
+    const [sha, keys, args] = sent[0]!;
+    assert.equal(await mine.release(lease), true);
+    const copy = await backend.redis.evalsha(sha, keys, args as string[]) as number[];
+    assert.deepEqual(copy.slice(0, 2), [-1, 6], "refused: the fresh token was released");
+    assert.equal((await locks.inspect(lease.name)).held, false, "no lease left behind");
+  }
+  // Several names: refused while any of them was released.
+  sent.length = 0;
+  const names = [keygen(), keygen()];
+  const all = await mine.acquireAll(names, { ttlMs: 60_000 });
+  assert.ok(all.acquired);
+  const [sha, keys, args] = sent[0]!;
+  assert.equal(await mine.release(all.leases[0]!), true);
+  const copy = await backend.redis.evalsha(sha, keys, args as string[]) as number[];
+  assert.deepEqual(copy.slice(0, 2), [-1, 6]);
+  assert.equal(await mine.release(all.leases[1]!), true);
+  for (const name of names) assert.equal((await locks.inspect(name)).held, false);
+  // A chosen token is not fresh unless said so; said so, it is refused too (lock_lost).
+  const name = keygen();
+  const token = "chosen-fresh-token-0001";
+  const first = acquired(await locks.acquire(name, { token, freshToken: true }));
+  assert.equal(await locks.release(first), true);
+  await assert.rejects(locks.acquire(name, { token, freshToken: true }), { code: "lock_lost" });
+  const reused = acquired(await locks.acquire(name, { token }));
+  assert.equal(await locks.release(reused), true);
+  await assert.rejects(locks.acquire(name, { freshToken: "yes" as never }), TypeError);
+});
+
 Deno.test("inspect() shows fence, TTL and meta but never the token", async () => {
   const { backend, locks } = await fixture();
   const name = keygen();

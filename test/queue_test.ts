@@ -357,6 +357,7 @@ async function lookAll(
       graceMs: FENCE_GRACE_MS,
       ticketMs: 30_000,
       maxWaiters,
+      fresh: false,
       n: names.length,
       waitedMs: 0,
       waiting: true,

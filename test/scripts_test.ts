@@ -607,6 +607,7 @@ Deno.test("a script's call puts named keys and arguments where its generated hea
       graceMs: 5,
       ticketMs: 0,
       maxWaiters: 9,
+      fresh: false,
       n: 2,
       waitedMs: 0,
       waiting: true,
@@ -618,12 +619,13 @@ Deno.test("a script's call puts named keys and arguments where its generated hea
     ...["a:l", "a:q", "a:t", "a:m", "a:o", "b:l", "b:q", "b:t", "b:m", "b:o"],
     ...["w", "s", "n", "e"],
   ]);
-  assert.deepEqual(args, ["tok", 100, "", 5, 0, 9, 2, 0, "1", "", "a", "b"]);
+  assert.deepEqual(args, ["tok", 100, "", 5, 0, 9, "0", 2, 0, "1", "", "a", "b"]);
   const source = scripts.ACQUIRE_ALL.source;
   assert.match(source, /local function marksKey\(i\) return KEYS\[5 \* i - 1\] end/);
   assert.match(source, /local statsKey = KEYS\[5 \* n \+ 2\]/);
-  assert.match(source, /local waiting = ARGV\[9\] == '1'/);
-  assert.match(source, /for i = 11, #ARGV do names\[#names \+ 1\] = ARGV\[i\] end/);
+  assert.match(source, /local fresh = ARGV\[7\] == '1'/);
+  assert.match(source, /local waiting = ARGV\[10\] == '1'/);
+  assert.match(source, /for i = 12, #ARGV do names\[#names \+ 1\] = ARGV\[i\] end/);
   // Optional keys go all or none: one after a gap would shift every later position.
   assert.throws(
     () =>

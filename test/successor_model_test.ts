@@ -106,6 +106,7 @@ for (const mode of ["an exclusive lock", "a semaphore of one permit"] as const) 
             graceMs: GRACE,
             ticketMs: o.ticketMs,
             maxWaiters: 128,
+            fresh: false, // two callers share each token
             name,
             waitedMs: 0,
             waiting: true,

@@ -2,6 +2,7 @@
 // holds.
 import {
   checkDuration,
+  checkFlag,
   checkHold,
   checkMeta,
   checkToken,
@@ -22,6 +23,9 @@ export function leaseBody(opts: LeaseOptions) {
     ttlMs: checkDuration(opts.ttlMs, "ttlMs", DEFAULT_TTL_MS),
     waitMs: checkDuration(opts.waitMs, "waitMs", 0),
     token: opts.token === undefined ? newToken() : checkToken(opts.token),
+    // made here for this call (or said to be): a late copy of a retried attempt is refused
+    ...((checkFlag(opts.freshToken, "freshToken") || opts.token === undefined) &&
+      { freshToken: true }),
     ...(opts.meta !== undefined && { meta: JSON.parse(checkMeta(opts.meta)) }),
   };
 }

@@ -351,7 +351,7 @@ export const STORE_OPTIONS = [
   "onEvent",
 ] as const;
 /** What a lease's acquire takes (`acquireAll` too). */
-export const LEASE_OPTIONS = ["ttlMs", "waitMs", "token", "meta", "signal"] as const;
+export const LEASE_OPTIONS = ["ttlMs", "waitMs", "token", "freshToken", "meta", "signal"] as const;
 /** What one name's acquire takes. */
 export const ACQUIRE_OPTIONS = [
   ...LEASE_OPTIONS,

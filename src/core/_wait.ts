@@ -432,6 +432,11 @@ function mismatchError(name: string, code: Mismatch["code"]): EdgelockError {
         "mode_mismatch",
         `This token holds lock "${name}" reentrant: acquire it again with reentrant: true`,
       );
+    case 6:
+      return new EdgelockError(
+        "lock_lost",
+        `Lock "${name}" was acquired and released with this call's fresh token already`,
+      );
     default:
       return new EdgelockError("mode_mismatch", `Lock "${name}" is held in another mode`);
   }

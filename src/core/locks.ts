@@ -6,6 +6,7 @@ import {
   ACQUIRE_OPTIONS,
   checkDuration,
   checkFence,
+  checkFlag,
   checkHold,
   checkHoldId,
   checkLockName,
@@ -282,11 +283,11 @@ export class Locks implements LockClient {
   }
 
   #acquireArgs(
-    { token, ttlMs, meta }: { token: string; ttlMs: number; meta: string },
+    { token, ttlMs, meta, fresh }: { token: string; ttlMs: number; meta: string; fresh: boolean },
     ticketMs: number,
   ) {
     const graceMs = this.#context.fenceWindowMs;
-    return { token, ttlMs, meta, graceMs, ticketMs, maxWaiters: this.#maxWaiters };
+    return { token, ttlMs, meta, graceMs, ticketMs, maxWaiters: this.#maxWaiters, fresh };
   }
 
   /** Extends a lease still held by its token; the fence stays the same. */
@@ -515,6 +516,7 @@ function checkLeaseOptions(options: LeaseOptions) {
     ttlMs: checkDuration(options.ttlMs, "ttlMs", DEFAULT_TTL_MS),
     waitMs: checkDuration(options.waitMs, "waitMs", 0),
     token: options.token === undefined ? newToken() : checkToken(options.token),
+    fresh: checkFlag(options.freshToken, "freshToken") || options.token === undefined,
     meta: checkMeta(options.meta),
     signal: checkSignal(options.signal),
   };

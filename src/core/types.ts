@@ -87,6 +87,13 @@ export interface LeaseOptions {
    * @default a new random token
    */
   token?: string;
+  /**
+   * The `token` was made for this call alone, as the one made when none is given is: once a
+   * release of it went through, a late copy of the call (a retried request's first attempt that
+   * arrives last) is refused with `lock_lost` instead of granted a lease no one would release.
+   * Never set it for a token that other calls use. @default false, true without `token`
+   */
+  freshToken?: boolean;
   /** A JSON object (at most 1 KiB) that `inspect` shows, e.g. who holds the lock. */
   meta?: Record<string, unknown>;
   /** Stops waiting; the call then rejects with the signal's reason. */

@@ -33,6 +33,9 @@ else
   end
 end
 if fast then
+  local mark = tonumber(redis.call('ZSCORE', marksKey, token))
+  -- a late copy of a call whose lease was released already (see \`spent\`)
+  if mark and fresh then return {-1, 6, nowMs} end
   local fenceUs = math.max(nowUs, fast + 1)
   local fence, base = string.format('%.0f', fenceUs), math.floor(fenceUs / 1000)
   local leaseEnd = nowMs + ttlMs
@@ -41,7 +44,6 @@ if fast then
   redis.call('SET', lockKey, 'X' .. fence .. '|' .. string.format('%.0f|%.0f|%d', leaseEnd - base, nowMs - base, hold0) ..
     '|0|' .. token .. '|' .. released0 .. '|' .. holds .. '|' .. meta, 'PX', ttlMs + graceMs)
   -- supersede, inline
-  local mark = tonumber(redis.call('ZSCORE', marksKey, token))
   if mark then
     redis.call('ZADD', marksKey, mark, token .. '@' .. string.format('%.0f', mark))
     redis.call('ZREM', marksKey, token)
@@ -113,6 +115,7 @@ if held and r.token == token then
   local first = r.flag == '1' and firstWaiters() or nil
   return {1, tonumber(r.fence), r.leaseEnd - nowMs, nowMs, holdCount(r.holds), orNone(grantHint(first))}
 end
+if spent(marksKey) then return {-1, 6, nowMs} end
 -- No record (a first acquire, or one that was lost): look at the queue too.
 local head, queue, seen
 if not r or r.flag == '1' then

@@ -72,6 +72,9 @@ for i = 1, n do
     if blocked[i] then ready = false end
   end
 end
+for i = 1, n do
+  if not (held[i] and records[i].token == token) and spent(marksKey(i)) then return {-1, 6, nowMs} end
+end
 if ready then
   local reply, hints = {1, nowMs, ttlMs}, {}
   noteWaited()

@@ -96,6 +96,7 @@ if mine then
   return {1, tonumber(mine.fence), mine.leaseEnd - nowMs, nowMs, holdCount(mine.holds),
     orNone(grantHint(first))}
 end
+if spent(marksKey) then return {-1, 6, nowMs} end
 -- What is free, less what the waiters ahead take in turn: a waiter that does not fit stops
 -- everyone behind it. An exclusive waiter (a bare token) takes everything, and only alone.
 local free = capacity - used

@@ -11,6 +11,8 @@ export const ACQUIRE_ARGS = {
   graceMs: "number", // how long the fence outlives the lease
   ticketMs: "number", // how long a waiter's ticket lives (at most MAX_TICKET_MS); 0: do not queue
   maxWaiters: "number", // the queue's bound
+  // the token was made for this call alone: its mark (a release of it) means this is a late copy
+  fresh: "flag",
 } as const;
 
 /** How an acquire's outcome is counted: the time waited so far, and whether it waits on. */

@@ -743,6 +743,10 @@ local function granted(leaseEnd)
   noteWaited()
   indexPut(namesKey, endsKey, name, leaseEnd, nowMs)
 end
+-- A token made for this call alone (\`fresh\`) that a release marked: the call's lease was
+-- released, so this is a late copy of it (a retried request's first attempt that arrived last),
+-- to refuse rather than grant a lease no one holds. Its holder acquiring again is a retry, before.
+local function spent(marksKey) return fresh and redis.call('ZSCORE', marksKey, token) ~= false end
 -- A busy reply is the caller's outcome unless it waits; a full queue always is.
 local function countBusy(position)
   if position == -2 then

@@ -45,11 +45,12 @@ export interface Busy {
 /**
  * The name is held in another mode (code 1), as a semaphore with another limit (2), by this
  * token with MAX_HOLDS holds already (3) or with other permits (4), or reentrant by this token,
- * which a plain acquire would not count (5).
+ * which a plain acquire would not count (5); or the call's fresh token was released already (6:
+ * a late copy of the call).
  */
 export interface Mismatch {
   status: "mismatch";
-  code: 1 | 2 | 3 | 4 | 5;
+  code: 1 | 2 | 3 | 4 | 5 | 6;
 }
 
 /** Busy with a full queue: the acquire script's place. */

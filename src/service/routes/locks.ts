@@ -32,6 +32,9 @@ const leaseFields = {
     duration("waitMs", "How long the server waits for a busy lock, ms (default 0)"),
   ),
   token: z.optional(token("Choose it to make retries safe")),
+  freshToken: z.optional(doc(z.boolean(), {
+    description: "The token is this call's alone: a copy arriving after its release is lock_lost",
+  })),
   meta: z.optional(Meta),
 };
 const permits = (description: string) =>
@@ -167,7 +170,7 @@ export function lockRoutes(app: Hono<AppEnv>): void {
       409: problemDoc(
         "lock_busy or queue_full, with retryAfterMs and Retry-After; mode_mismatch (held in " +
           "another mode), limit_mismatch (a semaphore with another limit) or hold_limit (this " +
-          "token holds it 64 times already)",
+          "token holds it 64 times already); lock_lost (freshToken, released)",
       ),
       ...common,
     },
