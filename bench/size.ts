@@ -138,7 +138,8 @@ import { cli } from "../bridge/_cli.ts";
  * lease's kind, and meta, renewMany's holes and the client's renewals checked as the library does
  * (helper-67): the core 34.1 KB, the client 7.5 KB, the service 76.45 KB. An acquire with a token
  * made for the call refusing a copy of itself that lands after the release (helper-67): the core
- * 34.4 KB, the service 76.9 KB. */
+ * 34.4 KB, the service 76.9 KB; a renewal naming its reentrant hold over HTTP (helper-69): the
+ * service 76.95 KB. */
 export const BUDGETS = {
   ".": 34_400,
   "./uses": 11_700,
@@ -147,7 +148,7 @@ export const BUDGETS = {
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 8_900,
-  "./service": 76_900,
+  "./service": 76_950,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

@@ -221,6 +221,36 @@ Deno.test("a retried acquire's first attempt that lands after the release is ref
   assert.equal(await client.release(again.lease), true);
 });
 
+Deno.test("the client's renewal tells the lease as the service does, not as the reference said", async () => {
+  const { client } = await fixture();
+  const name = keygen();
+  const token = "client-renew-kind-0001";
+  const shared = await client.acquire(name, { token, mode: "shared" });
+  assert.ok(shared.acquired && await client.release(shared.lease));
+  const reentrant = await client.acquire(name, { token, reentrant: true });
+  assert.ok(reentrant.acquired && await client.release(reentrant.lease));
+  const plain = await client.acquire(name, { token });
+  assert.ok(plain.acquired);
+  const stale = { name, token, mode: "shared", holdCount: 1 } as never;
+  const renewed = await client.renew(stale);
+  assert.ok(renewed.renewed);
+  const { mode, holdCount, hold } = renewed.lease;
+  assert.deepEqual({ mode, holdCount, hold }, {
+    mode: undefined,
+    holdCount: undefined,
+    hold: undefined,
+  });
+  const [many] = await client.renewMany([stale]);
+  assert.ok(many?.renewed && many.lease.mode === undefined);
+  assert.deepEqual(
+    await client.renew({ name, token, hold: reentrant.lease.hold! }),
+    { renewed: false },
+    "a released hold is not renewed",
+  );
+  assert.equal(await client.release(renewed.lease), true);
+  assert.equal((await client.inspect(name)).held, false);
+});
+
 Deno.test("the client checks a renewal's lease as the library does, before any request", async () => {
   const { client, backend } = await fixture();
   const locks = new Locks(backend.redis);

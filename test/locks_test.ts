@@ -371,6 +371,34 @@ Deno.test("a late copy of a first look, after its call's lease was released, is 
   await assert.rejects(locks.acquire(name, { freshToken: "yes" as never }), TypeError);
 });
 
+Deno.test("a renewal tells the lease as Redis keeps it: a stale reference's hold or mode does not survive", async () => {
+  const { locks } = await fixture();
+  const name = keygen();
+  const token = "renew-kind-token-0001";
+  const reentrant = acquired(await locks.acquire(name, { token, reentrant: true }));
+  assert.equal(await locks.release(reentrant), true);
+  const plain = acquired(await locks.acquire(name, { token }));
+  // A reference kept without its fence, with the earlier lease's hold and a mode it never had.
+  const stale = { name, token, hold: reentrant.hold!, mode: "shared" as const };
+  assert.deepEqual(await locks.renew(stale), { renewed: false }, "that hold is not held");
+  const byToken = await locks.renew({ name, token, mode: "shared" } as never);
+  assert.ok(byToken.renewed);
+  assert.equal(byToken.lease.fence, plain.fence);
+  assert.equal(byToken.lease.mode, undefined, "exclusive, as Redis keeps it");
+  assert.equal(byToken.lease.hold, undefined);
+  assert.equal(await locks.release(byToken.lease), true);
+  assert.equal((await locks.inspect(name)).held, false, "the release freed it");
+  // A reentrant hold released already is not renewed; the other hold is.
+  const one = acquired(await locks.acquire(name, { token, reentrant: true, hold: "hold-one-01" }));
+  const two = acquired(await locks.acquire(name, { token, reentrant: true, hold: "hold-two-02" }));
+  assert.equal(await locks.release(two), true);
+  assert.deepEqual(await locks.renew(two), { renewed: false });
+  const kept = await locks.renew(one);
+  assert.ok(kept.renewed && kept.lease.hold === "hold-one-01" && kept.lease.holdCount === 1);
+  assert.equal(await locks.release(kept.lease), true);
+  assert.equal((await locks.inspect(name)).held, false);
+});
+
 Deno.test("inspect() shows fence, TTL and meta but never the token", async () => {
   const { backend, locks } = await fixture();
   const name = keygen();

@@ -17,7 +17,6 @@ import {
   renewTtl,
 } from "../core/_validate.ts";
 import type { LockClient, LockInfo, RenewResult } from "../core/types.ts";
-import { leaseKind } from "../core/_lease.ts";
 import { fromProblem, type Http, lockPath } from "./_http.ts";
 import { busyOrThrow, granted, hold, leaseBody, toLease } from "./_leases.ts";
 
@@ -85,14 +84,12 @@ function renewing(http: Http): Pick<LockClient, "renew" | "renewMany"> {
         token: checkToken(lease.token),
         ...(fence !== undefined && { fence }),
         ttlMs: renewTtl(opts.ttlMs, lease.ttlMs),
+        ...(lease.hold !== undefined && { hold: checkHoldId(lease.hold) }),
         ...(lease.next !== undefined && { next: checkNext(lease.next) }),
       };
-      if (lease.hold !== undefined) checkHoldId(lease.hold); // unsent, but refused as the library does
       const { status, data } = await http.call("POST", lockPath(lease.name, "renew"), body);
-      if (status === 200) {
-        const renewed = toLease(data);
-        return { renewed: true, lease: { ...leaseKind(lease, renewed.fence), ...renewed } };
-      }
+      // The lease as the service tells it: its kind, its hold and next where they still apply.
+      if (status === 200) return { renewed: true, lease: toLease(data) };
       if (data.code === "lock_lost") return { renewed: false };
       throw fromProblem(status, data);
     },
@@ -107,22 +104,20 @@ function renewing(http: Http): Pick<LockClient, "renew" | "renewMany"> {
         leases: Array.from(leases, (lease) => {
           const name = checkLockName(lease?.name);
           const fence = checkFence(lease.fence);
-          if (lease.hold !== undefined) checkHoldId(lease.hold);
           return {
             name,
             token: checkToken(lease.token),
             ...(fence !== undefined && { fence }),
+            ...(lease.hold !== undefined && { hold: checkHoldId(lease.hold) }),
             ...(lease.next !== undefined && { next: checkNext(lease.next) }),
           };
         }),
       };
       const { status, data } = await http.call("POST", "v1/locks/renew", body);
       if (status !== 200 || !Array.isArray(data.results)) throw fromProblem(status, data);
-      return (data.results as Data[]).map((result, i): RenewResult => {
-        if (result.renewed !== true) return { renewed: false };
-        const renewed = toLease(result);
-        return { renewed: true, lease: { ...leaseKind(leases[i]!, renewed.fence), ...renewed } };
-      });
+      return (data.results as Data[]).map((result): RenewResult =>
+        result.renewed === true ? { renewed: true, lease: toLease(result) } : { renewed: false }
+      );
     },
   };
 }

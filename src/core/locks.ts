@@ -324,7 +324,8 @@ export class Locks implements LockClient {
   }
 
   // With the lease's fence, only that lease is renewed: never a later lease of the same token.
-  #renewCall({ name, token, fence }: LeaseRef, ttlMs: number) {
+  // With a reentrant hold's id, only while that hold is held.
+  #renewCall({ name, token, fence, hold }: LeaseRef, ttlMs: number) {
     const { lockKey, holdersKey } = this.#context.keys.lock(name);
     return RENEW.call({
       keys: { lockKey, holdersKey, ...this.#context.keys.statsKeys(name) },
@@ -334,23 +335,24 @@ export class Locks implements LockClient {
         graceMs: this.#context.fenceWindowMs,
         name,
         fence: fence?.toString() ?? "",
+        hold: hold ?? "",
       },
     });
   }
 
   // A renewed lease tells its kind as Redis keeps it (mode, limit, permits; the hold count of a
-  // reentrant one), and keeps the hold and who waited that the acquire told, when it is the same
-  // lease.
+  // reentrant one), keeps its hold when Redis counts it (the script checked), and who waited, when
+  // it is the same lease.
   #renewed(ref: LeaseRef, reply: unknown, started: number): RenewResult {
     const decoded = decodeRenew(RENEW, reply);
     let result: RenewResult = { renewed: false };
     if (decoded.status !== "lost") {
-      const { next, hold, holdCount } = leaseKind(ref as Partial<Lease>, decoded.fence);
+      const { next } = leaseKind(ref as Partial<Lease>, decoded.fence);
       const lease = {
         ...toLease(ref.name, ref.token, decoded),
         ...decoded.kind,
-        ...((decoded.reentrant || holdCount !== undefined) && { holdCount: decoded.holdCount }),
-        ...(hold !== undefined && { hold }),
+        ...(decoded.reentrant && { holdCount: decoded.holdCount }),
+        ...(decoded.reentrant && ref.hold !== undefined && { hold: ref.hold }),
         ...(next !== undefined && { next }),
       };
       result = { renewed: true, lease };

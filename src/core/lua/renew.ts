@@ -6,7 +6,8 @@ import { HOLDERS_LUA, INDEX_LUA, NOW, RECORD_LUA, STATS_LUA } from "./lib.ts";
  * Renew, any kind of lease. Returns `{1, fence, ttlMs, nowMs, holdCount, limit, permits,
  * reentrant}` (`limit` -1 for an exclusive lease, 0 a shared one, else a semaphore's, with this
  * lease's `permits`; `reentrant` 1 when its holds have ids), or `{0, nowMs}` when the token no
- * longer holds it, or (given the lease's fence) holds another lease since.
+ * longer holds it, or (given the lease's fence) holds another lease since, or (given a reentrant
+ * hold's id) that hold was released.
  */
 export const RENEW = defineScript(
   "renew",
@@ -18,6 +19,7 @@ export const RENEW = defineScript(
       graceMs: "number",
       name: "string",
       fence: "string", // the lease's fence, or '' when the caller does not know it
+      hold: "string", // a reentrant lease's hold, or ''
     },
   },
   [NOW, RECORD_LUA, HOLDERS_LUA, STATS_LUA, INDEX_LUA],
@@ -28,7 +30,8 @@ if r and r.shared and nowMs < r.leaseEnd then
   h = readHolder(redis.call('HGET', holdersKey, token))
   if h then h.token = token end
 end
-if not r or not h or h.token ~= token or nowMs >= h.leaseEnd or (fence ~= '' and h.fence ~= fence) then
+if not r or not h or h.token ~= token or nowMs >= h.leaseEnd or (fence ~= '' and h.fence ~= fence) or
+  (hold ~= '' and not findHold(h.holds, hold)) then
   count(statsKey, nowMs, 'renew.lost')
   return {0, nowMs}
 end

@@ -84,6 +84,7 @@ const RenewBody = doc(
     fence: Fence(
       "The lease's fence: only that lease is renewed, never a later lease of the same token",
     ),
+    hold: z.optional(holdId("A reentrant lease's hold: renewed only while it is held")),
     ttlMs: duration("ttlMs", "New lease length from now, ms"),
     next: Next("The lease's next, unchanged: the renewed lease keeps it"),
   }),
@@ -149,6 +150,7 @@ const RenewManyBody = doc(
         name: LockName,
         token: Token,
         fence: Fence("As for one"),
+        hold: z.optional(holdId("As for one")),
         next: Next("As for one"),
       }),
     )
@@ -216,8 +218,8 @@ export function lockRoutes(app: Hono<AppEnv>): void {
     ...post("locks", "renewLock", "/v1/locks/{name}/renew", NameParams, RenewBody),
     summary: "Extend a lease held by this token; the fence stays the same",
     responses: { 200: json(LeaseSchema, "Renewed"), 409: problemDoc("lock_lost"), ...common },
-  }, async (c, { params: { name }, body: { token, fence, ttlMs, next } }) => {
-    const result = await c.var.locks.renew({ name, token, fence, next }, { ttlMs });
+  }, async (c, { params: { name }, body: { token, fence, hold, ttlMs, next } }) => {
+    const result = await c.var.locks.renew({ name, token, fence, hold, next }, { ttlMs });
     if (!result.renewed) {
       throw new EdgelockError(
         "lock_lost",
