@@ -388,6 +388,26 @@ Deno.test("a renewal tells the lease as Redis keeps it: a stale reference's hold
   assert.equal(byToken.lease.hold, undefined);
   assert.equal(await locks.release(byToken.lease), true);
   assert.equal((await locks.inspect(name)).held, false, "the release freed it");
+  // A plain hold released while reentrant holds of its token remain is not renewed either.
+  const plainHold = acquired(await locks.acquire(name, { token }));
+  const beside = acquired(await locks.acquire(name, { token, reentrant: true }));
+  assert.equal(await locks.release(plainHold), true);
+  assert.deepEqual(await locks.renew(plainHold), { renewed: false }, "its plain hold is gone");
+  const still = await locks.renew(beside);
+  assert.ok(still.renewed && still.lease.holdCount === 1);
+  assert.equal(await locks.release(still.lease), true);
+  assert.equal((await locks.inspect(name)).held, false);
+  // Holds counted without ids (a record written before hold ids): the renewal tells the count.
+  const counted = acquired(await locks.acquire(name, { token }));
+  const { redis } = await fixture();
+  const fields = String(await redis.get(lockKey(name))).split("|");
+  fields[7] = "2";
+  await redis.set(lockKey(name), fields.join("|"), { keepTtl: true });
+  const told = await locks.renew(counted);
+  assert.ok(told.renewed && told.lease.holdCount === 2, JSON.stringify(told));
+  assert.equal(await locks.release(counted), true);
+  assert.equal(await locks.release(counted), true);
+  assert.equal((await locks.inspect(name)).held, false, "two holds, two releases");
   // A reentrant hold released already is not renewed; the other hold is.
   const one = acquired(await locks.acquire(name, { token, reentrant: true, hold: "hold-one-01" }));
   const two = acquired(await locks.acquire(name, { token, reentrant: true, hold: "hold-two-02" }));
