@@ -139,16 +139,17 @@ import { cli } from "../bridge/_cli.ts";
  * (helper-67): the core 34.1 KB, the client 7.5 KB, the service 76.45 KB. An acquire with a token
  * made for the call refusing a copy of itself that lands after the release (helper-67): the core
  * 34.4 KB, the service 76.9 KB; a renewal naming its reentrant hold over HTTP (helper-69): the
- * service 76.95 KB. */
+ * service 76.95 KB; and a released plain hold's reference, and hold counts without ids, told
+ * apart (helper-70): the core 34.5 KB, the service 77.05 KB. */
 export const BUDGETS = {
-  ".": 34_400,
+  ".": 34_500,
   "./uses": 11_700,
   "./hono": 9_000,
   "./client": 7_500,
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 8_900,
-  "./service": 76_950,
+  "./service": 77_050,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {
