@@ -435,7 +435,7 @@ function mismatchError(name: string, code: Mismatch["code"]): EdgelockError {
     case 6:
       return new EdgelockError(
         "lock_lost",
-        `Lock "${name}" was acquired and released with this call's fresh token already`,
+        `Lock "${name}" was released already by this call's token`,
       );
     default:
       return new EdgelockError("mode_mismatch", `Lock "${name}" is held in another mode`);

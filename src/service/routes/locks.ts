@@ -33,7 +33,7 @@ const leaseFields = {
   ),
   token: z.optional(token("Choose it to make retries safe")),
   freshToken: z.optional(doc(z.boolean(), {
-    description: "The token is this call's alone: a copy arriving after its release is lock_lost",
+    description: "The token is this call's alone: a copy after its release is lock_lost",
   })),
   meta: z.optional(Meta),
 };
@@ -81,10 +81,8 @@ const Fence = (description: string) =>
 const RenewBody = doc(
   z.strictObject({
     token: Token,
-    fence: Fence(
-      "The lease's fence: only that lease is renewed, never a later lease of the same token",
-    ),
-    hold: z.optional(holdId("A reentrant lease's hold: renewed only while it is held")),
+    fence: Fence("The lease's fence: only that lease is renewed"),
+    hold: z.optional(holdId("A reentrant lease's hold: only while it is held")),
     ttlMs: duration("ttlMs", "New lease length from now, ms"),
     next: Next("The lease's next, unchanged: the renewed lease keeps it"),
   }),
@@ -172,7 +170,7 @@ export function lockRoutes(app: Hono<AppEnv>): void {
       409: problemDoc(
         "lock_busy or queue_full, with retryAfterMs and Retry-After; mode_mismatch (held in " +
           "another mode), limit_mismatch (a semaphore with another limit) or hold_limit (this " +
-          "token holds it 64 times already); lock_lost (freshToken, released)",
+          "token holds it 64 times already); lock_lost",
       ),
       ...common,
     },
@@ -223,9 +221,7 @@ export function lockRoutes(app: Hono<AppEnv>): void {
     if (!result.renewed) {
       throw new EdgelockError(
         "lock_lost",
-        `Cannot renew lock "${name}": the token does not hold it${
-          fence === undefined ? "" : " (or holds a later lease)"
-        }`,
+        `Cannot renew lock "${name}": the token does not hold it`,
       );
     }
     return c.json(leaseBody(result.lease), 200);
