@@ -996,21 +996,26 @@ async function readersBehindWriter(locks: Locks, redis: Redis, name: string) {
   return leases;
 }
 
-// A client that counts the calls of `script` (EVALSHA or EVAL).
-function callsOf(redis: Redis, script: Script) {
-  const sha1 = script.sha1();
-  let calls = 0;
-  const client = new Proxy(redis, {
+// \`redis\`, with \`before\` awaited ahead of each call of \`script\` (EVALSHA or EVAL, either form).
+function onCalls(redis: Redis, script: Script, before: () => unknown): Redis {
+  const shas = Promise.all([script.sha1(), script.keyLocked.sha1()]);
+  const sources = [script.source, script.keyLocked.source];
+  return new Proxy(redis, {
     get(target, property, receiver) {
       const value = Reflect.get(target, property, receiver);
       if (property !== "evalsha" && property !== "eval") return value;
       return async (first: string, keys: string[], args: unknown[]) => {
-        if (first === await sha1 || first === script.source) calls++;
+        if ((await shas).includes(first) || sources.includes(first)) await before();
         return (value as typeof target.evalsha).call(target, first, keys, args);
       };
     },
   });
-  return { client, calls: () => calls };
+}
+
+// A client that counts the calls of \`script\`.
+function callsOf(redis: Redis, script: Script) {
+  let calls = 0;
+  return { client: onCalls(redis, script, () => calls++), calls: () => calls };
 }
 
 Deno.test("readers behind a writer are granted in the ring of its release: one look each", async () => {
@@ -1199,21 +1204,12 @@ Deno.test("a reader that leaves as it is granted on its wake key keeps that leas
 
 // \`redis\`, with \`before\` run once, just before the first leave of the queue is sent.
 function beforeLeave(redis: Redis, before: () => Promise<void>): Redis {
-  const shas = Promise.all([LEAVE_QUEUE.sha1(), LEAVE_QUEUE.keyLocked.sha1()]);
   let fired = false;
-  return new Proxy(redis, {
-    get(target, property, receiver) {
-      const value = Reflect.get(target, property, receiver);
-      if (property !== "evalsha" && property !== "eval") return value;
-      return async (first: string, keys: string[], args: unknown[]) => {
-        const leave = (await shas).includes(first) || first === LEAVE_QUEUE.source;
-        if (leave && !fired) {
-          fired = true;
-          await before();
-        }
-        return (value as typeof target.evalsha).call(target, first, keys, args);
-      };
-    },
+  return onCalls(redis, LEAVE_QUEUE, async () => {
+    if (!fired) {
+      fired = true;
+      await before();
+    }
   });
 }
 

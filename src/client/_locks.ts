@@ -16,7 +16,7 @@ import {
   MAX_BATCH,
   renewTtl,
 } from "../core/_validate.ts";
-import type { LockClient, LockInfo, RenewResult } from "../core/types.ts";
+import type { LeaseRef, LockClient, LockInfo, RenewResult } from "../core/types.ts";
 import { fromProblem, type Http, lockPath } from "./_http.ts";
 import { busyOrThrow, granted, hold, leaseBody, toLease } from "./_leases.ts";
 
@@ -72,21 +72,28 @@ function acquiring(http: Http): Pick<LockClient, "acquire" | "acquireAll"> {
   };
 }
 
+// What a renewal or a release sends of a lease, checked as the library checks it. A fence that is
+// not one (a string from stored JSON) is refused, not dropped: without it the call would mean the
+// token's latest lease; with it, exactly that lease.
+function leaseRef(lease: LeaseRef) {
+  const name = checkLockName(lease?.name);
+  const fence = checkFence(lease.fence);
+  return {
+    name,
+    token: checkToken(lease.token),
+    ...(fence !== undefined && { fence }),
+    ...(lease.hold !== undefined && { hold: checkHoldId(lease.hold) }),
+    ...(lease.next !== undefined && { next: checkNext(lease.next) }),
+  };
+}
+
 // Renewing a lease, or up to MAX_BATCH of them in one request.
 function renewing(http: Http): Pick<LockClient, "renew" | "renewMany"> {
   return {
     async renew(lease, opts = {}) {
-      checkLockName(lease?.name);
-      // With the fence only that lease is renewed, never a later lease of the same token.
-      const fence = checkFence(lease.fence);
+      const { name: _, ...ref } = leaseRef(lease);
       checkOptions(opts, ["ttlMs"], "renew()");
-      const body = {
-        token: checkToken(lease.token),
-        ...(fence !== undefined && { fence }),
-        ttlMs: renewTtl(opts.ttlMs, lease.ttlMs),
-        ...(lease.hold !== undefined && { hold: checkHoldId(lease.hold) }),
-        ...(lease.next !== undefined && { next: checkNext(lease.next) }),
-      };
+      const body = { ...ref, ttlMs: renewTtl(opts.ttlMs, lease.ttlMs) };
       const { status, data } = await http.call("POST", lockPath(lease.name, "renew"), body);
       // The lease as the service tells it: its kind, its hold and next where they still apply.
       if (status === 200) return { renewed: true, lease: toLease(data) };
@@ -101,17 +108,7 @@ function renewing(http: Http): Pick<LockClient, "renew" | "renewMany"> {
       }
       const body = {
         ttlMs: checkDuration(opts.ttlMs, "ttlMs", DEFAULT_TTL_MS),
-        leases: Array.from(leases, (lease) => {
-          const name = checkLockName(lease?.name);
-          const fence = checkFence(lease.fence);
-          return {
-            name,
-            token: checkToken(lease.token),
-            ...(fence !== undefined && { fence }),
-            ...(lease.hold !== undefined && { hold: checkHoldId(lease.hold) }),
-            ...(lease.next !== undefined && { next: checkNext(lease.next) }),
-          };
-        }),
+        leases: Array.from(leases, leaseRef),
       };
       const { status, data } = await http.call("POST", "v1/locks/renew", body);
       if (status !== 200 || !Array.isArray(data.results)) throw fromProblem(status, data);
@@ -126,16 +123,7 @@ function renewing(http: Http): Pick<LockClient, "renew" | "renewMany"> {
 function releasing(http: Http): Pick<LockClient, "release" | "inspect"> {
   return {
     async release(lease) {
-      checkLockName(lease?.name);
-      // A fence that is not one (a string from stored JSON) is refused, not dropped: without it
-      // the release would mean the token's latest lease.
-      const fence = checkFence(lease.fence);
-      const body = {
-        token: checkToken(lease.token),
-        ...(fence !== undefined && { fence }),
-        ...(lease.hold !== undefined && { hold: checkHoldId(lease.hold) }),
-        ...(lease.next !== undefined && { next: checkNext(lease.next) }),
-      };
+      const { name: _, ...body } = leaseRef(lease);
       const data = await http.ok<Data>("POST", lockPath(lease.name, "release"), body);
       return data.released === true;
     },
