@@ -4,6 +4,7 @@ import { createApp, type RequestLog } from "../src/service/mod.ts";
 import { parseApiKeys } from "../src/service/auth.ts";
 import { createClient } from "../src/client/client.ts";
 import { DEFAULT_MAX_WAITERS, Locks } from "../src/core/locks.ts";
+import { toEdgelockError } from "../src/service/_errors.ts";
 import { tenantLimiter, type TenantLimits } from "../src/service/_limits.ts";
 import { keygen, lockKeys, shared, startBackend, takeTicket, until } from "./_backend.ts";
 
@@ -927,5 +928,78 @@ Deno.test("a job's tick that is neither a name nor a whole number is named in th
       errors.some((e) => e.path === "tick" && /tick must be/.test(e.message)),
       `${tick}`,
     );
+  }
+});
+
+Deno.test("whatever Redis answers, no reply is a 400 or carries the engine's words", async () => {
+  const { backend } = await fixture();
+  // Scripts that answer what no edgelock script does: reading such a reply may throw the
+  // engine's own TypeError ("Cannot read properties of null"), which is edgelock's failure.
+  let answer: unknown = null;
+  const broken = new Proxy(backend.redis, {
+    get: (target, key, receiver) =>
+      key === "evalsha" || key === "eval"
+        ? () => Promise.resolve(answer)
+        : Reflect.get(target, key, receiver),
+  });
+  const app = createApp({ redis: broken, apiKeys, log: () => {} });
+  const reply = fc.oneof(
+    fc.constantFrom(null, 0, 1, -1, "", "x", [], {}),
+    fc.array(
+      fc.oneof(fc.integer({ min: -2, max: 3 }), fc.constant(null), fc.string(), fc.constant([])),
+      { maxLength: 12 },
+    ),
+  );
+  const route = fc.constantFrom(
+    ["acquire", {}],
+    ["acquire", { mode: "shared" }],
+    ["acquire", { limit: 3 }],
+    ["acquire", { waitMs: 200 }],
+    ["renew", { token: "a-token-of-16-chars-or-more", ttlMs: 5000 }],
+    ["release", { token: "a-token-of-16-chars-or-more" }],
+    ["break", {}],
+  );
+  await fc.assert(
+    fc.asyncProperty(reply, route, async (value, [path, body]) => {
+      answer = value;
+      const res = await app.request(`/v1/locks/${keygen()}/${path}`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${A}`, "content-type": "application/json" },
+        body: JSON.stringify(body),
+      });
+      const text = await res.text();
+      assert.notEqual(res.status, 400, `${path} ${JSON.stringify(value)}: ${text}`);
+      assert.doesNotMatch(
+        text,
+        /Cannot read|properties of|is not (a function|iterable|defined)|undefined|NaN/,
+      );
+    }),
+    { numRuns: 300 },
+  );
+});
+
+Deno.test("only edgelock's own checks are a 400 with their message; a bug's TypeError is a 500", async () => {
+  const { backend } = await fixture();
+  const locks = new Locks(backend.redis);
+  const own = await locks.acquire("a name", { ttlMs: -1 }).catch((error) => error);
+  assert.ok(own instanceof RangeError, "the library's check is a RangeError to its callers");
+  assert.equal(own.name, "RangeError");
+  const mapped = toEdgelockError(own);
+  assert.equal(mapped.code, "invalid_request");
+  assert.equal(mapped.message, own.message);
+  // What a bug in edgelock raises: the engine's TypeError, and a RangeError of its own.
+  const bug = (() => {
+    try {
+      return (null as unknown as { x: number }).x;
+    } catch (error) {
+      return error;
+    }
+  })();
+  for (
+    const error of [bug, new RangeError("Invalid time value"), new TypeError("x is not a function")]
+  ) {
+    const { code, message } = toEdgelockError(error);
+    assert.equal(code, "internal_error");
+    assert.equal(message, "The service failed unexpectedly");
   }
 });

@@ -4,6 +4,7 @@ import { backoffDelay, sleep } from "../core/_backoff.ts";
 import { EdgelockError, type ErrorCode } from "../core/errors.ts";
 import { connectFailure } from "../core/_failure.ts";
 import type { ClientOptions } from "./types.ts";
+import { InvalidRange, InvalidType } from "../core/_invalid.ts";
 
 /** What the HTTP core needs from `ClientOptions`. */
 export type HttpOptions = Pick<
@@ -101,24 +102,24 @@ function settings(options: HttpOptions) {
   try {
     base = new URL(baseUrl.endsWith("/") ? baseUrl : `${baseUrl}/`);
   } catch {
-    throw new TypeError(`baseUrl "${baseUrl}" is not a valid URL`);
+    throw new InvalidType(`baseUrl "${baseUrl}" is not a valid URL`);
   }
   if (base.protocol !== "http:" && base.protocol !== "https:") {
-    throw new TypeError(`baseUrl "${baseUrl}" must be an http or https URL`);
+    throw new InvalidType(`baseUrl "${baseUrl}" must be an http or https URL`);
   }
   if (base.pathname.endsWith("/v1/")) {
-    throw new TypeError(
+    throw new InvalidType(
       `baseUrl "${baseUrl}" ends in /v1: give the service's root (${
         new URL("..", base).href.replace(/\/$/, "")
       }); the client adds /v1`,
     );
   }
-  if (typeof apiKey !== "string" || apiKey === "") throw new TypeError("apiKey is required");
+  if (typeof apiKey !== "string" || apiKey === "") throw new InvalidType("apiKey is required");
   if (!Number.isInteger(retries) || retries < 0 || retries > MAX_RETRIES) {
-    throw new RangeError(`retries must be an integer from 0 to ${MAX_RETRIES}`);
+    throw new InvalidRange(`retries must be an integer from 0 to ${MAX_RETRIES}`);
   }
   if (!Number.isInteger(timeoutMs) || timeoutMs < 100 || timeoutMs > 120_000) {
-    throw new RangeError("timeoutMs must be an integer from 100 to 120000 milliseconds");
+    throw new InvalidRange("timeoutMs must be an integer from 100 to 120000 milliseconds");
   }
   return { base, apiKey, fetchFn, retries, timeoutMs };
 }
@@ -136,7 +137,7 @@ async function attempt(
     status = response.status;
     // A reply cut short is a transport failure like any other, never an empty success.
     const parsed: unknown = await response.json();
-    if (typeof parsed !== "object" || parsed === null) throw new TypeError("not a JSON object");
+    if (typeof parsed !== "object" || parsed === null) throw new InvalidType("not a JSON object");
     return { status, data: parsed as Data };
   } catch (error) {
     if (signal?.aborted) throw signal.reason; // the caller's abort; a timeout is a failure

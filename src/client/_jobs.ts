@@ -10,6 +10,7 @@ import {
 } from "../core/_validate.ts";
 import type { JobExtension, JobStart, JobStore, StartJobOptions } from "../uses/jobs.ts";
 import type { Http } from "./_http.ts";
+import { InvalidType } from "../core/_invalid.ts";
 
 /** The job store over `http`. */
 export function createJobs(http: Http): JobStore {
@@ -18,7 +19,7 @@ export function createJobs(http: Http): JobStore {
   return {
     async start(job: string, opts: StartJobOptions): Promise<JobStart> {
       checkOptions(opts, JOB_OPTIONS, "start()");
-      if (opts?.atMostMs === undefined) throw new TypeError("atMostMs is required");
+      if (opts?.atMostMs === undefined) throw new InvalidType("atMostMs is required");
       const body = {
         ...opts,
         token: opts.token === undefined ? newToken() : checkToken(opts.token),

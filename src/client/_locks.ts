@@ -19,6 +19,7 @@ import {
 import type { LeaseRef, LockClient, LockInfo, RenewResult } from "../core/types.ts";
 import { fromProblem, type Http, lockPath } from "./_http.ts";
 import { busyOrThrow, granted, hold, leaseBody, toLease } from "./_leases.ts";
+import { InvalidRange } from "../core/_invalid.ts";
 
 /** The lock calls that go over HTTP; `withLock` and `withLocks` are not among them. */
 export type LockCalls = Omit<LockClient, "withLock" | "withLocks">;
@@ -104,7 +105,7 @@ function renewing(http: Http): Pick<LockClient, "renew" | "renewMany"> {
     async renewMany(leases, opts = {}) {
       checkOptions(opts, ["ttlMs"], "renewMany()");
       if (!Array.isArray(leases) || leases.length === 0 || leases.length > MAX_BATCH) {
-        throw new RangeError(`renewMany takes 1 to ${MAX_BATCH} leases`);
+        throw new InvalidRange(`renewMany takes 1 to ${MAX_BATCH} leases`);
       }
       const body = {
         ttlMs: checkDuration(opts.ttlMs, "ttlMs", DEFAULT_TTL_MS),

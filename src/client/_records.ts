@@ -18,6 +18,7 @@ import type {
   RecordStore,
 } from "../uses/records.ts";
 import { fromProblem, type Http } from "./_http.ts";
+import { InvalidRange } from "../core/_invalid.ts";
 
 type Data = Record<string, unknown>;
 
@@ -76,11 +77,11 @@ function claimResult(status: number, data: Data): ClaimResult {
 // Over HTTP a record id is scope/key (idempotency) or namespace/id (dedupe), as recordId() makes.
 function recordPath(kind: RecordKind, id: string, action?: string): string {
   if (kind !== "idempotency" && kind !== "dedupe") {
-    throw new RangeError(`kind must be "idempotency" or "dedupe", not ${JSON.stringify(kind)}`);
+    throw new InvalidRange(`kind must be "idempotency" or "dedupe", not ${JSON.stringify(kind)}`);
   }
   const parts = typeof id === "string" ? id.split("/") : [];
   if (parts.length !== 2 || !parts.every((part) => SEGMENT_PATTERN.test(part))) {
-    throw new RangeError(`The ${kind} id must be scope/key, from recordId()`);
+    throw new InvalidRange(`The ${kind} id must be scope/key, from recordId()`);
   }
   const path = `v1/${kind}/${parts.map(encodeURIComponent).join("/")}`;
   return action ? `${path}/${action}` : path;

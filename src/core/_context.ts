@@ -24,6 +24,7 @@ import {
 import type { Script, ScriptCall } from "./lua/_define.ts";
 import { EdgelockError } from "./errors.ts";
 import type { LockEvent } from "./types.ts";
+import { InvalidType } from "./_invalid.ts";
 
 /** Options for {@linkcode LockOps}, and those {@linkcode Locks} has in common with it. */
 export interface LockOpsOptions {
@@ -112,10 +113,10 @@ export class LockContext {
     };
     this.fenceWindowMs = checkDuration(fenceWindowMs, "fenceWindowMs", FENCE_GRACE_MS);
     const { blocking = true } = options;
-    if (typeof blocking !== "boolean") throw new TypeError("blocking must be true or false");
+    if (typeof blocking !== "boolean") throw new InvalidType("blocking must be true or false");
     this.canBlock = blocking && typeof redis.exec === "function";
     if (options.onEvent !== undefined && typeof options.onEvent !== "function") {
-      throw new TypeError("onEvent must be a function");
+      throw new InvalidType("onEvent must be a function");
     }
     this.#onEvent = options.onEvent;
   }

@@ -15,6 +15,7 @@
  */
 
 import { slotTag } from "./_validate.ts";
+import { InvalidType } from "./_invalid.ts";
 
 /** The buckets of the cluster layout. Fixed: a key's bucket must never change. */
 export const BUCKETS = 64;
@@ -33,8 +34,8 @@ export class KeySpace {
   readonly cluster: boolean;
 
   constructor(prefix: string, stats: unknown = true, cluster: unknown = false) {
-    if (typeof stats !== "boolean") throw new TypeError("stats must be true or false");
-    if (typeof cluster !== "boolean") throw new TypeError("cluster must be true or false");
+    if (typeof stats !== "boolean") throw new InvalidType("stats must be true or false");
+    if (typeof cluster !== "boolean") throw new InvalidType("cluster must be true or false");
     this.prefix = prefix;
     this.stats = stats;
     this.cluster = cluster;

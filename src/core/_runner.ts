@@ -1,6 +1,7 @@
 import { EdgelockError } from "./errors.ts";
 import { connectFailure, type Diagnosis, failureText, redacted } from "./_failure.ts";
 import type { Script, ScriptCall } from "./lua/_define.ts";
+import { InvalidRange, InvalidType } from "./_invalid.ts";
 
 export type { ScriptCall };
 
@@ -32,7 +33,7 @@ export interface PipelineLike {
 /** Checks that `redis` can run scripts; `what` (the class) names it in the error. */
 export function checkRedis(redis: RedisLike, what: string): RedisLike {
   if (typeof redis?.evalsha !== "function" || typeof redis?.eval !== "function") {
-    throw new TypeError(`${what} needs a Redis client with evalsha and eval (@upstash/redis)`);
+    throw new InvalidType(`${what} needs a Redis client with evalsha and eval (@upstash/redis)`);
   }
   // @upstash/redis made without a URL or token (an unset variable) only warns, then fails calls;
   // an unset token is sent as "Bearer undefined".
@@ -78,7 +79,7 @@ const DEFAULT_RUN: RunOptions = { timeoutMs: DEFAULT_REDIS_TIMEOUT_MS, keyLockin
  */
 export function keyLockingFor(redis: RedisLike, option: unknown): boolean {
   if (option !== undefined) {
-    if (typeof option !== "boolean") throw new TypeError("keyLocking must be true or false");
+    if (typeof option !== "boolean") throw new InvalidType("keyLocking must be true or false");
     return option;
   }
   const url = (redis as { client?: { baseUrl?: unknown } }).client?.baseUrl;
@@ -436,9 +437,9 @@ export function integers(script: Script, reply: unknown, count: number): number[
 /** Checks a timeout option: a positive integer of milliseconds, at most a minute. */
 export function checkTimeout(value: unknown): number {
   if (value === undefined) return DEFAULT_REDIS_TIMEOUT_MS;
-  if (typeof value !== "number") throw new TypeError("timeoutMs must be a number");
+  if (typeof value !== "number") throw new InvalidType("timeoutMs must be a number");
   if (!Number.isInteger(value) || value < 1 || value > 60_000) {
-    throw new RangeError("timeoutMs must be an integer from 1 to 60000 milliseconds");
+    throw new InvalidRange("timeoutMs must be an integer from 1 to 60000 milliseconds");
   }
   return value;
 }

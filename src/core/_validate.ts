@@ -1,5 +1,6 @@
 // Argument checks shared by the library and the HTTP schemas: one definition of each limit.
 import type { AcquireOptions } from "./types.ts";
+import { InvalidRange, InvalidType } from "./_invalid.ts";
 
 /**
  * Lock names and other path segments: 1–200 characters of `A-Z a-z 0-9 . _ : -`, but not `.`
@@ -51,7 +52,7 @@ export const DEFAULT_RETENTION_MS = 86_400_000;
 /** A lease's fence, when given: a positive safe integer, else a RangeError. */
 export function checkFence(fence: unknown): number | undefined {
   if (fence !== undefined && !(Number.isSafeInteger(fence) && (fence as number) > 0)) {
-    throw new RangeError("The lease's fence must be a positive integer");
+    throw new InvalidRange("The lease's fence must be a positive integer");
   }
   return fence as number | undefined;
 }
@@ -66,7 +67,7 @@ export const HINT =
 /** A lease's `next`, when given: a grant's hint as acquire returned it, else a TypeError. */
 export function checkNext(next: unknown): string | undefined {
   if (next !== undefined && !(typeof next === "string" && HINT.test(next))) {
-    throw new TypeError("The lease's next must be the next that acquire returned, unchanged");
+    throw new InvalidType("The lease's next must be the next that acquire returned, unchanged");
   }
   return next;
 }
@@ -89,9 +90,9 @@ export const MAX_NAMES = 32;
 export const MAX_LIMIT = 1000;
 
 export function checkName(name: unknown, what = "lock name"): string {
-  if (typeof name !== "string") throw new TypeError(`The ${what} must be a string`);
+  if (typeof name !== "string") throw new InvalidType(`The ${what} must be a string`);
   if (!NAME_PATTERN.test(name)) {
-    throw new RangeError(
+    throw new InvalidRange(
       `The ${what} "${name.slice(0, 50)}" must be 1–200 characters of A-Z a-z 0-9 . _ : - ` +
         `(and not . or ..)`,
     );
@@ -100,9 +101,9 @@ export function checkName(name: unknown, what = "lock name"): string {
 }
 
 export function checkLockName(name: unknown): string {
-  if (typeof name !== "string") throw new TypeError("The lock name must be a string");
+  if (typeof name !== "string") throw new InvalidType("The lock name must be a string");
   if (!LOCK_NAME_PATTERN.test(name)) {
-    throw new RangeError(
+    throw new InvalidRange(
       `The lock name "${name.slice(0, 50)}" must be 1–200 characters of A-Z a-z 0-9 . _ : - { } ` +
         `(not . or .., and not starting with })`,
     );
@@ -126,15 +127,15 @@ export function slotTag(name: string): string {
  */
 export function checkLockNames(names: unknown, sameSlot: boolean): readonly string[] {
   if (!Array.isArray(names) || names.length < 1 || names.length > MAX_NAMES) {
-    throw new RangeError(`acquireAll takes 1 to ${MAX_NAMES} lock names`);
+    throw new InvalidRange(`acquireAll takes 1 to ${MAX_NAMES} lock names`);
   }
   (names as unknown[]).forEach(checkLockName);
-  if (new Set(names).size !== names.length) throw new RangeError("The lock names must differ");
+  if (new Set(names).size !== names.length) throw new InvalidRange("The lock names must differ");
   if (!sameSlot) return names as string[];
   const tag = slotTag(names[0] as string);
   const stray = (names as string[]).find((name) => slotTag(name) !== tag);
   if (stray !== undefined) {
-    throw new RangeError(
+    throw new InvalidRange(
       `In the cluster layout, the names of one multi-name lock must share a slot: "${stray}" does not ` +
         `start like "${names[0]}". Start each with the same {group}, e.g. {bank}acct:1 and ` +
         `{bank}acct:2`,
@@ -145,15 +146,15 @@ export function checkLockNames(names: unknown, sameSlot: boolean): readonly stri
 
 export function checkPrefix(prefix: unknown): string {
   if (typeof prefix !== "string" || !/^[A-Za-z0-9._:-]{1,100}$/.test(prefix)) {
-    throw new RangeError("prefix must be 1–100 characters of A-Z a-z 0-9 . _ : -");
+    throw new InvalidRange("prefix must be 1–100 characters of A-Z a-z 0-9 . _ : -");
   }
   return prefix;
 }
 
 export function checkToken(token: unknown): string {
-  if (typeof token !== "string") throw new TypeError("The token must be a string");
+  if (typeof token !== "string") throw new InvalidType("The token must be a string");
   if (!TOKEN_PATTERN.test(token)) {
-    throw new RangeError("The token must be 16–128 characters of A-Z a-z 0-9 _ -");
+    throw new InvalidRange("The token must be 16–128 characters of A-Z a-z 0-9 _ -");
   }
   return token;
 }
@@ -167,7 +168,7 @@ export function renewTtl(given: unknown, ttlMs: unknown): number {
   if (given !== undefined) return checkDuration(given, "ttlMs", DEFAULT_TTL_MS);
   if (ttlMs === undefined) return DEFAULT_TTL_MS;
   if (typeof ttlMs !== "number" || !Number.isFinite(ttlMs)) {
-    throw new TypeError("The lease's ttlMs must be a number");
+    throw new InvalidType("The lease's ttlMs must be a number");
   }
   return Math.min(Math.max(Math.round(ttlMs), LIMITS.ttlMs.min), LIMITS.ttlMs.max);
 }
@@ -181,9 +182,9 @@ export function checkDuration(
 ): number {
   if (value === undefined) return fallback;
   const { min, max } = LIMITS[field];
-  if (typeof value !== "number") throw new TypeError(`${label} must be a number`);
+  if (typeof value !== "number") throw new InvalidType(`${label} must be a number`);
   if (!Number.isInteger(value) || value < min || value > max) {
-    throw new RangeError(`${label} must be an integer from ${min} to ${max} milliseconds`);
+    throw new InvalidRange(`${label} must be an integer from ${min} to ${max} milliseconds`);
   }
   return value;
 }
@@ -191,22 +192,22 @@ export function checkDuration(
 export function checkMeta(meta: unknown): string {
   if (meta === undefined) return "";
   if (typeof meta !== "object" || meta === null || Array.isArray(meta)) {
-    throw new TypeError("meta must be a plain JSON object");
+    throw new InvalidType("meta must be a plain JSON object");
   }
   // What is stored is the JSON: a Date or a toJSON() that is no object would not read back as one.
   const text = JSON.stringify(meta);
   if (typeof text !== "string" || !text.startsWith("{")) {
-    throw new TypeError("meta must be a plain JSON object");
+    throw new InvalidType("meta must be a plain JSON object");
   }
   if (new TextEncoder().encode(text).length > MAX_META_BYTES) {
-    throw new RangeError(`meta must be at most ${MAX_META_BYTES} bytes as JSON`);
+    throw new InvalidRange(`meta must be at most ${MAX_META_BYTES} bytes as JSON`);
   }
   return text;
 }
 
 export function checkSignal(signal: unknown): AbortSignal | undefined {
   if (signal === undefined || signal instanceof AbortSignal) return signal;
-  throw new TypeError("signal must be an AbortSignal");
+  throw new InvalidType("signal must be an AbortSignal");
 }
 
 /** A new owner token: 128 random bits, base64url (22 characters). */
@@ -240,19 +241,19 @@ export function checkMode(
 } {
   const { mode, limit, permits } = options;
   if (mode !== undefined && mode !== "exclusive" && mode !== "shared") {
-    throw new RangeError('mode must be "exclusive" or "shared"');
+    throw new InvalidRange('mode must be "exclusive" or "shared"');
   }
   if (limit === undefined) {
-    if (permits !== undefined) throw new TypeError("permits needs limit (a semaphore)");
+    if (permits !== undefined) throw new InvalidType("permits needs limit (a semaphore)");
     return { mode: mode ?? "exclusive", limit: 0, permits: 1 };
   }
-  if (mode !== undefined) throw new TypeError("A semaphore (limit) takes no mode");
+  if (mode !== undefined) throw new InvalidType("A semaphore (limit) takes no mode");
   if (!Number.isInteger(limit) || limit < 1 || limit > MAX_LIMIT) {
-    throw new RangeError(`limit must be an integer from 1 to ${MAX_LIMIT}`);
+    throw new InvalidRange(`limit must be an integer from 1 to ${MAX_LIMIT}`);
   }
   const taken = permits ?? 1;
   if (!Number.isInteger(taken) || taken < 1 || taken > limit) {
-    throw new RangeError(`permits must be an integer from 1 to limit (${limit})`);
+    throw new InvalidRange(`permits must be an integer from 1 to limit (${limit})`);
   }
   return { mode: "semaphore", limit, permits: taken };
 }
@@ -261,9 +262,9 @@ export function checkMode(
 export const HOLD_ID_PATTERN = /^[A-Za-z0-9_-]{8,32}$/;
 
 export function checkHoldId(id: unknown, what = "The hold id"): string {
-  if (typeof id !== "string") throw new TypeError(`${what} must be a string`);
+  if (typeof id !== "string") throw new InvalidType(`${what} must be a string`);
   if (!HOLD_ID_PATTERN.test(id)) {
-    throw new RangeError(`${what} must be 8–32 characters of A-Z a-z 0-9 _ -`);
+    throw new InvalidRange(`${what} must be 8–32 characters of A-Z a-z 0-9 _ -`);
   }
   return id;
 }
@@ -279,7 +280,7 @@ export function newHoldId(): string {
  */
 export function checkHold(options: Pick<AcquireOptions, "reentrant" | "hold">): string {
   if (!checkFlag(options.reentrant, "reentrant")) {
-    if (options.hold !== undefined) throw new TypeError("hold needs reentrant: true");
+    if (options.hold !== undefined) throw new InvalidType("hold needs reentrant: true");
     return "";
   }
   return options.hold === undefined ? newHoldId() : checkHoldId(options.hold);
@@ -287,7 +288,7 @@ export function checkHold(options: Pick<AcquireOptions, "reentrant" | "hold">): 
 
 export function checkFlag(value: unknown, what: string): boolean {
   if (value === undefined) return false;
-  if (typeof value !== "boolean") throw new TypeError(`${what} must be a boolean`);
+  if (typeof value !== "boolean") throw new InvalidType(`${what} must be a boolean`);
   return value;
 }
 
@@ -298,12 +299,12 @@ export function checkFlag(value: unknown, what: string): boolean {
 export function checkOptions(options: unknown, known: readonly string[], where: string): void {
   if (options === undefined) return;
   if (typeof options !== "object" || options === null || Array.isArray(options)) {
-    throw new TypeError(`${where} takes an options object`);
+    throw new InvalidType(`${where} takes an options object`);
   }
   for (const key of Object.keys(options)) {
     if (known.includes(key)) continue;
     const near = nearest(key, known);
-    throw new TypeError(
+    throw new InvalidType(
       `${where} has no option "${key}"${near ? `; did you mean "${near}"?` : ""}`,
     );
   }
@@ -371,11 +372,13 @@ export const JOB_OPTIONS = ["atMostMs", "atLeastMs", "tick", "tickRetentionMs", 
 /** A cron tick's text: a string or a whole number ≥ 0 as is, a Date as its epoch ms. */
 export function checkTick(tick: unknown): string {
   if (tick instanceof Date) {
-    if (Number.isNaN(tick.getTime())) throw new RangeError("tick is an invalid Date");
+    if (Number.isNaN(tick.getTime())) throw new InvalidRange("tick is an invalid Date");
     return String(tick.getTime());
   }
   if (typeof tick === "number" && !(Number.isSafeInteger(tick) && tick >= 0)) {
-    throw new RangeError(`tick must be a whole number ≥ 0 (as the HTTP API takes it), not ${tick}`);
+    throw new InvalidRange(
+      `tick must be a whole number ≥ 0 (as the HTTP API takes it), not ${tick}`,
+    );
   }
   if (typeof tick !== "string" && typeof tick !== "number") {
     const type = typeof tick;
@@ -386,7 +389,7 @@ export function checkTick(tick: unknown): string {
       : type === "object"
       ? "an object"
       : `a ${type}`;
-    throw new TypeError(`tick must be a string, a number or a Date, not ${what}`);
+    throw new InvalidType(`tick must be a string, a number or a Date, not ${what}`);
   }
   return checkName(String(tick), "tick");
 }

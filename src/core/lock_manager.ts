@@ -14,6 +14,7 @@ import { Locks, type LocksOptions } from "./locks.ts";
 import { LockOps } from "./ops.ts";
 import type { Lease } from "./types.ts";
 import { hold } from "./with_lock.ts";
+import { InvalidRange, InvalidType } from "./_invalid.ts";
 
 /** Options for {@linkcode LockManager}: those of `Locks`, and the lease each request holds. */
 export interface LockManagerOptions extends LocksOptions {
@@ -124,7 +125,7 @@ export class LockManager {
     const { ttlMs, clientId = newToken(), maxWaiters, ...store } = options;
     this.#ttlMs = checkDuration(ttlMs, "ttlMs", DEFAULT_LEASE_MS);
     if (typeof clientId !== "string" || !/^[\x21-\x7e]{1,64}$/.test(clientId)) {
-      throw new RangeError("clientId must be 1–64 printable ASCII characters");
+      throw new InvalidRange("clientId must be 1–64 printable ASCII characters");
     }
     this.#clientId = clientId;
     this.#locks = new Locks(redis, { ...store, ...(maxWaiters !== undefined && { maxWaiters }) });
@@ -146,9 +147,9 @@ export class LockManager {
     const [options, callback] = args.length === 1 ? [{}, args[0]] : args;
     checkOptions(options ?? undefined, REQUEST_OPTIONS, "request()");
     const { mode = "exclusive", ifAvailable = false, steal = false, signal } = options ?? {};
-    if (typeof callback !== "function") throw new TypeError("request needs a callback");
+    if (typeof callback !== "function") throw new InvalidType("request needs a callback");
     if (mode !== "exclusive" && mode !== "shared") {
-      throw new TypeError(`mode must be "exclusive" or "shared", not ${JSON.stringify(mode)}`);
+      throw new InvalidType(`mode must be "exclusive" or "shared", not ${JSON.stringify(mode)}`);
     }
     // The Web Locks API's own refusals, in its order.
     if (steal && ifAvailable) notSupported("steal and ifAvailable cannot be used together");

@@ -55,6 +55,7 @@ import type {
   WithLockOptions,
 } from "./types.ts";
 import { withLock, withLocks } from "./with_lock.ts";
+import { InvalidRange, InvalidType } from "./_invalid.ts";
 
 export { DEFAULT_MAX_WAITERS, DEFAULT_TTL_MS, MAX_BATCH };
 
@@ -103,7 +104,7 @@ export class Locks implements LockClient {
     const { maxWaiters = DEFAULT_MAX_WAITERS } = options;
     this.#context = new LockContext(redis, "Locks", options, ["maxWaiters"]);
     if (!Number.isInteger(maxWaiters) || maxWaiters < 1 || maxWaiters > 1000) {
-      throw new RangeError("maxWaiters must be an integer from 1 to 1000");
+      throw new InvalidRange("maxWaiters must be an integer from 1 to 1000");
     }
     this.#maxWaiters = maxWaiters;
   }
@@ -309,7 +310,7 @@ export class Locks implements LockClient {
    */
   async renewMany(leases: readonly LeaseRef[], options: RenewOptions = {}): Promise<RenewResult[]> {
     if (!Array.isArray(leases) || leases.length === 0 || leases.length > MAX_BATCH) {
-      throw new RangeError(`renewMany takes 1 to ${MAX_BATCH} leases`);
+      throw new InvalidRange(`renewMany takes 1 to ${MAX_BATCH} leases`);
     }
     checkOptions(options, ["ttlMs"], "renewMany()");
     const ttlMs = checkDuration(options.ttlMs, "ttlMs", DEFAULT_TTL_MS);
@@ -534,7 +535,7 @@ function toLease(
 
 function checkLease(lease: LeaseRef): LeaseRef {
   if (typeof lease !== "object" || lease === null) {
-    throw new TypeError("Expected a lease returned by acquire or renew");
+    throw new InvalidType("Expected a lease returned by acquire or renew");
   }
   checkLockName(lease.name);
   checkToken(lease.token);

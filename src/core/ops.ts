@@ -26,6 +26,7 @@ import type {
   LockInfo,
   LockList,
 } from "./types.ts";
+import { InvalidRange, InvalidType } from "./_invalid.ts";
 
 /**
  * An operator's view and acts on the locks under a prefix: list the held ones, read the stats,
@@ -61,11 +62,11 @@ export class LockOps {
     const cursor = options.cursor ?? "";
     const limit = options.limit ?? LIST_PAGE_DEFAULT;
     if (typeof prefix !== "string" || !NAME_PREFIX_PATTERN.test(prefix)) {
-      throw new RangeError("prefix must be up to 200 characters of A-Z a-z 0-9 . _ : - { }");
+      throw new InvalidRange("prefix must be up to 200 characters of A-Z a-z 0-9 . _ : - { }");
     }
     if (cursor !== "") checkLockName(cursor);
     if (!Number.isInteger(limit) || limit < 1 || limit > MAX_BATCH) {
-      throw new RangeError(`limit must be an integer from 1 to ${MAX_BATCH}`);
+      throw new InvalidRange(`limit must be an integer from 1 to ${MAX_BATCH}`);
     }
     return await this.#context.observe(prefix, "list", async () => {
       const replies = await this.#perBucket(LIST, (base) =>
@@ -141,7 +142,7 @@ export class LockOps {
     checkOptions(options, ["limit"], "audit()");
     const limit = options.limit ?? LIST_PAGE_DEFAULT;
     if (!Number.isInteger(limit) || limit < 1 || limit > AUDIT_LENGTH) {
-      throw new RangeError(`limit must be an integer from 1 to ${AUDIT_LENGTH}`);
+      throw new InvalidRange(`limit must be an integer from 1 to ${AUDIT_LENGTH}`);
     }
     const replies = await this.#context.observe(
       "",
@@ -201,9 +202,9 @@ function toAuditEntry(raw: unknown): AuditEntry {
 }
 
 function checkText(value: unknown, what: string, min: number, max: number): string {
-  if (typeof value !== "string") throw new TypeError(`${what} must be a string`);
+  if (typeof value !== "string") throw new InvalidType(`${what} must be a string`);
   if (value.length < min || value.length > max || !/^[\x20-\x7e]*$/.test(value)) {
-    throw new RangeError(`${what} must be ${min}–${max} printable ASCII characters`);
+    throw new InvalidRange(`${what} must be ${min}–${max} printable ASCII characters`);
   }
   return value;
 }

@@ -3,6 +3,7 @@ import { sentAtOf } from "./_granted.ts";
 import { ACQUIRE_OPTIONS, checkOptions, LEASE_OPTIONS } from "./_validate.ts";
 import { busyError, EdgelockError } from "./errors.ts";
 import type { Lease, LeaseOptions, LockClient, WithLockOptions } from "./types.ts";
+import { InvalidRange, InvalidType } from "./_invalid.ts";
 
 /**
  * Runs `fn` while holding `name`. The lease is renewed with explicit calls every third of its
@@ -20,13 +21,13 @@ export async function withLock<T>(
   fn: (lease: Lease, signal: AbortSignal) => Promise<T> | T,
   onLost?: (lease: Lease, error: EdgelockError) => void,
 ): Promise<T> {
-  if (typeof fn !== "function") throw new TypeError("withLock needs a function to run");
+  if (typeof fn !== "function") throw new InvalidType("withLock needs a function to run");
   checkOptions(options, [...ACQUIRE_OPTIONS, "ifAvailable"], "withLock()");
   if (options.ifAvailable !== undefined && typeof options.ifAvailable !== "boolean") {
-    throw new TypeError("ifAvailable must be a boolean");
+    throw new InvalidType("ifAvailable must be a boolean");
   }
   if (options.ifAvailable && options.waitMs) {
-    throw new RangeError("ifAvailable means no wait: leave waitMs out");
+    throw new InvalidRange("ifAvailable means no wait: leave waitMs out");
   }
   const startedAt = performance.now();
   const { ifAvailable: _, ...acquireOptions } = options;
@@ -72,7 +73,7 @@ export async function withLocks<T>(
   options: LeaseOptions,
   fn: (leases: Lease[], signal: AbortSignal) => Promise<T> | T,
 ): Promise<T> {
-  if (typeof fn !== "function") throw new TypeError("withLocks needs a function to run");
+  if (typeof fn !== "function") throw new InvalidType("withLocks needs a function to run");
   checkOptions(options, LEASE_OPTIONS, "withLocks()");
   const startedAt = performance.now();
   const result = await locks.acquireAll(names, options);

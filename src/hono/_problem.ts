@@ -1,6 +1,7 @@
 import type { Context } from "hono";
 import { EdgelockError } from "../core/errors.ts";
 import type { RecordStore } from "../uses/records.ts";
+import { InvalidType } from "../core/_invalid.ts";
 
 /** An RFC 9457 problem+json response: `{ type, title, status, detail, code, …extra }`. */
 export function problem(
@@ -68,7 +69,7 @@ export function checkStore(who: string): (records: unknown) => RecordStore {
   return (records) => {
     if (typeof (records as RecordStore | undefined)?.claim !== "function") {
       const got = records === null ? "null" : typeof records;
-      throw new TypeError(`${who} needs records: new Records(redis) (got ${got})`);
+      throw new InvalidType(`${who} needs records: new Records(redis) (got ${got})`);
     }
     return records as RecordStore;
   };

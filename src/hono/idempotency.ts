@@ -17,6 +17,7 @@ import {
 } from "./_problem.ts";
 import { MAX_RESPONSE_BYTES, recordId, type RecordStore, safeName } from "../uses/records.ts";
 import { runClaimed } from "./_claim.ts";
+import { InvalidType } from "../core/_invalid.ts";
 
 /** Options for {@linkcode idempotency}. */
 export interface IdempotencyOptions {
@@ -149,7 +150,7 @@ function checkOptions(options: IdempotencyOptions): Settings {
     waitMs = 0,
     replayHeaders = DEFAULT_REPLAY_HEADERS,
   } = options ?? {};
-  if (typeof scope !== "function") throw new TypeError("idempotency needs a scope function");
+  if (typeof scope !== "function") throw new InvalidType("idempotency needs a scope function");
   checkDuration(leaseMs, "leaseMs", 0);
   checkDuration(retentionMs, "retentionMs", 0);
   checkDuration(waitMs, "waitMs", 0);
@@ -171,10 +172,10 @@ function checkOptions(options: IdempotencyOptions): Settings {
 // Header names, checked when the middleware is built: `Headers` throws on a bad one, and would
 // after the handler ran, leaving its reply unstored.
 function checkHeaderNames(names: unknown, option: string): void {
-  if (!Array.isArray(names)) throw new TypeError(`${option} must be an array of header names`);
+  if (!Array.isArray(names)) throw new InvalidType(`${option} must be an array of header names`);
   for (const name of names) {
     if (typeof name !== "string" || !/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(name)) {
-      throw new TypeError(`${option} holds ${JSON.stringify(name)}, which is no header name`);
+      throw new InvalidType(`${option} holds ${JSON.stringify(name)}, which is no header name`);
     }
   }
 }

@@ -11,6 +11,7 @@ import { dedupe, type DedupeOptions } from "../uses/dedupe.ts";
 import { checkOptions, DEFAULT_LEASE_MS } from "../core/_validate.ts";
 import { runClaimed } from "./_claim.ts";
 import type { RecordStore } from "../uses/records.ts";
+import { InvalidRange, InvalidType } from "../core/_invalid.ts";
 
 /** Options for {@linkcode webhookDedupe}. */
 export interface WebhookDedupeOptions extends Omit<DedupeOptions, "id"> {
@@ -134,7 +135,7 @@ type Keys = Promise<CryptoKey[]>;
 const imported = new Map<string, Keys>();
 function importKeys(secrets: unknown): Keys {
   if (!Array.isArray(secrets) || secrets.length === 0) {
-    throw new TypeError("webhookDedupe needs secrets: at least one signing secret");
+    throw new InvalidType("webhookDedupe needs secrets: at least one signing secret");
   }
   const raw = secrets.map(decodeSecret);
   // JSON: a secret holding a newline (atob skips it) cannot pass for two secrets
@@ -157,7 +158,7 @@ function importKeys(secrets: unknown): Keys {
 // a failure (or an unhandled rejection) at the first delivery.
 function decodeSecret(secret: unknown, index: number): Uint8Array<ArrayBuffer> {
   if (typeof secret !== "string" || secret.trim() === "") {
-    throw new TypeError(
+    throw new InvalidType(
       `Webhook secret ${index + 1} is ${
         typeof secret === "string" ? "empty" : typeof secret
       }: set the endpoint's signing secret (whsec_…)`,
@@ -168,12 +169,12 @@ function decodeSecret(secret: unknown, index: number): Uint8Array<ArrayBuffer> {
   try {
     bytes = Uint8Array.from(atob(text), (ch) => ch.charCodeAt(0));
   } catch {
-    throw new TypeError(
+    throw new InvalidType(
       `Webhook secret ${index + 1} must be base64, optionally prefixed with whsec_`,
     );
   }
   if (bytes.length === 0) {
-    throw new RangeError(`Webhook secret ${index + 1} is empty: it needs at least one byte`);
+    throw new InvalidRange(`Webhook secret ${index + 1} is empty: it needs at least one byte`);
   }
   return bytes;
 }

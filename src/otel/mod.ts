@@ -28,6 +28,7 @@ import {
 } from "@opentelemetry/api";
 import type { LockEvent } from "../core/types.ts";
 import { WAIT_BUCKETS_MS } from "../core/stats.ts";
+import { InvalidRange } from "../core/_invalid.ts";
 
 /** Options for {@linkcode openTelemetry}. */
 export interface OpenTelemetryOptions {
@@ -47,7 +48,7 @@ export function openTelemetry(
   { tracer, meter, lockNames = "omit" }: OpenTelemetryOptions = {},
 ): (event: LockEvent & { tenant?: string }) => void {
   if (!["omit", "hash", "plain"].includes(lockNames)) {
-    throw new RangeError('lockNames must be "omit", "hash" or "plain"');
+    throw new InvalidRange('lockNames must be "omit", "hash" or "plain"');
   }
   tracer ??= trace.getTracer("edgelock");
   meter ??= metrics.getMeter("edgelock");

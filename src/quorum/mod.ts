@@ -61,6 +61,7 @@ import type {
 } from "../core/types.ts";
 import { withLock, withLocks } from "../core/with_lock.ts";
 import { Q_ACQUIRE, Q_COMMIT, Q_INSPECT, Q_RELEASE, Q_RENEW } from "./scripts.ts";
+import { InvalidRange, InvalidType } from "../core/_invalid.ts";
 
 /** Options for {@linkcode QuorumLocks}. */
 export interface QuorumLocksOptions {
@@ -92,7 +93,7 @@ export class QuorumLocks implements LockClient {
   /** Quorum locks over `databases` (at least 3; a majority of them must agree). */
   constructor(databases: readonly RedisLike[], options: QuorumLocksOptions = {}) {
     if (!Array.isArray(databases) || databases.length < 3 || databases.length > 15) {
-      throw new RangeError("QuorumLocks takes 3 to 15 independent databases");
+      throw new InvalidRange("QuorumLocks takes 3 to 15 independent databases");
     }
     this.#databases = databases.map((db) => checkRedis(db, "QuorumLocks"));
     this.#majority = Math.floor(databases.length / 2) + 1;
@@ -104,7 +105,7 @@ export class QuorumLocks implements LockClient {
     }));
     const drift = options.driftFactor ?? 0.01;
     if (typeof drift !== "number" || !(drift >= 0 && drift < 0.5)) {
-      throw new RangeError("driftFactor must be a number from 0 to 0.5");
+      throw new InvalidRange("driftFactor must be a number from 0 to 0.5");
     }
     this.#driftFactor = drift;
   }
@@ -175,7 +176,7 @@ export class QuorumLocks implements LockClient {
     checkLockName(name);
     checkOptions(options, ACQUIRE_OPTIONS, "acquire()");
     if (options.mode === "shared" || options.limit !== undefined || options.reentrant) {
-      throw new RangeError("Quorum locks are exclusive: no mode, limit or reentrant");
+      throw new InvalidRange("Quorum locks are exclusive: no mode, limit or reentrant");
     }
     const ttlMs = checkDuration(options.ttlMs, "ttlMs", DEFAULT_TTL_MS);
     const waitMs = checkDuration(options.waitMs, "waitMs", 0);
@@ -314,7 +315,7 @@ export class QuorumLocks implements LockClient {
   /** Renews each lease (one request per database per lease); results in the same order. */
   async renewMany(leases: readonly LeaseRef[], options: RenewOptions = {}): Promise<RenewResult[]> {
     if (!Array.isArray(leases) || leases.length === 0 || leases.length > 1000) {
-      throw new RangeError("renewMany takes 1 to 1000 leases");
+      throw new InvalidRange("renewMany takes 1 to 1000 leases");
     }
     leases.forEach(checkFenced); // every lease checked before any is renewed
     return await Promise.all(leases.map((lease) => this.renew(lease, options)));
@@ -349,7 +350,7 @@ export class QuorumLocks implements LockClient {
 
   /** Not offered: quorum locks take one name at a time. */
   acquireAll(): Promise<AcquireAllResult> {
-    return Promise.reject(new TypeError("Quorum locks take one name at a time"));
+    return Promise.reject(new InvalidType("Quorum locks take one name at a time"));
   }
 
   /** Runs `fn` while holding `name`; see `withLock`. */
@@ -374,13 +375,13 @@ export class QuorumLocks implements LockClient {
 // A lease to renew: with its fence, since a database keeps no lease's fence, only the highest.
 function checkFenced(lease: LeaseRef): LeaseRef & { fence: number } {
   const ref = checkRef(lease);
-  if (ref.fence === undefined) throw new TypeError("QuorumLocks.renew needs the lease's fence");
+  if (ref.fence === undefined) throw new InvalidType("QuorumLocks.renew needs the lease's fence");
   return ref as LeaseRef & { fence: number };
 }
 
 function checkRef(lease: LeaseRef): LeaseRef {
   if (typeof lease !== "object" || lease === null) {
-    throw new TypeError("Expected a lease returned by acquire or renew");
+    throw new InvalidType("Expected a lease returned by acquire or renew");
   }
   checkLockName(lease.name);
   checkToken(lease.token);

@@ -3,6 +3,7 @@
 import type { Context } from "hono";
 import { HTTPException } from "hono/http-exception";
 import { EdgelockError, type ErrorCode } from "../core/errors.ts";
+import { InvalidRange, InvalidType } from "../core/_invalid.ts";
 import { problem } from "../hono/_problem.ts";
 
 type Status = 400 | 401 | 403 | 404 | 405 | 409 | 413 | 422 | 429 | 500 | 503;
@@ -41,8 +42,8 @@ const CLIENT_DETAIL: Partial<Record<ErrorCode, string>> = {
 /** Any thrown value as an {@linkcode EdgelockError}; an unexpected one is `internal_error`. */
 export function toEdgelockError(error: unknown): EdgelockError {
   if (error instanceof EdgelockError) return error;
-  // The library's own argument checks (the same limits as the schemas).
-  if (error instanceof RangeError || error instanceof TypeError) {
+  // The library's own argument checks (the same limits as the schemas); a bug's TypeError is not.
+  if (error instanceof InvalidRange || error instanceof InvalidType) {
     return new EdgelockError("invalid_request", error.message);
   }
   // A client error Hono itself raises (the routes read and check bodies in ../_route.ts).

@@ -2,6 +2,7 @@
 // and a request rate. They bound what one tenant's client can make an instance hold open and
 // send to Redis; instances do not share them.
 import { EdgelockError } from "../core/errors.ts";
+import { InvalidRange } from "../core/_invalid.ts";
 
 /** Per-tenant caps on one service instance. */
 export interface TenantLimits {
@@ -35,10 +36,10 @@ export function tenantLimiter(
   now: () => number = () => performance.now(),
 ): TenantLimiter {
   if (!Number.isInteger(maxWaits) || maxWaits < 1 || maxWaits > 10_000) {
-    throw new RangeError("maxWaits must be an integer from 1 to 10000");
+    throw new InvalidRange("maxWaits must be an integer from 1 to 10000");
   }
   if (!Number.isInteger(requestsPerSecond) || requestsPerSecond < 0) {
-    throw new RangeError("requestsPerSecond must be a non-negative integer (0 for no limit)");
+    throw new InvalidRange("requestsPerSecond must be a non-negative integer (0 for no limit)");
   }
   const waits = new Map<string, number>();
   // A token bucket per tenant: `requestsPerSecond` tokens, refilled continuously.

@@ -23,6 +23,7 @@ import { opsRoutes } from "./routes/ops.ts";
 import { dashboardRoutes } from "./dashboard.ts";
 import type { MiddlewareHandler } from "hono";
 import type { LockEvent } from "../core/types.ts";
+import { InvalidRange } from "../core/_invalid.ts";
 
 /** What {@linkcode createApp} needs; each runtime's entry builds it from its own environment. */
 export interface AppDeps {
@@ -101,7 +102,7 @@ export type OpenApiSource = (url: URL) => Response | Promise<Response>;
 /** The edgelock HTTP service as a Hono app, its OpenAPI document from `openapi`; runtime-agnostic. */
 export function serviceApp(deps: AppDeps, openapi: OpenApiSource): Hono<AppEnv> {
   const { redis, apiKeys, operatorKeys = [], log = logLine, stats = true } = deps;
-  if (apiKeys.length === 0) throw new RangeError("createApp needs at least one API key");
+  if (apiKeys.length === 0) throw new InvalidRange("createApp needs at least one API key");
   const timeoutMs = checkTimeout(deps.redisTimeoutMs);
   const keyLocking = keyLockingFor(redis, deps.keyLocking);
   const limiter = tenantLimiter(deps.limits);

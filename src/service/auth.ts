@@ -4,6 +4,7 @@ import { EdgelockError } from "../core/errors.ts";
 import type { AppEnv, TenantStores } from "./_env.ts";
 import type { TenantLimiter } from "./_limits.ts";
 import { isOperatorRoute } from "./routes/ops.ts";
+import { InvalidRange } from "../core/_invalid.ts";
 
 /** One tenant's API key. */
 export interface ApiKey {
@@ -20,13 +21,13 @@ const SECRET_PATTERN = /^[\x21-\x7e]{16,256}$/;
 export function parseApiKeys(text: string | undefined): ApiKey[] {
   const keys = parseKeys(text, "LOCK_API_KEYS", "tenant");
   if (keys.length === 0) {
-    throw new RangeError(
+    throw new InvalidRange(
       "LOCK_API_KEYS is not set: give comma-separated tenant:secret pairs, each secret 16–256 " +
         "printable characters (e.g. from `openssl rand -base64 24`)",
     );
   }
   if (new Set(keys.map((key) => key.secret)).size !== keys.length) {
-    throw new RangeError("LOCK_API_KEYS: two tenants share a secret");
+    throw new InvalidRange("LOCK_API_KEYS: two tenants share a secret");
   }
   return keys;
 }
@@ -42,10 +43,10 @@ export function parseOperatorKeys(
   const keys = parseKeys(text, "OPERATOR_API_KEYS", "operator");
   const secrets = new Set(tenants.map((key) => key.secret));
   if (new Set(keys.map((key) => key.secret)).size !== keys.length) {
-    throw new RangeError("OPERATOR_API_KEYS: two operators share a secret");
+    throw new InvalidRange("OPERATOR_API_KEYS: two operators share a secret");
   }
   if (keys.some((key) => secrets.has(key.secret))) {
-    throw new RangeError("OPERATOR_API_KEYS: an operator shares a secret with a tenant");
+    throw new InvalidRange("OPERATOR_API_KEYS: an operator shares a secret with a tenant");
   }
   return keys;
 }
@@ -56,12 +57,12 @@ function parseKeys(text: string | undefined, setting: string, who: string): ApiK
     const tenant = pair.slice(0, at);
     const secret = pair.slice(at + 1);
     if (at < 1 || !TENANT_PATTERN.test(tenant)) {
-      throw new RangeError(
+      throw new InvalidRange(
         `${setting}: each entry is ${who}:secret, the ${who} 1–64 characters of A-Z a-z 0-9 _ -`,
       );
     }
     if (!SECRET_PATTERN.test(secret) || secret.includes(",")) {
-      throw new RangeError(
+      throw new InvalidRange(
         `${setting}: the secret of ${who} "${tenant}" must be 16–256 printable characters ` +
           "without commas",
       );

@@ -1,5 +1,6 @@
 import { type ApiKey, parseApiKeys, parseOperatorKeys } from "./auth.ts";
 import type { TenantLimits } from "./_limits.ts";
+import { InvalidRange } from "../core/_invalid.ts";
 
 /** The service's settings, read from env vars or Worker bindings by each entry. */
 export interface ServiceConfig {
@@ -53,7 +54,7 @@ export function readConfig(env: Record<string, unknown>): ServiceConfig {
   for (const name of Object.keys(env)) {
     if (name.startsWith("LOCK_") && !(SETTINGS as readonly string[]).includes(name)) {
       const near = SETTINGS.find((known) => known.startsWith(name) || name.startsWith(known));
-      throw new RangeError(
+      throw new InvalidRange(
         `${name} is not an edgelock setting${near ? ` (did you mean ${near}?)` : ""}; ` +
           `the settings are ${SETTINGS.join(", ")}`,
       );
@@ -62,25 +63,25 @@ export function readConfig(env: Record<string, unknown>): ServiceConfig {
   const redisUrl = checkRestUrl(text("UPSTASH_REDIS_REST_URL"));
   const redisToken = text("UPSTASH_REDIS_REST_TOKEN");
   if (!redisToken) {
-    throw new RangeError(
+    throw new InvalidRange(
       "UPSTASH_REDIS_REST_TOKEN is not set: copy the REST token from the Upstash console " +
         "(or the one `deno task dev` prints for its bridge)",
     );
   }
   if (!/^[\x21-\x7e]+$/.test(redisToken) || /^["']|["']$/.test(redisToken)) {
-    throw new RangeError(
+    throw new InvalidRange(
       "UPSTASH_REDIS_REST_TOKEN holds spaces, quotes or non-ASCII characters: paste the token alone",
     );
   }
   const keyPrefix = text("LOCK_KEY_PREFIX") ?? "edgelock";
   if (!/^[A-Za-z0-9._:-]{1,64}$/.test(keyPrefix)) {
-    throw new RangeError("LOCK_KEY_PREFIX must be 1–64 characters of A-Z a-z 0-9 . _ : -");
+    throw new InvalidRange("LOCK_KEY_PREFIX must be 1–64 characters of A-Z a-z 0-9 . _ : -");
   }
   const integer = (name: string, min: number, max: number, unit: string) => {
     const value = text(name);
     if (value === undefined) return undefined;
     if (!/^\d{1,10}$/.test(value) || Number(value) < min || Number(value) > max) {
-      throw new RangeError(`${name} must be a whole number of ${unit} from ${min} to ${max}`);
+      throw new InvalidRange(`${name} must be a whole number of ${unit} from ${min} to ${max}`);
     }
     return Number(value);
   };
@@ -90,13 +91,13 @@ export function readConfig(env: Record<string, unknown>): ServiceConfig {
   const requestsPerSecond = integer("LOCK_RATE_LIMIT", 0, 1_000_000_000, "requests a second");
   const layout = text("LOCK_KEY_LAYOUT") ?? "single";
   if (layout !== "single" && layout !== "cluster") {
-    throw new RangeError(
+    throw new InvalidRange(
       "LOCK_KEY_LAYOUT must be single (one Redis, Upstash included) or cluster (a Redis Cluster)",
     );
   }
   const locking = text("LOCK_KEY_LOCKING") ?? "auto";
   if (locking !== "auto" && locking !== "on" && locking !== "off") {
-    throw new RangeError(
+    throw new InvalidRange(
       "LOCK_KEY_LOCKING must be auto (on for an Upstash database), on or off (a plain Redis)",
     );
   }
@@ -119,19 +120,19 @@ export function readConfig(env: Record<string, unknown>): ServiceConfig {
 function checkRestUrl(value: string | undefined): string {
   const name = "UPSTASH_REDIS_REST_URL";
   if (!value) {
-    throw new RangeError(
+    throw new InvalidRange(
       `${name} is not set: copy the database's REST URL (https://….upstash.io) from the Upstash ` +
         "console, or run `deno task dev`, which prints its bridge's URL",
     );
   }
   const url = URL.canParse(value) ? new URL(value) : undefined;
   if (url && /^rediss?:$/.test(url.protocol)) {
-    throw new RangeError(
+    throw new InvalidRange(
       `${name} is a redis:// URL: use the database's REST URL (https://….upstash.io), not its TCP URL`,
     );
   }
   if (!url || !/^https?:$/.test(url.protocol) || url.username || url.password) {
-    throw new RangeError(
+    throw new InvalidRange(
       `${name} is not an http(s) URL without credentials, like https://….upstash.io`,
     );
   }

@@ -18,6 +18,7 @@
  * @module
  */
 import type { PipelineLike, RedisLike } from "../core/_runner.ts";
+import { InvalidType } from "../core/_invalid.ts";
 
 /** Sends one raw command, e.g. `["EVALSHA", sha, "1", key, arg]`, and resolves with its reply. */
 export type SendCommand = (args: string[]) => Promise<unknown>;
@@ -43,7 +44,7 @@ export interface NodeRedisClusterLike {
 /** An `ioredis` client, standalone or `Cluster` (each script goes to its keys' slot). */
 export function fromIORedis(client: IORedisLike): RedisLike {
   if (typeof client?.call !== "function") {
-    throw new TypeError("fromIORedis needs an ioredis Redis or Cluster");
+    throw new InvalidType("fromIORedis needs an ioredis Redis or Cluster");
   }
   return fromSend(([command, ...args]) => client.call(command!, ...args));
 }
@@ -51,7 +52,7 @@ export function fromIORedis(client: IORedisLike): RedisLike {
 /** A `node-redis` client from `createClient()`, connected. */
 export function fromNodeRedis(client: NodeRedisLike): RedisLike {
   if (typeof client?.sendCommand !== "function") {
-    throw new TypeError("fromNodeRedis needs a node-redis client");
+    throw new InvalidType("fromNodeRedis needs a node-redis client");
   }
   return fromSend((args) => client.sendCommand(args));
 }
@@ -59,7 +60,7 @@ export function fromNodeRedis(client: NodeRedisLike): RedisLike {
 /** A `node-redis` cluster from `createCluster()`, connected: each script goes to its first key's node. */
 export function fromNodeRedisCluster(cluster: NodeRedisClusterLike): RedisLike {
   if (typeof cluster?.sendCommand !== "function") {
-    throw new TypeError("fromNodeRedisCluster needs a node-redis cluster");
+    throw new InvalidType("fromNodeRedisCluster needs a node-redis cluster");
   }
   // EVAL/EVALSHA <script> <numkeys> <key…>: the first key picks the node.
   return fromSend((args) => cluster.sendCommand(args[3], false, args));

@@ -1,6 +1,7 @@
 import type { JobStore, StartJobOptions } from "./jobs.ts";
 import { hold } from "../core/with_lock.ts";
 import { checkOptions, JOB_OPTIONS } from "../core/_validate.ts";
+import { InvalidType } from "../core/_invalid.ts";
 
 /** What a guarded run learns about itself. */
 export interface JobRun {
@@ -57,7 +58,7 @@ export async function cronGuard<T>(
   options: StartJobOptions,
   fn: (run: JobRun, signal: AbortSignal) => Promise<T> | T,
 ): Promise<CronResult<T>> {
-  if (typeof fn !== "function") throw new TypeError("cronGuard needs a function to run");
+  if (typeof fn !== "function") throw new InvalidType("cronGuard needs a function to run");
   checkOptions(options, JOB_OPTIONS, "cronGuard()");
   const grantedAt = performance.now();
   const start = await jobs.start(job, options);

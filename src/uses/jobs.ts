@@ -13,6 +13,7 @@ import {
 } from "../core/_validate.ts";
 import type { StoreOptions } from "./records.ts";
 import { EXTEND_JOB, FINISH_JOB, START_JOB } from "./scripts.ts";
+import { InvalidRange, InvalidType } from "../core/_invalid.ts";
 
 /** Options for {@linkcode Jobs.start}. */
 export interface StartJobOptions {
@@ -80,10 +81,10 @@ export class Jobs implements JobStore {
   async start(job: string, options: StartJobOptions): Promise<JobStart> {
     checkName(job, "job name");
     checkOptions(options, JOB_OPTIONS, "start()");
-    if (options?.atMostMs === undefined) throw new TypeError("atMostMs is required");
+    if (options?.atMostMs === undefined) throw new InvalidType("atMostMs is required");
     const atMostMs = checkDuration(options.atMostMs, "atMostMs", 0);
     const atLeastMs = checkDuration(options.atLeastMs, "atLeastMs", 0);
-    if (atLeastMs > atMostMs) throw new RangeError("atLeastMs must not exceed atMostMs");
+    if (atLeastMs > atMostMs) throw new InvalidRange("atLeastMs must not exceed atMostMs");
     const tickRetentionMs = checkDuration(
       options.tickRetentionMs,
       "retentionMs",

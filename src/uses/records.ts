@@ -16,6 +16,7 @@ import {
 } from "../core/_validate.ts";
 import { sha256Hex } from "../core/_crypto.ts";
 import { CLAIM, COMPLETE, GET_RECORD, NOTE, RELEASE_CLAIM, RENEW_CLAIM } from "./scripts.ts";
+import { InvalidRange, InvalidType } from "../core/_invalid.ts";
 
 /** Options for {@linkcode Records} and {@linkcode Jobs}. */
 export interface StoreOptions {
@@ -84,7 +85,7 @@ export function recordId(scope: string, key: string): string {
  */
 export async function safeName(value: unknown, what = "id"): Promise<string> {
   if (typeof value !== "string" || value === "") {
-    throw new TypeError(`${what} must be a non-empty string`);
+    throw new InvalidType(`${what} must be a non-empty string`);
   }
   if (NAME_PATTERN.test(value)) return value;
   return `#${await sha256Hex(value)}`;
@@ -158,7 +159,9 @@ export class Records implements RecordStore {
     const retentionMs = checkDuration(options.retentionMs, "retentionMs", DEFAULT_RETENTION_MS);
     const fingerprint = options.fingerprint ?? "";
     if (typeof fingerprint !== "string" || fingerprint.length > MAX_FINGERPRINT) {
-      throw new RangeError(`fingerprint must be a string of at most ${MAX_FINGERPRINT} characters`);
+      throw new InvalidRange(
+        `fingerprint must be a string of at most ${MAX_FINGERPRINT} characters`,
+      );
     }
     const { statsKey } = this.#context.keys.statsKeys(id);
     const reply = await this.#context.run(
@@ -222,10 +225,10 @@ export class Records implements RecordStore {
     const keys = this.#recordKeys(kind, id);
     const text = response === undefined ? "" : JSON.stringify(response);
     if (response !== undefined && (typeof response !== "object" || Array.isArray(response))) {
-      throw new TypeError("response must be a JSON object");
+      throw new InvalidType("response must be a JSON object");
     }
     if (new TextEncoder().encode(text).length > MAX_RESPONSE_BYTES) {
-      throw new RangeError(`response must be at most ${MAX_RESPONSE_BYTES} bytes as JSON`);
+      throw new InvalidRange(`response must be at most ${MAX_RESPONSE_BYTES} bytes as JSON`);
     }
     const { recordKey } = keys;
     const args = { token: checkToken(token), response: text };
@@ -262,7 +265,7 @@ export class Records implements RecordStore {
   // The id sits in a hash tag so a record's keys share a cluster slot.
   #recordKeys(kind: RecordKind, id: string): { recordKey: string; fenceKey: string } {
     if (typeof id !== "string" || !RECORD_ID.test(id)) {
-      throw new RangeError(`The ${kind} id must be a name or scope/key, from recordId()`);
+      throw new InvalidRange(`The ${kind} id must be a name or scope/key, from recordId()`);
     }
     const base = `${this.#context.keys.base(id)}:${kind}:{${id}}`;
     return { recordKey: base, fenceKey: `${base}:fence` };
