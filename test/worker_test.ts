@@ -4,6 +4,7 @@ import { createClient } from "@edgelock/edgelock/client";
 import { freePort } from "../dev/redis_server.ts";
 import { keygen, shared, startBackend } from "./_backend.ts";
 import { bundleWorker, spawnDeno } from "./_process.ts";
+import { serviceSources, stripDocs } from "../dev/build_worker.ts";
 
 const SECRET_A = "worker-secret-a-0123456789";
 const SECRET_B = "worker-secret-b-0123456789";
@@ -137,7 +138,13 @@ Deno.test("/openapi.json comes from the Worker's static assets, and a wrong meth
   const { script, mf } = await fixture();
   const document = await Deno.readTextFile(new URL("../src/service/openapi.json", import.meta.url));
   // The script does not carry the document (bundled, it would hold `openapi:"3.1.0"`).
-  assert.equal((await Deno.readTextFile(script)).includes('openapi:"3.1.0"'), false);
+  const bundled = await Deno.readTextFile(script);
+  assert.equal(bundled.includes('openapi:"3.1.0"'), false);
+  // Nor the route table's texts, which only the document needs (the document keeps them).
+  for (const text of ["A JSON object of at most 1 KiB, shown by GET", "Lease length in ms"]) {
+    assert.ok(document.includes(text), text);
+  }
+  assert.equal(bundled.includes("A JSON object of at most 1 KiB, shown by GET"), false);
   const got = await mf.dispatchFetch("http://edgelock.test/openapi.json");
   assert.equal(got.status, 200);
   assert.match(got.headers.get("content-type") ?? "", /^application\/json/);
@@ -169,6 +176,18 @@ Deno.test("/openapi.json comes from the Worker's static assets, and a wrong meth
     assert.ok(res.headers.get("x-request-id"));
     assert.equal((await res.json() as { code: string }).code, "method_not_allowed");
   }
+});
+
+Deno.test("the Worker build empties the service's route docs and no other description", async () => {
+  const sources = await serviceSources();
+  const js = 'a={description:"A JSON object of at most 1 KiB, shown by GET",x:1};' +
+    "b={summary:`Claim the ${d} for one worker, or learn that it is ${l}`};" +
+    'c={description:"A dependency says this of its own option"};d={description:"short"}';
+  assert.equal(
+    stripDocs(js, sources),
+    'a={description:"",x:1};b={summary:`Claim the ${d} for one worker, or learn that it is ${l}`};' +
+      'c={description:"A dependency says this of its own option"};d={description:"short"}',
+  );
 });
 
 Deno.test("a wrong key gets 401 problem+json", async () => {
