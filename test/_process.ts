@@ -76,3 +76,27 @@ export async function bundleWorker(): Promise<string> {
   await buildWorker(out, `${dir}/assets`);
   return out;
 }
+
+/**
+ * Sends `request` as raw bytes to 127.0.0.1:`port`, closes the writing side, and returns the
+ * reply's status code and body (chunks joined): for requests no fetch would send, such as a body
+ * cut short. Gives up after 10 s.
+ */
+export async function sendRaw(
+  port: number,
+  request: string,
+): Promise<{ status: number; body: string }> {
+  const conn = await Deno.connect({ hostname: "127.0.0.1", port });
+  const timer = setTimeout(() => conn.close(), 10_000);
+  try {
+    await conn.write(new TextEncoder().encode(request));
+    await conn.closeWrite();
+    const reply = await new Response(conn.readable).text();
+    const [head = "", ...rest] = reply.split("\r\n\r\n");
+    let body = rest.join("\r\n\r\n");
+    if (/transfer-encoding: chunked/i.test(head)) body = body.replace(/(^|\r\n)[0-9a-f]+\r\n/g, "");
+    return { status: Number(head.split(" ")[1]), body: body.trim() };
+  } finally {
+    clearTimeout(timer);
+  }
+}

@@ -7,6 +7,7 @@ import { DEFAULT_MAX_WAITERS, Locks } from "../src/core/locks.ts";
 import { toEdgelockError } from "../src/service/_errors.ts";
 import { tenantLimiter, type TenantLimits } from "../src/service/_limits.ts";
 import { keygen, lockKeys, shared, startBackend, takeTicket, until } from "./_backend.ts";
+import { sendRaw } from "./_process.ts";
 
 const A = "tenant-a-secret-0123456789";
 const B = "tenant-b-secret-0123456789";
@@ -1001,5 +1002,38 @@ Deno.test("only edgelock's own checks are a 400 with their message; a bug's Type
     const { code, message } = toEdgelockError(error);
     assert.equal(code, "internal_error");
     assert.equal(message, "The service failed unexpectedly");
+  }
+});
+
+Deno.test("a body cut short is a 400 in edgelock's words, through Deno.serve", async () => {
+  const { backend } = await fixture();
+  const logs: RequestLog[] = [];
+  const app = createApp({ redis: backend.redis, apiKeys, log: (entry) => logs.push(entry) });
+  const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, app.fetch);
+  try {
+    const head = (extra: string) =>
+      `POST /v1/locks/${keygen()}/acquire HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${A}\r\n` +
+      `Content-Type: application/json\r\n${extra}Connection: close\r\n\r\n`;
+    for (
+      const request of [
+        head("Content-Length: 100\r\n") + "{}", // fewer bytes than it said
+        head("Transfer-Encoding: chunked\r\n") + "2\r\n{}\r\n", // no last chunk
+      ]
+    ) {
+      const { status, body } = await sendRaw(server.addr.port, request);
+      assert.equal(status, 400, body);
+      assert.equal(JSON.parse(body).code, "invalid_request");
+      assert.match(JSON.parse(body).detail, /could not be read: it ended early/);
+    }
+    // A GET with a body is served: no GET route reads one.
+    const got = await sendRaw(
+      server.addr.port,
+      `GET /v1/me HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${A}\r\n` +
+        "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+    );
+    assert.equal(got.status, 200, got.body);
+    assert.ok(logs.every((entry) => entry.level !== "error"), JSON.stringify(logs));
+  } finally {
+    await server.shutdown();
   }
 });

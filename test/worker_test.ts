@@ -3,7 +3,7 @@ import { Miniflare } from "miniflare";
 import { createClient } from "@edgelock/edgelock/client";
 import { freePort } from "../dev/redis_server.ts";
 import { keygen, shared, startBackend } from "./_backend.ts";
-import { bundleWorker, spawnDeno } from "./_process.ts";
+import { bundleWorker, sendRaw, spawnDeno } from "./_process.ts";
 import { serviceSources, stripDocs } from "../dev/build_worker.ts";
 
 const SECRET_A = "worker-secret-a-0123456789";
@@ -188,6 +188,28 @@ Deno.test("the Worker build empties the service's route docs and no other descri
     'a={description:"",x:1};b={summary:`Claim the ${d} for one worker, or learn that it is ${l}`};' +
       'c={description:"A dependency says this of its own option"};d={description:"short"}',
   );
+});
+
+Deno.test("a GET with a body is served and a body cut short is a 400, in workerd", async () => {
+  const { alone } = await fixture();
+  const mf = alone();
+  try {
+    const port = Number((await mf.ready).port);
+    const request = (line: string, body: string) =>
+      `${line} HTTP/1.1\r\nHost: edgelock.test\r\nAuthorization: Bearer ${SECRET_A}\r\n` +
+      `Content-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n${body}`;
+    // workerd refuses to copy a GET's body, which a body limit on every route did (a 500).
+    for (const line of ["GET /v1/me", "GET /v1/locks?limit=5"]) {
+      const got = await sendRaw(port, request(line, "2\r\n{}\r\n0\r\n\r\n"));
+      assert.equal(got.status, 200, `${line}: ${got.body}`);
+    }
+    // No last chunk (workerd logs a malformed chunk size loudly, so it is tested on Deno only).
+    const cut = await sendRaw(port, request(`POST /v1/locks/${keygen()}/acquire`, "2\r\n{}\r\n"));
+    assert.equal(cut.status, 400, cut.body);
+    assert.match(JSON.parse(cut.body).detail, /could not be read/);
+  } finally {
+    await mf.dispose();
+  }
 });
 
 Deno.test("a wrong key gets 401 problem+json", async () => {

@@ -152,12 +152,26 @@ function singleValued(c: Context<AppEnv>): Record<string, string> {
   return c.req.query();
 }
 
+/**
+ * A failure to read a request's body as the client's: it ended before its Content-Length or its
+ * last chunk, or a chunk was malformed (the runtime's own error, kept as the cause for the log).
+ * An `EdgelockError` (a body over the limit) stays as it is.
+ */
+export function unreadable(error: unknown): EdgelockError {
+  if (error instanceof EdgelockError) return error;
+  return new EdgelockError(
+    "invalid_request",
+    "The request body could not be read: it ended early or its chunks were malformed",
+    { cause: error },
+  );
+}
+
 // application/json, or a +json type, with any parameters.
 const JSON_TYPE = /^application\/([a-z0-9.-]+\+)?json$/;
 
 // The body as JSON: an empty body is `{}` (every field left to its default, or named missing).
 async function readJson(c: Context<AppEnv>): Promise<unknown> {
-  const text = await c.req.text();
+  const text = await c.req.text().catch((error) => Promise.reject(unreadable(error)));
   if (text === "") return {};
   const type = (c.req.header("content-type") ?? "").split(";")[0]!.trim().toLowerCase();
   if (!JSON_TYPE.test(type)) {

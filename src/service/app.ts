@@ -15,7 +15,7 @@ import type { AppEnv, TenantStores } from "./_env.ts";
 import { problemResponse, toEdgelockError } from "./_errors.ts";
 import { type TenantLimiter, tenantLimiter, type TenantLimits } from "./_limits.ts";
 import { json, problemDoc } from "./_schemas.ts";
-import { route } from "./_route.ts";
+import { route, unreadable } from "./_route.ts";
 import { jobRoutes } from "./routes/jobs.ts";
 import { lockRoutes } from "./routes/locks.ts";
 import { recordRoutes } from "./routes/records.ts";
@@ -110,7 +110,13 @@ export function serviceApp(deps: AppDeps, openapi: OpenApiSource): Hono<AppEnv> 
 
   const app = new Hono<AppEnv>();
   app.use("*", requestLogger(log));
-  app.use("/v1/*", bodyLimit({ maxSize: MAX_BODY_BYTES, onError: tooLarge }));
+  const limit = bodyLimit({ maxSize: MAX_BODY_BYTES, onError: tooLarge });
+  // No route of GET or HEAD reads a body (and workerd refuses the copy bodyLimit makes of one).
+  app.use("/v1/*", async (c, next) => {
+    if (c.req.method === "GET" || c.req.method === "HEAD") return await next();
+    // Errors after it are the routes', which Hono answers before they come back here.
+    return await limit(c, next).catch((error) => Promise.reject(unreadable(error)));
+  });
   const authenticate = authenticator(apiKeys, operatorKeys, byTenant, limiter);
   app.use("/v1/*", authenticate);
   app.use("/metrics", authenticate);
