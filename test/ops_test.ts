@@ -5,6 +5,8 @@ import { createApp } from "../src/service/mod.ts";
 import { parseApiKeys, parseOperatorKeys } from "../src/service/auth.ts";
 import { createClient } from "../src/client/client.ts";
 import { keygen, shared, startBackend } from "./_backend.ts";
+import { Locks } from "../src/core/locks.ts";
+import { LockOps } from "../src/core/ops.ts";
 
 const A = "tenant-a-secret-0123456789";
 const B = "tenant-b-secret-0123456789";
@@ -272,4 +274,30 @@ Deno.test("without stats, the stats routes are 404 and say the service keeps non
     assert.match(body.detail, /keeps no stats/);
     assert.doesNotMatch(body.detail, /createApp/);
   }
+});
+
+Deno.test("names and reasons that read as JSON are listed and audited as they were given", async () => {
+  const { backend } = await fixture();
+  // @upstash/redis parses every reply text that reads as JSON (automaticDeserialization).
+  const prefix = keygen("json");
+  const locks = new Locks(backend.redis, { prefix });
+  const ops = new LockOps(backend.redis, { prefix });
+  const names = ["{}", "1.50", "123", "null", "true", "-0", "1e5", "a"];
+  for (const name of names) await locks.acquire(name, { ttlMs: 20_000 });
+  const listed: string[] = [];
+  let cursor: string | undefined;
+  do {
+    const page = await ops.list({ limit: 2, ...(cursor && { cursor }) });
+    listed.push(...page.locks.map((lock) => lock.name));
+    cursor = page.cursor;
+  } while (cursor);
+  assert.deepEqual(listed, [...names].sort());
+  const reasons = ['{"a":1}', "[1,2]", '"quoted"', "true ", " 7", "null"];
+  for (const reason of reasons) {
+    await ops.break("{}", { by: "ops", reason });
+    await locks.acquire("{}", { ttlMs: 20_000 });
+  }
+  const audit = await ops.audit({ limit: reasons.length });
+  assert.deepEqual(audit.map((entry) => entry.reason), [...reasons].reverse());
+  assert.ok(audit.every((entry) => entry.name === "{}"));
 });

@@ -169,12 +169,18 @@ export class LockOps {
  * the page is the names up to the earliest stop, at most `limit` of them, sorted.
  */
 function mergePages(replies: unknown[], limit: number): { found: string[]; next?: string } {
-  const pages = replies.map((reply) => Array.isArray(reply) ? reply.map(String) : []);
+  const pages = replies.map((reply) => Array.isArray(reply) ? reply.map(unmarked) : []);
   const stop = pages.map(([, next]) => next ?? "").filter((next) => next !== "").sort()[0];
   const found = pages.flatMap(([, , ...names]) => names).sort()
     .filter((name) => stop === undefined || name <= stop);
   if (found.length > limit) return { found: found.slice(0, limit), next: found[limit - 1]! };
   return { found, ...(stop !== undefined && { next: stop }) };
+}
+
+// A text the script sent behind '=' (so that no client parses it as JSON), without it.
+function unmarked(value: unknown): string {
+  const text = String(value);
+  return text.startsWith("=") ? text.slice(1) : text;
 }
 
 // Stream ids are `<ms>-<seq>`; across buckets (cluster nodes) the clocks may differ a little.
@@ -189,7 +195,7 @@ function toAuditEntry(raw: unknown): AuditEntry {
   const [id, pairs] = Array.isArray(raw) ? raw : [];
   const fields = new Map<string, string>();
   const list = Array.isArray(pairs) ? pairs : [];
-  for (let i = 0; i + 1 < list.length; i += 2) fields.set(String(list[i]), String(list[i + 1]));
+  for (let i = 0; i + 1 < list.length; i += 2) fields.set(String(list[i]), unmarked(list[i + 1]));
   return {
     id: String(id),
     action: "break",

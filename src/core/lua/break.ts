@@ -113,7 +113,14 @@ export const READ_AUDIT = defineScript(
   { keys: ["auditKey"], args: { limit: "number" } },
   [],
   `
-return redis.call('XREVRANGE', auditKey, '+', '-', 'COUNT', limit)
+local entries = redis.call('XREVRANGE', auditKey, '+', '-', 'COUNT', limit)
+-- each value behind '=', which no JSON text starts with: an Upstash client parses a text that
+-- reads as JSON (a reason of 7 or {"a":1}) into something else
+for _, entry in ipairs(entries) do
+  local fields = entry[2]
+  for i = 2, #fields, 2 do fields[i] = '=' .. fields[i] end
+end
+return entries
 `,
   { readOnly: true },
 );
