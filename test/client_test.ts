@@ -339,6 +339,32 @@ Deno.test("bad record ids and kinds are RangeErrors before any request", async (
   const { client } = await fixture();
   await assert.rejects(client.records.get("idempotency", "one-segment"), /scope\/key/);
   await assert.rejects(client.records.get("other" as never, "a/b"), /kind must be/);
+  const cycle: Record<string, unknown> = {};
+  cycle.self = cycle;
+  await assert.rejects(
+    client.records.complete("idempotency", "a/b", "t".repeat(16), cycle),
+    { name: "TypeError", message: /response cannot be sent as JSON/ },
+  );
+  // The client's list checks its page as LockOps does, before any request.
+  await assert.rejects(client.list({ limit: 0 }), {
+    name: "RangeError",
+    message: "limit must be an integer from 1 to 1000",
+  });
+  assert.throws(
+    () => createClient(undefined as never),
+    /createClient\(\) needs \{ baseUrl, apiKey \}/,
+  );
+  for (
+    const [option, message] of [["fetch", /fetch must be a function/], [
+      "tenant",
+      /tenant must be a string/,
+    ]] as const
+  ) {
+    assert.throws(
+      () => createClient({ baseUrl: "http://edgelock.test", apiKey: SECRET, [option]: 5 } as never),
+      { name: "TypeError", message },
+    );
+  }
   await assert.rejects(client.jobs.start("a b", { atMostMs: 1000 }), /job name/);
 });
 

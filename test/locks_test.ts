@@ -638,6 +638,21 @@ Deno.test("invalid arguments are rejected with precise messages", async () => {
       message: "meta must be a plain JSON object",
     });
   }
+  // What JSON cannot hold is named, not left to the engine's words.
+  const cycle: Record<string, unknown> = {};
+  cycle.self = cycle;
+  for (const meta of [cycle, { n: 1n }]) {
+    await assert.rejects(locks.acquire(name, { meta }), {
+      name: "TypeError",
+      message: "meta cannot be sent as JSON (a cycle, a BigInt, or a toJSON that threw)",
+    });
+  }
+  assert.throws(() => new Locks(redis, null as never), {
+    name: "TypeError",
+    message: "new Locks() takes an options object",
+  });
+  // withLock's options may be left out in JavaScript, as acquire's may.
+  assert.equal(await locks.withLock(keygen(), undefined as never, () => "ran"), "ran");
   // A hole in a batch is a lease that is not one, before any request.
   await assert.rejects(
     locks.renewMany(new Array(2)),

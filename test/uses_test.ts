@@ -915,6 +915,19 @@ Deno.test("the library calls of the three uses reject bad arguments precisely", 
   );
   await assert.rejects(jobs.start("a b", { atMostMs: 1000 }), /job name/);
   await assert.rejects(records.claim("idempotency", "no spaces allowed"), RangeError);
+  // Another kind would name another key space: "lock" is a lock's own record.
+  for (const kind of ["lock", "x", ""]) {
+    await assert.rejects(records.claim(kind as never, recordId("u", "k")), {
+      name: "RangeError",
+      message: `kind must be "idempotency" or "dedupe", not ${JSON.stringify(kind)}`,
+    });
+  }
+  const cycle: Record<string, unknown> = {};
+  cycle.self = cycle;
+  await assert.rejects(
+    records.complete("idempotency", recordId("u", "k"), "t".repeat(16), cycle as never),
+    { name: "TypeError", message: /response cannot be sent as JSON/ },
+  );
   await assert.rejects(
     records.claim("idempotency", recordId("u", "k"), { leaseMs: 50 }),
     /leaseMs/,

@@ -115,6 +115,7 @@ function settings(options: HttpOptions) {
     );
   }
   if (typeof apiKey !== "string" || apiKey === "") throw new InvalidType("apiKey is required");
+  if (typeof fetchFn !== "function") throw new InvalidType("fetch must be a function");
   if (!Number.isInteger(retries) || retries < 0 || retries > MAX_RETRIES) {
     throw new InvalidRange(`retries must be an integer from 0 to ${MAX_RETRIES}`);
   }

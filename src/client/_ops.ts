@@ -1,5 +1,11 @@
 // The operator's calls over HTTP: list, stats, audit and break, for the chosen tenant.
-import { checkFence, checkLockName, checkOptions, newHoldId } from "../core/_validate.ts";
+import {
+  checkFence,
+  checkListOptions,
+  checkLockName,
+  checkOptions,
+  newHoldId,
+} from "../core/_validate.ts";
 import type { AuditEntry } from "../core/types.ts";
 import type { EdgelockClient } from "./types.ts";
 import { type Http, lockPath } from "./_http.ts";
@@ -20,12 +26,8 @@ export function createOps(http: Http, tenant?: string): OpsCalls {
   };
   return {
     async list(opts = {}) {
-      checkOptions(opts, ["prefix", "cursor", "limit"], "list()");
-      if (opts.cursor !== undefined) checkLockName(opts.cursor);
-      return await http.ok(
-        "GET",
-        opsPath("v1/locks", { prefix: opts.prefix, cursor: opts.cursor, limit: opts.limit }),
-      );
+      const { prefix, cursor, limit } = checkListOptions(opts);
+      return await http.ok("GET", opsPath("v1/locks", { prefix, cursor, limit }));
     },
     stats() {
       return http.ok("GET", opsPath("v1/stats"));

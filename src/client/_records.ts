@@ -6,6 +6,7 @@ import {
   CLAIM_OPTIONS,
   DEFAULT_LEASE_MS,
   DEFAULT_RETENTION_MS,
+  jsonText,
   newToken,
   SEGMENT_PATTERN,
 } from "../core/_validate.ts";
@@ -41,6 +42,7 @@ export function createRecords(http: Http): RecordStore {
       return await http.ok("POST", recordPath(kind, id, "renew"), body);
     },
     async complete(kind, id, token, response): Promise<boolean> {
+      jsonText(response, "response");
       const body = { token: checkToken(token), ...(response !== undefined && { response }) };
       const action = kind === "dedupe" ? "done" : "complete";
       const { status, data } = await http.call("POST", recordPath(kind, id, action), body);

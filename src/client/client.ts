@@ -6,6 +6,7 @@ import { createRecords } from "./_records.ts";
 import { createJobs } from "./_jobs.ts";
 import { createOps } from "./_ops.ts";
 import { checkOptions } from "../core/_validate.ts";
+import { InvalidType } from "../core/_invalid.ts";
 
 const CLIENT_OPTIONS = ["baseUrl", "apiKey", "fetch", "retries", "timeoutMs", "tenant"] as const;
 
@@ -20,7 +21,11 @@ const CLIENT_OPTIONS = ["baseUrl", "apiKey", "fetch", "retries", "timeoutMs", "t
  * ```
  */
 export function createClient(options: ClientOptions): EdgelockClient {
+  if (options === undefined) throw new InvalidType("createClient() needs { baseUrl, apiKey }");
   checkOptions(options, CLIENT_OPTIONS, "createClient()");
+  if (options.tenant !== undefined && typeof options.tenant !== "string") {
+    throw new InvalidType("tenant must be a string");
+  }
   const http = createHttp(options);
   const client: EdgelockClient = {
     records: createRecords(http),

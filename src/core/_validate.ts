@@ -195,7 +195,7 @@ export function checkMeta(meta: unknown): string {
     throw new InvalidType("meta must be a plain JSON object");
   }
   // What is stored is the JSON: a Date or a toJSON() that is no object would not read back as one.
-  const text = JSON.stringify(meta);
+  const text = jsonText(meta, "meta");
   if (typeof text !== "string" || !text.startsWith("{")) {
     throw new InvalidType("meta must be a plain JSON object");
   }
@@ -203,6 +203,34 @@ export function checkMeta(meta: unknown): string {
     throw new InvalidRange(`meta must be at most ${MAX_META_BYTES} bytes as JSON`);
   }
   return text;
+}
+
+/** `value` as JSON text; a TypeError naming `what` when it cannot be (a cycle, a BigInt). */
+export function jsonText(value: unknown, what: string): string {
+  try {
+    return JSON.stringify(value);
+  } catch (cause) {
+    throw new InvalidType(
+      `${what} cannot be sent as JSON (a cycle, a BigInt, or a toJSON that threw)`,
+      { cause },
+    );
+  }
+}
+
+/** `list()`'s options, checked: a prefix of names, a cursor (a name) and a page size. */
+export function checkListOptions(
+  options: { prefix?: string; cursor?: string; limit?: number },
+): { prefix: string; cursor: string; limit: number } {
+  checkOptions(options, ["prefix", "cursor", "limit"], "list()");
+  const { prefix = "", cursor = "", limit = LIST_PAGE_DEFAULT } = options ?? {};
+  if (typeof prefix !== "string" || !NAME_PREFIX_PATTERN.test(prefix)) {
+    throw new InvalidRange("prefix must be up to 200 characters of A-Z a-z 0-9 . _ : - { }");
+  }
+  if (cursor !== "") checkLockName(cursor);
+  if (!Number.isInteger(limit) || limit < 1 || limit > MAX_BATCH) {
+    throw new InvalidRange(`limit must be an integer from 1 to ${MAX_BATCH}`);
+  }
+  return { prefix, cursor, limit };
 }
 
 export function checkSignal(signal: unknown): AbortSignal | undefined {

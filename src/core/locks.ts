@@ -101,8 +101,8 @@ export class Locks implements LockClient {
 
   /** Locks on `redis` (an `@upstash/redis` client), their keys under `prefix`. */
   constructor(redis: RedisLike, options: LocksOptions = {}) {
-    const { maxWaiters = DEFAULT_MAX_WAITERS } = options;
     this.#context = new LockContext(redis, "Locks", options, ["maxWaiters"]);
+    const { maxWaiters = DEFAULT_MAX_WAITERS } = options;
     if (!Number.isInteger(maxWaiters) || maxWaiters < 1 || maxWaiters > 1000) {
       throw new InvalidRange("maxWaiters must be an integer from 1 to 1000");
     }

@@ -3,11 +3,10 @@ import type { RedisLike } from "./_runner.ts";
 import {
   checkFence,
   checkHoldId,
+  checkListOptions,
   checkLockName,
   checkOptions,
   LIST_PAGE_DEFAULT,
-  MAX_BATCH,
-  NAME_PREFIX_PATTERN,
   newHoldId,
 } from "./_validate.ts";
 import { inspectCall, toInfo } from "./locks.ts";
@@ -57,17 +56,7 @@ export class LockOps {
    * meanwhile is left out; a page may hold fewer than `limit` locks and still have a `cursor`.
    */
   async list(options: ListOptions = {}): Promise<LockList> {
-    checkOptions(options, ["prefix", "cursor", "limit"], "list()");
-    const prefix = options.prefix ?? "";
-    const cursor = options.cursor ?? "";
-    const limit = options.limit ?? LIST_PAGE_DEFAULT;
-    if (typeof prefix !== "string" || !NAME_PREFIX_PATTERN.test(prefix)) {
-      throw new InvalidRange("prefix must be up to 200 characters of A-Z a-z 0-9 . _ : - { }");
-    }
-    if (cursor !== "") checkLockName(cursor);
-    if (!Number.isInteger(limit) || limit < 1 || limit > MAX_BATCH) {
-      throw new InvalidRange(`limit must be an integer from 1 to ${MAX_BATCH}`);
-    }
+    const { prefix, cursor, limit } = checkListOptions(options);
     return await this.#context.observe(prefix, "list", async () => {
       const replies = await this.#perBucket(LIST, (base) =>
         LIST.call({

@@ -23,6 +23,7 @@ export async function withLock<T>(
 ): Promise<T> {
   if (typeof fn !== "function") throw new InvalidType("withLock needs a function to run");
   checkOptions(options, [...ACQUIRE_OPTIONS, "ifAvailable"], "withLock()");
+  options ??= {};
   if (options.ifAvailable !== undefined && typeof options.ifAvailable !== "boolean") {
     throw new InvalidType("ifAvailable must be a boolean");
   }

@@ -9,6 +9,7 @@ import {
   DEFAULT_LEASE_MS,
   DEFAULT_RETENTION_MS,
   FENCE_GRACE_MS,
+  jsonText,
   NAME_PATTERN,
   newToken,
   SEGMENT,
@@ -223,7 +224,7 @@ export class Records implements RecordStore {
     response?: Record<string, unknown>,
   ): Promise<boolean> {
     const keys = this.#recordKeys(kind, id);
-    const text = response === undefined ? "" : JSON.stringify(response);
+    const text = response === undefined ? "" : jsonText(response, "response");
     if (response !== undefined && (typeof response !== "object" || Array.isArray(response))) {
       throw new InvalidType("response must be a JSON object");
     }
@@ -264,6 +265,10 @@ export class Records implements RecordStore {
 
   // The id sits in a hash tag so a record's keys share a cluster slot.
   #recordKeys(kind: RecordKind, id: string): { recordKey: string; fenceKey: string } {
+    // Any other kind would build a key of another key space (`lock` a lock's record).
+    if (kind !== "idempotency" && kind !== "dedupe") {
+      throw new InvalidRange(`kind must be "idempotency" or "dedupe", not ${JSON.stringify(kind)}`);
+    }
     if (typeof id !== "string" || !RECORD_ID.test(id)) {
       throw new InvalidRange(`The ${kind} id must be a name or scope/key, from recordId()`);
     }
