@@ -338,7 +338,13 @@ Deno.test("names outside the character set or over 200 characters are 400", asyn
 Deno.test("malformed JSON, a wrong content type and a body over 64 KiB are refused", async () => {
   const { call, assertProblem } = await fixture();
   const path = `/v1/locks/${keygen()}/acquire`;
-  assertProblem(await call(path, { body: "{nope" }), 400, "invalid_request");
+  const bad = await call(path, { body: "{nope" });
+  assertProblem(bad, 400, "invalid_request");
+  assert.equal(bad.body.detail, "The body is not valid JSON");
+  // Valid JSON nested deeper than the parser's reviver can go (within the 64 KiB limit).
+  const deep = await call(path, { body: `{"meta":${"[".repeat(30_000)}${"]".repeat(30_000)}}` });
+  assertProblem(deep, 400, "invalid_request");
+  assert.equal(deep.body.detail, "The body nests too deeply");
   assertProblem(await call(path, { body: "[]" }), 400, "invalid_request");
   assertProblem(
     await call(path, { body: "{}", headers: { "content-type": "text/plain" } }),

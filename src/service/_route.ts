@@ -184,8 +184,12 @@ async function readJson(c: Context<AppEnv>): Promise<unknown> {
       proto ||= key === "__proto__";
       return value;
     });
-  } catch {
-    throw new EdgelockError("invalid_request", "The body is not valid JSON");
+  } catch (error) {
+    const deep = error instanceof RangeError; // the reviver's stack, in JSON nested 10,000s deep
+    throw new EdgelockError(
+      "invalid_request",
+      `The body ${deep ? "nests too deeply" : "is not valid JSON"}`,
+    );
   }
   // An own __proto__ key would be dropped on the way to Redis, silently: refused instead.
   if (proto) throw new EdgelockError("invalid_request", "The body has a __proto__ key");
