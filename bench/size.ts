@@ -144,16 +144,17 @@ import { cli } from "../bridge/_cli.ts";
  * own (only they are a 400), list and audit texts that read as JSON sent so no client parses
  * them, and helper-71's messages in edgelock's words (a cycle in meta or a response, a records
  * kind, the client's list page, fetch and tenant): the core 34.75 KB, the uses 11.8 KB, the
- * client 7.6 KB, the service 77.35 KB. */
+ * client 7.6 KB, the service 77.35 KB; a kind that is no string named by its type (helper-73):
+ * the uses 11.85 KB, the service 77.4 KB. */
 export const BUDGETS = {
   ".": 34_750,
-  "./uses": 11_800,
+  "./uses": 11_850,
   "./hono": 9_000,
   "./client": 7_600,
   "./otel": 9_500,
   "./tcp": 1_000,
   "./quorum": 8_900,
-  "./service": 77_350,
+  "./service": 77_400,
 } as const;
 
 const flags = cli("edgelock size", "deno task size [--update]", {

@@ -80,7 +80,8 @@ export async function bundleWorker(): Promise<string> {
 /**
  * Sends `request` as raw bytes to 127.0.0.1:`port`, closes the writing side, and returns the
  * reply's status code and body (chunks joined): for requests no fetch would send, such as a body
- * cut short. Gives up after 10 s.
+ * cut short. Gives up after 10 s. The half-close ends the request: Deno.serve fails to read even a
+ * whole body of a few KiB sent this way, so test a large body with fetch.
  */
 export async function sendRaw(
   port: number,

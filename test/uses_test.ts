@@ -916,10 +916,10 @@ Deno.test("the library calls of the three uses reject bad arguments precisely", 
   await assert.rejects(jobs.start("a b", { atMostMs: 1000 }), /job name/);
   await assert.rejects(records.claim("idempotency", "no spaces allowed"), RangeError);
   // Another kind would name another key space: "lock" is a lock's own record.
-  for (const kind of ["lock", "x", ""]) {
+  for (const [kind, said] of [["lock", '"lock"'], ["x", '"x"'], ["", '""'], [10n, "a bigint"]]) {
     await assert.rejects(records.claim(kind as never, recordId("u", "k")), {
       name: "RangeError",
-      message: `kind must be "idempotency" or "dedupe", not ${JSON.stringify(kind)}`,
+      message: `kind must be "idempotency" or "dedupe", not ${said}`,
     });
   }
   const cycle: Record<string, unknown> = {};

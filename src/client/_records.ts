@@ -2,6 +2,7 @@
 import {
   checkDuration,
   checkOptions,
+  checkRecordKind,
   checkToken,
   CLAIM_OPTIONS,
   DEFAULT_LEASE_MS,
@@ -78,9 +79,7 @@ function claimResult(status: number, data: Data): ClaimResult {
 
 // Over HTTP a record id is scope/key (idempotency) or namespace/id (dedupe), as recordId() makes.
 function recordPath(kind: RecordKind, id: string, action?: string): string {
-  if (kind !== "idempotency" && kind !== "dedupe") {
-    throw new InvalidRange(`kind must be "idempotency" or "dedupe", not ${JSON.stringify(kind)}`);
-  }
+  checkRecordKind(kind);
   const parts = typeof id === "string" ? id.split("/") : [];
   if (parts.length !== 2 || !parts.every((part) => SEGMENT_PATTERN.test(part))) {
     throw new InvalidRange(`The ${kind} id must be scope/key, from recordId()`);

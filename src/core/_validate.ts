@@ -205,6 +205,13 @@ export function checkMeta(meta: unknown): string {
   return text;
 }
 
+/** A record's kind: "idempotency" or "dedupe" (another would build another key space's key). */
+export function checkRecordKind(kind: unknown): void {
+  if (kind === "idempotency" || kind === "dedupe") return;
+  const said = typeof kind === "string" ? JSON.stringify(kind) : `a ${typeof kind}`;
+  throw new InvalidRange(`kind must be "idempotency" or "dedupe", not ${said}`);
+}
+
 /** `value` as JSON text; a TypeError naming `what` when it cannot be (a cycle, a BigInt). */
 export function jsonText(value: unknown, what: string): string {
   try {

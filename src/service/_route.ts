@@ -153,15 +153,16 @@ function singleValued(c: Context<AppEnv>): Record<string, string> {
 }
 
 /**
- * A failure to read a request's body as the client's: it ended before its Content-Length or its
- * last chunk, or a chunk was malformed (the runtime's own error, kept as the cause for the log).
+ * A failure to read a request's body as the client's: the connection ended first (before the
+ * Content-Length or the last chunk; Deno also fails a whole body when the client half-closes), or
+ * a chunk was malformed (the runtime's own error, kept as the cause for the log).
  * An `EdgelockError` (a body over the limit) stays as it is.
  */
 export function unreadable(error: unknown): EdgelockError {
   if (error instanceof EdgelockError) return error;
   return new EdgelockError(
     "invalid_request",
-    "The request body could not be read: it ended early or its chunks were malformed",
+    "The request body could not be read: the connection ended or the body was malformed",
     { cause: error },
   );
 }

@@ -4,6 +4,7 @@ import {
   checkDuration,
   checkName,
   checkOptions,
+  checkRecordKind,
   checkToken,
   CLAIM_OPTIONS,
   DEFAULT_LEASE_MS,
@@ -265,10 +266,7 @@ export class Records implements RecordStore {
 
   // The id sits in a hash tag so a record's keys share a cluster slot.
   #recordKeys(kind: RecordKind, id: string): { recordKey: string; fenceKey: string } {
-    // Any other kind would build a key of another key space (`lock` a lock's record).
-    if (kind !== "idempotency" && kind !== "dedupe") {
-      throw new InvalidRange(`kind must be "idempotency" or "dedupe", not ${JSON.stringify(kind)}`);
-    }
+    checkRecordKind(kind);
     if (typeof id !== "string" || !RECORD_ID.test(id)) {
       throw new InvalidRange(`The ${kind} id must be a name or scope/key, from recordId()`);
     }
