@@ -8,7 +8,7 @@
  * line so); a line that also holds an unescaped backtick or `${` would touch the literal itself
  * and fails the build. The route table's `summary` and `description` texts go too: they are
  * read only to write the OpenAPI document, which the Worker serves prebuilt from its assets
- * (~1 KB gzip).
+ * (~0.7 KB gzip).
  *
  * @module
  */
@@ -39,8 +39,8 @@ const DOC_TEXT = /\b(description|summary):("(?:[^"\\]|\\.)*"|`(?:[^`\\]|\\.)*`)/
 
 /**
  * Empties the route table's `description` and `summary` texts in minified JavaScript. Only texts
- * the service's sources (`sources`) hold are emptied: the first 12 characters or more, up to an
- * escape or `${`, must occur there (a dependency's own `description` is left alone).
+ * the service's sources (`sources`) hold are emptied: its first 12 characters or more, up to a
+ * backslash or a `$`, must occur there (a dependency's own `description` is left alone).
  */
 export function stripDocs(js: string, sources: string): string {
   return js.replace(DOC_TEXT, (whole, property: string, literal: string) => {
