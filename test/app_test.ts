@@ -953,7 +953,13 @@ Deno.test("whatever Redis answers, no reply is a 400 or carries the engine's wor
   const reply = fc.oneof(
     fc.constantFrom(null, 0, 1, -1, "", "x", [], {}),
     fc.array(
-      fc.oneof(fc.integer({ min: -2, max: 3 }), fc.constant(null), fc.string(), fc.constant([])),
+      fc.oneof(
+        fc.integer({ min: -2, max: 3 }),
+        fc.constant(null),
+        // texts a reply may carry (a hint, a stream id, JSON-looking), none the words looked for
+        fc.constantFrom("", "x", "wAbCdEfGh12345678", "1-0", "{}", "null", "1.5"),
+        fc.constant([]),
+      ),
       { maxLength: 12 },
     ),
   );
