@@ -354,12 +354,8 @@ Deno.test("bad record ids and kinds are RangeErrors before any request", async (
     () => createClient(undefined as never),
     /createClient\(\) needs \{ baseUrl, apiKey \}/,
   );
-  for (
-    const [option, message] of [["fetch", /fetch must be a function/], [
-      "tenant",
-      /tenant must be a string/,
-    ]] as const
-  ) {
+  const wrong = { fetch: /fetch must be a function/, tenant: /tenant must be a string/ };
+  for (const [option, message] of Object.entries(wrong)) {
     assert.throws(
       () => createClient({ baseUrl: "http://edgelock.test", apiKey: SECRET, [option]: 5 } as never),
       { name: "TypeError", message },
