@@ -345,6 +345,11 @@ Deno.test("bad record ids and kinds are RangeErrors before any request", async (
     client.records.complete("idempotency", "a/b", "t".repeat(16), cycle),
     { name: "TypeError", message: /response cannot be sent as JSON/ },
   );
+  // An acquire's options are checked by the library's own checks (the signal too).
+  await assert.rejects(client.acquire("a", { signal: 5 as never }), {
+    name: "TypeError",
+    message: "signal must be an AbortSignal",
+  });
   // The client's list checks its page as LockOps does, before any request.
   await assert.rejects(client.list({ limit: 0 }), {
     name: "RangeError",

@@ -1,15 +1,6 @@
 // Leases on the wire: the fields an acquire sends, and the lease, or the busy answer, a reply
 // holds.
-import {
-  checkDuration,
-  checkFlag,
-  checkHold,
-  checkMeta,
-  checkToken,
-  DEFAULT_TTL_MS,
-  HINT,
-  newToken,
-} from "../core/_validate.ts";
+import { checkHold, checkLeaseOptions, HINT } from "../core/_validate.ts";
 import { EdgelockError } from "../core/errors.ts";
 import type { AcquireOptions, AcquireResult, Lease, LeaseOptions } from "../core/types.ts";
 import { noteSentAt } from "../core/_granted.ts";
@@ -17,16 +8,16 @@ import { fromProblem } from "./_http.ts";
 
 type Data = Record<string, unknown>;
 
-// The body fields every acquire sends.
+// The body fields every acquire sends (its signal checked too, as the library checks it).
 export function leaseBody(opts: LeaseOptions) {
+  const { ttlMs, waitMs, token, fresh, meta } = checkLeaseOptions(opts);
   return {
-    ttlMs: checkDuration(opts.ttlMs, "ttlMs", DEFAULT_TTL_MS),
-    waitMs: checkDuration(opts.waitMs, "waitMs", 0),
-    token: opts.token === undefined ? newToken() : checkToken(opts.token),
+    ttlMs,
+    waitMs,
+    token,
     // made here for this call (or said to be): a late copy of a retried attempt is refused
-    ...((checkFlag(opts.freshToken, "freshToken") || opts.token === undefined) &&
-      { freshToken: true }),
-    ...(opts.meta !== undefined && { meta: JSON.parse(checkMeta(opts.meta)) }),
+    ...(fresh && { freshToken: true }),
+    ...(meta !== "" && { meta: JSON.parse(meta) }),
   };
 }
 

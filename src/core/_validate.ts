@@ -1,5 +1,5 @@
 // Argument checks shared by the library and the HTTP schemas: one definition of each limit.
-import type { AcquireOptions } from "./types.ts";
+import type { AcquireOptions, LeaseOptions } from "./types.ts";
 import { InvalidRange, InvalidType } from "./_invalid.ts";
 
 /**
@@ -208,7 +208,7 @@ export function checkMeta(meta: unknown): string {
 /** A record's kind: "idempotency" or "dedupe" (another would build another key space's key). */
 export function checkRecordKind(kind: unknown): void {
   if (kind === "idempotency" || kind === "dedupe") return;
-  const said = typeof kind === "string" ? JSON.stringify(kind) : `a ${typeof kind}`;
+  const said = typeof kind === "string" ? JSON.stringify(kind) : typeName(kind);
   throw new InvalidRange(`kind must be "idempotency" or "dedupe", not ${said}`);
 }
 
@@ -238,6 +238,21 @@ export function checkListOptions(
     throw new InvalidRange(`limit must be an integer from 1 to ${MAX_BATCH}`);
   }
   return { prefix, cursor, limit };
+}
+
+/**
+ * What every acquire takes of a lease's options, checked, in the library and the typed client:
+ * the token made here when none is given, and then `fresh` (a late copy of the call is refused).
+ */
+export function checkLeaseOptions(options: LeaseOptions) {
+  return {
+    ttlMs: checkDuration(options.ttlMs, "ttlMs", DEFAULT_TTL_MS),
+    waitMs: checkDuration(options.waitMs, "waitMs", 0),
+    token: options.token === undefined ? newToken() : checkToken(options.token),
+    fresh: checkFlag(options.freshToken, "freshToken") || options.token === undefined,
+    meta: checkMeta(options.meta),
+    signal: checkSignal(options.signal),
+  };
 }
 
 export function checkSignal(signal: unknown): AbortSignal | undefined {
@@ -416,15 +431,15 @@ export function checkTick(tick: unknown): string {
     );
   }
   if (typeof tick !== "string" && typeof tick !== "number") {
-    const type = typeof tick;
-    const what = tick === null
-      ? "null"
-      : Array.isArray(tick)
-      ? "an array"
-      : type === "object"
-      ? "an object"
-      : `a ${type}`;
-    throw new InvalidType(`tick must be a string, a number or a Date, not ${what}`);
+    throw new InvalidType(`tick must be a string, a number or a Date, not ${typeName(tick)}`);
   }
   return checkName(String(tick), "tick");
+}
+
+/** What a value is, for an error: null, an array, an object, a bigint, … */
+function typeName(value: unknown): string {
+  if (value === null) return "null";
+  if (Array.isArray(value)) return "an array";
+  const type = typeof value;
+  return type === "object" ? "an object" : `a ${type}`;
 }

@@ -6,16 +6,14 @@ import {
   ACQUIRE_OPTIONS,
   checkDuration,
   checkFence,
-  checkFlag,
   checkHold,
   checkHoldId,
+  checkLeaseOptions,
   checkLockName,
   checkLockNames,
-  checkMeta,
   checkMode,
   checkNext,
   checkOptions,
-  checkSignal,
   checkToken,
   DEFAULT_MAX_WAITERS,
   DEFAULT_TTL_MS,
@@ -511,17 +509,6 @@ export function toInfo(name: string, reply: unknown): LockInfo {
     holders: info.holders,
     permits: info.permits,
     ...(info.mode === "semaphore" && { limit: info.limit }),
-  };
-}
-
-function checkLeaseOptions(options: LeaseOptions) {
-  return {
-    ttlMs: checkDuration(options.ttlMs, "ttlMs", DEFAULT_TTL_MS),
-    waitMs: checkDuration(options.waitMs, "waitMs", 0),
-    token: options.token === undefined ? newToken() : checkToken(options.token),
-    fresh: checkFlag(options.freshToken, "freshToken") || options.token === undefined,
-    meta: checkMeta(options.meta),
-    signal: checkSignal(options.signal),
   };
 }
 
